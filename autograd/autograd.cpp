@@ -1,0 +1,202 @@
+#include "autograd/autograd.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+
+#include "autograd/ops.h"
+
+namespace zero::autograd {
+namespace {
+
+thread_local bool g_grad_mode = true;
+std::atomic<std::uint64_t> g_next_sequence_nr{0};
+std::atomic<int> g_next_hook_id{0};
+
+AutogradMeta& meta_of(const Tensor& t) {
+  auto& m = t.impl()->autograd;
+  if (!m) m = std::make_shared<AutogradMeta>();
+  return *m;
+}
+
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(const char* name, BackwardFn fn) : name_(name), fn_(std::move(fn)) {}
+  std::vector<Tensor> apply(const Tensor& grad_output) override {
+    ZERO_CHECK(fn_ != nullptr, "backward through '{}' a second time: its saved tensors were freed "
+               "(pass retain_graph=true to the first backward)", name_);
+    return fn_(grad_output);
+  }
+  std::string name() const override { return name_; }
+  void release() override { fn_ = nullptr; }
+
+ private:
+  const char* name_;
+  BackwardFn fn_;
+};
+
+// Sums a leaf's gradient into leaf.grad() and then fires its post-accumulate-grad hooks.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  std::vector<Tensor> apply(const Tensor& grad_output) override {
+    Tensor param(leaf_);
+    auto& m = meta_of(param);
+    if (!m.grad.defined()) {
+      // A fresh copy in the parameter's dtype: the incoming tensor may be shared with other gradients.
+      Tensor g = Tensor::empty(param.shape(), param.dtype());
+      g.copy_(grad_output);
+      m.grad = g;
+    } else {
+      add_(m.grad, grad_output);
+    }
+    // Copy the list: a hook may register or remove hooks.
+    auto hooks = m.post_accumulate_grad_hooks;
+    for (auto& [id, hook] : hooks) hook(param);
+    return {};
+  }
+  std::string name() const override { return "AccumulateGrad"; }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+std::shared_ptr<Node> gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.impl()->autograd) return nullptr;
+  auto& m = *t.impl()->autograd;
+  if (m.grad_fn) return m.grad_fn;
+  if (!m.requires_grad) return nullptr;
+  auto acc = m.grad_accumulator.lock();
+  if (!acc) {
+    // Leaves hold their accumulator weakly; the graph holds it strongly while it exists.
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    acc->sequence_nr_ = g_next_sequence_nr++;
+    m.grad_accumulator = acc;
+  }
+  return acc;
+}
+
+// a + b out of place (either may be shared with another gradient). 16-bit gradients (of f16/bf16
+// parameters) are summed in f32 and rounded once.
+Tensor sum_gradients(const Tensor& a, const Tensor& b) {
+  if (a.dtype() == DType::f32 && b.dtype() == DType::f32) return add(a.detach(), b.detach());
+  return add(a.to(DType::f32), b.to(DType::f32)).to(a.dtype());
+}
+
+}  // namespace
+
+bool grad_mode_enabled() { return g_grad_mode; }
+NoGradGuard::NoGradGuard() : previous_(g_grad_mode) { g_grad_mode = false; }
+NoGradGuard::~NoGradGuard() { g_grad_mode = previous_; }
+
+bool needs_grad(const Tensor& t) {
+  if (!t.defined() || !t.impl()->autograd) return false;
+  return t.impl()->autograd->grad_fn != nullptr || t.impl()->autograd->requires_grad;
+}
+
+void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output, BackwardFn backward) {
+  if (!g_grad_mode) return;
+  bool any = false;
+  for (const auto& t : inputs) any = any || needs_grad(t);
+  if (!any) return;
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  node->sequence_nr_ = g_next_sequence_nr++;
+  node->next_.reserve(inputs.size());
+  for (const auto& t : inputs) node->next_.push_back(gradient_edge(t));
+  meta_of(output).grad_fn = std::move(node);
+}
+
+int register_post_accumulate_grad_hook(Tensor& param, HookFn hook) {
+  ZERO_CHECK(param.is_leaf() && param.requires_grad(), "post-accumulate-grad hooks need a leaf that requires grad");
+  const int id = g_next_hook_id++;
+  meta_of(param).post_accumulate_grad_hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+void remove_post_accumulate_grad_hook(Tensor& param, int id) {
+  auto& hooks = meta_of(param).post_accumulate_grad_hooks;
+  std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+}
+
+void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) {
+  auto root_node = gradient_edge(root);
+  ZERO_CHECK(root_node != nullptr, "backward() on a tensor that does not require grad");
+  Tensor seed = grad_output;
+  if (!seed.defined()) {
+    ZERO_CHECK(root.numel() == 1, "backward() without a gradient needs a one-element tensor, got shape {}",
+               shape_str(root.shape()));
+    seed = Tensor::ones(root.shape());
+  }
+  ZERO_CHECK(seed.shape() == root.shape(), "backward(): gradient shape {} differs from tensor shape {}",
+             shape_str(seed.shape()), shape_str(root.shape()));
+
+  // Count, for every reachable node, how many edges lead into it.
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<Node*> stack{root_node.get()};
+  dependencies[root_node.get()] = 0;
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& next : n->next_) {
+      if (!next) continue;
+      auto [it, inserted] = dependencies.try_emplace(next.get(), 0);
+      ++it->second;
+      if (inserted) stack.push_back(next.get());
+    }
+  }
+
+  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    return a->sequence_nr_ < b->sequence_nr_;
+  };
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)> ready(
+      later_first);
+  NoGradGuard no_grad;  // backward closures compute plain tensors; no second-order graphs
+  std::unordered_map<Node*, Tensor> buffers;
+  buffers[root_node.get()] = seed;
+  ready.push(root_node);
+  while (!ready.empty()) {
+    auto node = ready.top();
+    ready.pop();
+    Tensor g = std::move(buffers[node.get()]);
+    buffers.erase(node.get());
+    std::vector<Tensor> grads;
+    if (g.defined()) grads = node->apply(g);  // no incoming gradient: nothing to compute or accumulate
+    if (!retain_graph) node->release();
+    for (std::size_t i = 0; i < node->next_.size(); ++i) {
+      auto& next = node->next_[i];
+      if (!next) continue;
+      if (i < grads.size() && grads[i].defined()) {
+        Tensor& buf = buffers[next.get()];
+        buf = buf.defined() ? sum_gradients(buf, grads[i]) : grads[i].detach();
+      }
+      if (--dependencies[next.get()] == 0) ready.push(next);
+    }
+  }
+}
+
+}  // namespace zero::autograd
+
+namespace zero {
+
+bool Tensor::requires_grad() const { return autograd::needs_grad(*this); }
+
+Tensor& Tensor::set_requires_grad(bool value) {
+  ZERO_CHECK(!impl_->autograd || !impl_->autograd->grad_fn, "set_requires_grad on a non-leaf tensor");
+  ZERO_CHECK(!value || is_floating(dtype()), "only float tensors can require grad, got {}", dtype_name(dtype()));
+  autograd::meta_of(*this).requires_grad = value;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return impl_->autograd ? impl_->autograd->grad : Tensor(); }
+
+void Tensor::set_grad(const Tensor& g) {
+  ZERO_CHECK(!g.defined() || g.shape() == shape(), "set_grad: gradient shape {} differs from tensor shape {}",
+             shape_str(g.shape()), shape_str(shape()));
+  autograd::meta_of(*this).grad = g;
+}
+
+bool Tensor::is_leaf() const { return !impl_->autograd || !impl_->autograd->grad_fn; }
+
+void Tensor::backward() const { autograd::backward(*this); }
+
+}  // namespace zero

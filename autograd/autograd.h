@@ -1,0 +1,84 @@
+// Autograd: a dynamic graph recorded during the forward pass and run backwards by one engine.
+//
+// Every differentiable op calls record() with its inputs, its output and a backward closure written a
+// few lines below its forward (see autograd/ops.cpp). record() creates a FunctionNode whose edges point
+// at the nodes that produced the inputs; leaves that require grad get an AccumulateGrad node.
+//
+// Note [Hook order]
+// The engine runs a node once all nodes that feed it a gradient have run (dependency counting), so a
+// leaf used several times (a tied embedding / LM head) has its gradient summed before its AccumulateGrad
+// node runs, and its post-accumulate-grad hooks fire exactly once per backward, after the gradient of
+// this backward is complete. Among ready nodes the engine runs the one created last (highest sequence
+// number) first, as PyTorch does; so hooks fire roughly in reverse order of first use in the forward,
+// and the order is the same on every process that built the same graph. A leaf that received no
+// gradient in this backward (unused, or every path to it carried no gradient) fires no hook.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace zero::autograd {
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  /// Gradients for each entry of next_ (same length; undefined where an input needs none).
+  virtual std::vector<Tensor> apply(const Tensor& grad_output) = 0;
+  virtual std::string name() const = 0;
+  /// Drops saved tensors once the node has run (unless the graph is retained).
+  virtual void release() {}
+
+  std::vector<std::shared_ptr<Node>> next_;  // one per input; null where the input needs no gradient
+  std::uint64_t sequence_nr_ = 0;
+};
+
+using HookFn = std::function<void(Tensor& param)>;
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;            // set on outputs of recorded ops
+  std::weak_ptr<Node> grad_accumulator;     // leaves: their AccumulateGrad node, made on first use
+  std::vector<std::pair<int, HookFn>> post_accumulate_grad_hooks;
+};
+
+/// Gradient mode is on by default; NoGradGuard turns recording off in its scope (this thread only).
+bool grad_mode_enabled();
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;
+
+/// Records `output = op(inputs)` in the graph when grad mode is on and some input requires grad.
+/// `backward` maps dL/d(output) to dL/d(input_i) for each input (undefined where not needed; each
+/// returned gradient must have its input's shape). The closure must not capture `output` itself (that
+/// would form a cycle): capture output.detach() instead.
+void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output, BackwardFn backward);
+
+/// True if the tensor is a leaf that requires grad or the output of a recorded op.
+bool needs_grad(const Tensor& t);
+
+/// Registers `hook` to run after `param`'s gradient for a backward is complete (see Note [Hook order]).
+/// `param` must be a leaf that requires grad. Returns an id for remove_post_accumulate_grad_hook.
+int register_post_accumulate_grad_hook(Tensor& param, HookFn hook);
+void remove_post_accumulate_grad_hook(Tensor& param, int id);
+
+/// Runs the backward pass from `root` with seed gradient `grad_output` (shape of root; default: ones
+/// for a one-element root). Frees saved tensors unless retain_graph. Throws zero::Error if root does
+/// not require grad or the seed's shape differs.
+void backward(const Tensor& root, const Tensor& grad_output = Tensor(), bool retain_graph = false);
+
+}  // namespace zero::autograd

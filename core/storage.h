@@ -1,0 +1,46 @@
+// Storage: one reference-counted block of device memory that tensors view.
+//
+// CPU blocks come from a caching allocator: a freed block goes back to a free list keyed by its exact
+// size and is handed out again to the next request of that size, so a training loop, which asks for the
+// same sizes every step, stops calling malloc after its first step.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/dtype.h"
+
+namespace zero {
+
+class Storage {
+ public:
+  /// Allocates `nbytes` bytes (64-byte aligned) on `device`. Throws zero::Error for cuda in a build
+  /// without CUDA, or std::bad_alloc when memory runs out.
+  Storage(std::size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t nbytes_ = 0;
+  Device device_ = Device::cpu;
+};
+
+/// Counters of the CPU caching allocator, in bytes.
+struct AllocatorStats {
+  std::size_t in_use = 0;       // held by live storages
+  std::size_t peak_in_use = 0;  // maximum of in_use since start (or the last reset_peak)
+  std::size_t cached = 0;       // freed blocks kept for reuse
+  std::size_t mallocs = 0;      // calls that reached the system allocator (count, not bytes)
+};
+AllocatorStats cpu_allocator_stats();
+void reset_cpu_allocator_peak();
+/// Returns every cached block to the system.
+void empty_cpu_cache();
+
+}  // namespace zero

@@ -1,0 +1,193 @@
+#include "core/tensor.h"
+
+#include <fmt/ranges.h>
+
+#include <cstring>
+
+#include "core/strided.h"
+
+namespace zero {
+
+std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+std::int64_t shape_numel(const Shape& s) {
+  std::int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size());
+  std::int64_t acc = 1;
+  for (int i = static_cast<int>(s.size()) - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+namespace {
+
+float load_as_float(const void* base, std::int64_t i, DType t) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(base)[i];
+    case DType::f16: return static_cast<float>(static_cast<const half*>(base)[i]);
+    case DType::bf16: return static_cast<float>(static_cast<const bfloat16*>(base)[i]);
+    case DType::i32: return static_cast<float>(static_cast<const std::int32_t*>(base)[i]);
+    case DType::i64: return static_cast<float>(static_cast<const std::int64_t*>(base)[i]);
+  }
+  return 0.0f;
+}
+
+void store_from_float(void* base, std::int64_t i, DType t, float v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(base)[i] = v; break;
+    case DType::f16: static_cast<half*>(base)[i] = half(v); break;
+    case DType::bf16: static_cast<bfloat16*>(base)[i] = bfloat16(v); break;
+    case DType::i32: static_cast<std::int32_t*>(base)[i] = static_cast<std::int32_t>(v); break;
+    case DType::i64: static_cast<std::int64_t*>(base)[i] = static_cast<std::int64_t>(v); break;
+  }
+}
+
+}  // namespace
+
+std::int64_t Tensor::size(int d) const {
+  const int nd = dim();
+  if (d < 0) d += nd;
+  ZERO_CHECK(d >= 0 && d < nd, "dimension {} out of range for shape {}", d, shape_str(shape()));
+  return impl_->shape[d];
+}
+
+bool Tensor::is_contiguous() const {
+  std::int64_t expected = 1;
+  for (int i = dim() - 1; i >= 0; --i) {
+    if (impl_->shape[i] != 1 && impl_->strides[i] != expected) return false;
+    expected *= impl_->shape[i];
+  }
+  return true;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (auto d : shape) ZERO_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<std::size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  std::memset(t.raw_data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, float value, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  t.fill_(value);
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<float>& values, const Shape& shape) {
+  ZERO_CHECK(static_cast<std::int64_t>(values.size()) == shape_numel(shape), "{} values for shape {}", values.size(),
+             shape_str(shape));
+  Tensor t = empty(shape);
+  std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+Tensor Tensor::from_indices(const std::vector<std::int64_t>& values, const Shape& shape) {
+  ZERO_CHECK(static_cast<std::int64_t>(values.size()) == shape_numel(shape), "{} indices for shape {}", values.size(),
+             shape_str(shape));
+  Tensor t = empty(shape, DType::i64);
+  std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(std::int64_t));
+  return t;
+}
+
+Tensor Tensor::randn(const Shape& shape, Generator& gen, float mean, float std) {
+  Tensor t = empty(shape);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = gen.normal(mean, std);
+  return t;
+}
+
+float Tensor::item_at(std::int64_t i) const {
+  ZERO_CHECK(i >= 0 && i < numel(), "index {} out of range for {} elements", i, numel());
+  std::int64_t off = 0, rem = i;
+  for (int d = dim() - 1; d >= 0; --d) {
+    off += (rem % impl_->shape[d]) * impl_->strides[d];
+    rem /= impl_->shape[d];
+  }
+  return load_as_float(raw_data(), off, dtype());
+}
+
+float Tensor::item() const {
+  ZERO_CHECK(numel() == 1, "item() on a tensor of shape {}", shape_str(shape()));
+  return load_as_float(raw_data(), 0, dtype());
+}
+
+std::vector<float> Tensor::to_vector() const {
+  std::vector<float> out;
+  out.reserve(numel());
+  const void* base = impl_->storage->data();
+  for_each_offset(shape(), strides(), offset(), [&](std::int64_t off) { out.push_back(load_as_float(base, off, dtype())); });
+  return out;
+}
+
+Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, std::int64_t offset) const {
+  ZERO_CHECK(shape.size() == strides.size(), "as_strided: shape {} and strides {} differ in rank", shape_str(shape),
+             shape_str(strides));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::detach() const { return as_strided(shape(), strides(), offset()); }
+
+Tensor Tensor::clone() const {
+  Tensor out = empty(shape(), dtype(), device());
+  out.copy_(*this);
+  return out;
+}
+
+void Tensor::copy_(const Tensor& src) {
+  ZERO_CHECK(src.numel() == numel(), "copy_: source has {} elements {}, destination {} {}", src.numel(),
+             shape_str(src.shape()), numel(), shape_str(shape()));
+  if (src.dtype() == dtype() && src.is_contiguous() && is_contiguous()) {
+    std::memmove(raw_data(), src.raw_data(), nbytes());
+    return;
+  }
+  std::vector<std::int64_t> src_offsets;
+  src_offsets.reserve(numel());
+  for_each_offset(src.shape(), src.strides(), src.offset(), [&](std::int64_t off) { src_offsets.push_back(off); });
+  const void* sbase = src.storage()->data();
+  void* dbase = storage()->data();
+  std::int64_t k = 0;
+  for_each_offset(shape(), strides(), offset(), [&](std::int64_t off) {
+    store_from_float(dbase, off, dtype(), load_as_float(sbase, src_offsets[k++], src.dtype()));
+  });
+}
+
+void Tensor::set_data(const Tensor& src) {
+  impl_->storage = src.impl_->storage;
+  impl_->shape = src.impl_->shape;
+  impl_->strides = src.impl_->strides;
+  impl_->offset = src.impl_->offset;
+  impl_->dtype = src.impl_->dtype;
+}
+
+void Tensor::fill_(float value) {
+  void* base = storage()->data();
+  if (is_contiguous() && dtype() == DType::f32) {
+    std::fill_n(data<float>(), numel(), value);
+    return;
+  }
+  for_each_offset(shape(), strides(), offset(), [&](std::int64_t off) { store_from_float(base, off, dtype(), value); });
+}
+
+}  // namespace zero

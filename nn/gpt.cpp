@@ -1,0 +1,86 @@
+#include "nn/gpt.h"
+
+#include <cmath>
+
+namespace zero::nn {
+
+void GPTConfig::validate() const {
+  ZERO_CHECK(vocab_size > 0, "vocab_size must be positive, got {}", vocab_size);
+  ZERO_CHECK(block_size > 0, "block_size must be positive, got {}", block_size);
+  ZERO_CHECK(n_layer > 0, "n_layer must be positive, got {}", n_layer);
+  ZERO_CHECK(n_head > 0, "n_head must be positive, got {}", n_head);
+  ZERO_CHECK(n_embd > 0, "n_embd must be positive, got {}", n_embd);
+  ZERO_CHECK(n_embd % n_head == 0, "n_embd ({}) must be divisible by n_head ({})", n_embd, n_head);
+  ZERO_CHECK(dropout >= 0.0f && dropout < 1.0f, "dropout must be in [0, 1), got {}", dropout);
+}
+
+namespace {
+// GPT-2 scales the init of the projections that write into the residual stream by 1/sqrt(2L).
+float residual_std(const GPTConfig& cfg) { return 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layer)); }
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, Generator& gen) : n_head(cfg.n_head) {
+  qkv = register_module("qkv", std::make_shared<Linear>(cfg.n_embd, 3 * cfg.n_embd, cfg.bias, gen));
+  proj = register_module("proj", std::make_shared<Linear>(cfg.n_embd, cfg.n_embd, cfg.bias, gen, residual_std(cfg)));
+  resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(cfg.dropout, gen));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  return resid_dropout->forward(proj->forward(causal_self_attention(qkv->forward(x), n_head)));
+}
+
+MLP::MLP(const GPTConfig& cfg, Generator& gen) {
+  fc = register_module("fc", std::make_shared<Linear>(cfg.n_embd, 4 * cfg.n_embd, cfg.bias, gen));
+  fc2 = register_module("fc2", std::make_shared<Linear>(4 * cfg.n_embd, cfg.n_embd, cfg.bias, gen, residual_std(cfg)));
+  dropout = register_module("dropout", std::make_shared<Dropout>(cfg.dropout, gen));
+}
+
+Tensor MLP::forward(const Tensor& x) const { return dropout->forward(fc2->forward(gelu(fc->forward(x)))); }
+
+Block::Block(const GPTConfig& cfg, Generator& gen) {
+  ln1 = register_module("ln1", std::make_shared<LayerNorm>(cfg.n_embd));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg, gen));
+  ln2 = register_module("ln2", std::make_shared<LayerNorm>(cfg.n_embd));
+  mlp = register_module("mlp", std::make_shared<MLP>(cfg, gen));
+}
+
+Tensor Block::forward(const Tensor& x) const {
+  Tensor h = add(x, attn->forward(ln1->forward(x)));
+  return add(h, mlp->forward(ln2->forward(h)));
+}
+
+GPT::GPT(const GPTConfig& cfg, Generator& gen) : cfg_(cfg) {
+  cfg.validate();
+  wte = register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.n_embd, gen));
+  wpe = register_module("wpe", std::make_shared<Embedding>(cfg.block_size, cfg.n_embd, gen));
+  drop = register_module("drop", std::make_shared<Dropout>(cfg.dropout, gen));
+  for (std::int64_t i = 0; i < cfg.n_layer; ++i)
+    blocks.push_back(register_module("blocks." + std::to_string(i), std::make_shared<Block>(cfg, gen)));
+  lnf = register_module("lnf", std::make_shared<LayerNorm>(cfg.n_embd));
+}
+
+Tensor GPT::forward(const Tensor& idx) const {
+  ZERO_CHECK(idx.dim() == 2, "GPT::forward: idx must be [B, T], got {}", shape_str(idx.shape()));
+  const std::int64_t T = idx.size(1);
+  ZERO_CHECK(T <= cfg_.block_size, "GPT::forward: sequence length {} exceeds block_size {}", T, cfg_.block_size);
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(T));
+  for (std::int64_t t = 0; t < T; ++t) positions[t] = t;
+  Tensor pos = Tensor::from_indices(positions, {T});
+  Tensor x = drop->forward(add(wte->forward(idx), wpe->forward(pos)));  // [B,T,C] + [T,C]
+  for (const auto& block : blocks) x = block->forward(x);
+  // LM head tied to the token embedding: logits = lnf(x) @ wte^T.
+  return linear(lnf->forward(x), wte->forward_weight(), Tensor());
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
+  Tensor logits = forward(idx);
+  const std::int64_t V = cfg_.vocab_size;
+  return cross_entropy(logits.view({-1, V}), targets.reshape({-1}));
+}
+
+double flops_per_token(const GPTConfig& cfg, std::int64_t num_params) {
+  return 6.0 * static_cast<double>(num_params) +
+         12.0 * static_cast<double>(cfg.n_layer * cfg.block_size * cfg.n_embd);
+}
+
+}  // namespace zero::nn

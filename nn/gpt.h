@@ -1,0 +1,88 @@
+// GPT: a decoder-only transformer (Radford et al. 2019, GPT-2) as in nanoGPT: token + position
+// embeddings, L pre-LN blocks (x + attn(ln1(x)), x + mlp(ln2(x))), a final LayerNorm, and an LM head
+// tied to the token embedding. Parameter names match PyTorch's layout in tools/make_gpt_reference.py:
+// wte, wpe, blocks.{i}.ln1, blocks.{i}.attn.{qkv,proj}, blocks.{i}.ln2, blocks.{i}.mlp.{fc,fc2}, lnf.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "nn/layers.h"
+
+namespace zero::nn {
+
+struct GPTConfig {
+  std::int64_t vocab_size = 65;
+  std::int64_t block_size = 64;  // T: the longest sequence
+  std::int64_t n_layer = 4;      // L
+  std::int64_t n_head = 4;       // H
+  std::int64_t n_embd = 128;     // C
+  float dropout = 0.0f;
+  bool bias = true;  // biases in Linear layers (LayerNorm always has them)
+
+  /// Throws zero::Error naming the first invalid field (non-positive sizes, C not divisible by H,
+  /// dropout outside [0, 1)).
+  void validate() const;
+};
+
+/// Causal multi-head self-attention: qkv = Linear(C, 3C), fused causal attention, proj = Linear(C, C).
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(const GPTConfig& cfg, Generator& gen);
+  /// x[B, T, C] -> [B, T, C].
+  Tensor forward(const Tensor& x) const;
+
+  std::shared_ptr<Linear> qkv, proj;
+  std::shared_ptr<Dropout> resid_dropout;
+  std::int64_t n_head;
+};
+
+/// Feed-forward: fc = Linear(C, 4C), GELU, fc2 = Linear(4C, C).
+class MLP : public Module {
+ public:
+  MLP(const GPTConfig& cfg, Generator& gen);
+  /// x[B, T, C] -> [B, T, C].
+  Tensor forward(const Tensor& x) const;
+
+  std::shared_ptr<Linear> fc, fc2;
+  std::shared_ptr<Dropout> dropout;
+};
+
+/// Pre-LN transformer block.
+class Block : public Module {
+ public:
+  Block(const GPTConfig& cfg, Generator& gen);
+  /// x[B, T, C] -> [B, T, C].
+  Tensor forward(const Tensor& x) const;
+
+  std::shared_ptr<LayerNorm> ln1, ln2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<MLP> mlp;
+};
+
+class GPT : public Module {
+ public:
+  /// Builds and initialises the model (GPT-2 / nanoGPT: N(0, 0.02), residual projections
+  /// N(0, 0.02/sqrt(2L)), zero biases, unit LayerNorm weights). Throws zero::Error on a bad config.
+  GPT(const GPTConfig& cfg, Generator& gen);
+  /// idx[B, T] (i64 token ids, T <= block_size) -> logits[B, T, V].
+  Tensor forward(const Tensor& idx) const;
+  /// Mean cross-entropy of forward(idx) against targets[B, T]: a one-element tensor.
+  Tensor loss(const Tensor& idx, const Tensor& targets) const;
+
+  const GPTConfig& config() const { return cfg_; }
+
+  std::shared_ptr<Embedding> wte, wpe;
+  std::shared_ptr<Dropout> drop;
+  std::vector<std::shared_ptr<Block>> blocks;
+  std::shared_ptr<LayerNorm> lnf;
+
+ private:
+  GPTConfig cfg_;
+};
+
+/// Training FLOPs per token (forward + backward), PaLM paper (Chowdhery et al. 2022) appendix B:
+/// 6·N for the N parameters plus 12·L·T·C for attention scores and values.
+double flops_per_token(const GPTConfig& cfg, std::int64_t num_params);
+
+}  // namespace zero::nn

@@ -1,0 +1,69 @@
+// Basic layers: Linear, Embedding, LayerNorm, GELU, Dropout. Each composes ops from autograd/ops.h;
+// initialisation follows GPT-2 / nanoGPT (weights N(0, std), biases 0, LayerNorm weight 1, bias 0).
+#pragma once
+
+#include <memory>
+
+#include "nn/module.h"
+
+namespace zero::nn {
+
+/// y[..., out] = x[..., in] @ weight[out, in]^T + bias[out] (torch.nn.Linear).
+class Linear : public Module {
+ public:
+  Linear(std::int64_t in_features, std::int64_t out_features, bool bias, Generator& gen, float init_std = 0.02f) {
+    weight = register_parameter("weight", Tensor::randn({out_features, in_features}, gen, 0.0f, init_std), true);
+    if (bias) this->bias = register_parameter("bias", Tensor::zeros({out_features}), false);
+  }
+  Tensor forward(const Tensor& x) const {
+    return linear(x, compute(weight), bias.defined() ? compute(bias) : Tensor());
+  }
+  Tensor weight, bias;
+};
+
+/// out[..., C] = weight[idx[...], :] (torch.nn.Embedding).
+class Embedding : public Module {
+ public:
+  Embedding(std::int64_t num_embeddings, std::int64_t dim, Generator& gen, float init_std = 0.02f) {
+    weight = register_parameter("weight", Tensor::randn({num_embeddings, dim}, gen, 0.0f, init_std), true);
+  }
+  Tensor forward(const Tensor& idx) const { return embedding(compute(weight), idx); }
+  /// The weight as used for computing (f32), e.g. by a tied output layer.
+  Tensor forward_weight() const { return compute(weight); }
+  Tensor weight;
+};
+
+/// LayerNorm over the last dimension C (torch.nn.LayerNorm, eps 1e-5).
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(std::int64_t dim, float eps = 1e-5f) : eps_(eps) {
+    weight = register_parameter("weight", Tensor::ones({dim}), false);
+    bias = register_parameter("bias", Tensor::zeros({dim}), false);
+  }
+  Tensor forward(const Tensor& x) const { return layer_norm(x, compute(weight), compute(bias), eps_); }
+  Tensor weight, bias;
+
+ private:
+  float eps_;
+};
+
+/// GELU, tanh approximation (torch.nn.GELU(approximate='tanh')).
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& x) const { return gelu(x); }
+};
+
+/// Inverted dropout, active only in training mode; draws its masks from `gen`.
+class Dropout : public Module {
+ public:
+  Dropout(float p, Generator& gen) : p_(p), gen_(&gen) {
+    ZERO_CHECK(p >= 0.0f && p < 1.0f, "dropout probability must be in [0, 1), got {}", p);
+  }
+  Tensor forward(const Tensor& x) const { return dropout(x, p_, training(), *gen_); }
+
+ private:
+  float p_;
+  Generator* gen_;
+};
+
+}  // namespace zero::nn

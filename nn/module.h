@@ -1,0 +1,70 @@
+// Module: the base of every layer. Holds named parameters (with per-parameter metadata), child
+// modules, and the train/eval flag; gives PyTorch's vocabulary: named_parameters(), parameters(),
+// train(), eval(), state_dict(), load_state_dict(), to(dtype).
+//
+// A new layer is one header: register its parameters and children in the constructor and compose
+// ops from autograd/ops.h in forward(); it never writes a backward.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/ops.h"
+#include "core/tensor.h"
+
+namespace zero::nn {
+
+/// A parameter as seen from the model: its dotted name, the tensor (a handle shared with the module),
+/// and whether AdamW applies weight decay to it (true for weights of rank >= 2, nanoGPT's rule).
+struct NamedParameter {
+  std::string name;
+  Tensor tensor;
+  bool decay = true;
+};
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  /// Parameters of this module and its children, depth-first in registration order, names joined
+  /// with '.'. A tensor registered under two names (tied weights) is listed once, under its first name.
+  std::vector<NamedParameter> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  /// Total elements over parameters().
+  std::int64_t num_parameters() const;
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
+
+  /// Name -> detached tensor sharing the parameter's storage.
+  std::map<std::string, Tensor> state_dict() const;
+  /// Copies values in (converted to each parameter's dtype). Throws zero::Error naming the first
+  /// missing/unexpected key or mismatched shape; nothing is copied unless every entry matches.
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+  /// Converts every parameter to `dtype` in place (same handles, new storage; requires_grad kept).
+  void to(DType dtype);
+
+ protected:
+  /// Registers a parameter (marked requires_grad). Returns the handle the module keeps.
+  Tensor register_parameter(const std::string& name, Tensor value, bool decay);
+  template <typename M> std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> child) {
+    children_.emplace_back(name, child);
+    return child;
+  }
+  /// The f32 tensor to compute with: `p` itself, or a differentiable f32 copy of an f16/bf16
+  /// parameter (its gradient flows back in the parameter's dtype).
+  static Tensor compute(const Tensor& p) { return p.dtype() == DType::f32 ? p : p.to(DType::f32); }
+
+ private:
+  void collect(const std::string& prefix, std::vector<NamedParameter>& out) const;
+
+  std::vector<NamedParameter> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+}  // namespace zero::nn
