@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -22,6 +23,8 @@ struct TextData {
   /// Reads `path`; throws zero::Error with a one-line reason for a missing, unreadable or empty file,
   /// or one too short for `block` (each split needs at least block + 1 tokens).
   static TextData load(const std::string& path, std::int64_t block) {
+    ZERO_CHECK(std::filesystem::exists(path), "--data file '{}' does not exist", path);
+    ZERO_CHECK(!std::filesystem::is_directory(path), "--data '{}' is a directory, not a text file", path);
     std::ifstream in(path, std::ios::binary);
     ZERO_CHECK(in.good(), "cannot read --data file '{}'", path);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -1,0 +1,529 @@
+#include "distributed/config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace zero::dist {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Largest integer a JSON float (double) holds exactly; integer keys given as floats must stay below it.
+constexpr double kMaxExactInt = 9007199254740992.0;  // 2^53
+
+// Every invalid value ends here: one line naming the key and, when parsing a file, the file.
+[[noreturn]] void fail(const std::string& source, const std::string& key, const std::string& msg) {
+  if (source.empty()) throw Error(fmt::format("invalid config key '{}': {}", key, msg));
+  throw Error(fmt::format("invalid config key '{}' in {}: {}", key, source, msg));
+}
+
+// "number 1.5", "string \"auto\"", ... for error messages; long values are cut.
+std::string describe(const json& v) {
+  std::string text = v.dump();
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  // "auto" is a Hugging Face Trainer placeholder that DeepSpeed itself never sees.
+  if (v.is_string() && v.get<std::string>() == "auto")
+    return fmt::format("{} {} (a Hugging Face Trainer placeholder; give a value, or null for the default)",
+                       v.type_name(), text);
+  return fmt::format("{} {}", v.type_name(), text);
+}
+
+std::string join(const std::string& path, const std::string& key) {
+  if (key.empty()) return path;
+  return path.empty() ? key : path + "." + key;
+}
+
+std::string to_lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+// One JSON object of the config. Every key read through it is "known"; warn_unknown() then reports
+// the others with their full path.
+class Section {
+ public:
+  Section(const json& obj, std::string path, const std::string& source, std::vector<std::string>& warnings)
+      : obj_(obj), path_(std::move(path)), source_(source), warnings_(warnings) {}
+
+  const std::string& source() const { return source_; }
+  std::string key_path(const std::string& key) const { return join(path_, key); }
+
+  // The value of `key`, or nullptr when absent or null (DeepSpeed treats None as "not given").
+  const json* find(const std::string& key) {
+    known_.insert(key);
+    auto it = obj_.find(key);
+    if (it == obj_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  bool has(const std::string& key) const {
+    auto it = obj_.find(key);
+    return it != obj_.end() && !it->is_null();
+  }
+
+  std::optional<Section> section(const std::string& key) {
+    const json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_object()) fail(source_, key_path(key), "expected an object, got " + describe(*v));
+    return Section(*v, key_path(key), source_, warnings_);
+  }
+
+  void read(const std::string& key, bool& out) {
+    if (const json* v = find(key)) {
+      if (!v->is_boolean()) fail(source_, key_path(key), "expected true or false, got " + describe(*v));
+      out = v->get<bool>();
+    }
+  }
+
+  void read(const std::string& key, double& out) {
+    if (const json* v = find(key)) out = as_number(*v, key_path(key));
+  }
+
+  void read(const std::string& key, std::string& out) {
+    if (const json* v = find(key)) {
+      if (!v->is_string()) fail(source_, key_path(key), "expected a string, got " + describe(*v));
+      out = v->get<std::string>();
+    }
+  }
+
+  void read(const std::string& key, std::int64_t& out) {
+    if (const json* v = find(key)) out = as_int(*v, key_path(key));
+  }
+
+  void read(const std::string& key, std::optional<std::int64_t>& out) {
+    if (const json* v = find(key)) out = as_int(*v, key_path(key));
+  }
+
+  void read(const std::string& key, int& out) {
+    if (const json* v = find(key)) {
+      const std::int64_t x = as_int(*v, key_path(key));
+      if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max())
+        fail(source_, key_path(key), fmt::format("{} is out of range", x));
+      out = static_cast<int>(x);
+    }
+  }
+
+  double as_number(const json& v, const std::string& key) const {
+    if (!v.is_number()) fail(source_, key, "expected a number, got " + describe(v));
+    return v.get<double>();
+  }
+
+  // An integer, given as a JSON integer or as a whole JSON float (5e8).
+  std::int64_t as_int(const json& v, const std::string& key) const {
+    if (v.is_number_unsigned()) {
+      const std::uint64_t u = v.get<std::uint64_t>();
+      if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        fail(source_, key, fmt::format("{} is out of range", u));
+      return static_cast<std::int64_t>(u);
+    }
+    if (v.is_number_integer()) return v.get<std::int64_t>();
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (!std::isfinite(d) || d != std::floor(d))
+        fail(source_, key, fmt::format("expected a whole number, got {}", v.dump()));
+      if (std::fabs(d) > kMaxExactInt) fail(source_, key, fmt::format("{} is out of range", v.dump()));
+      return static_cast<std::int64_t>(d);
+    }
+    fail(source_, key, "expected an integer, got " + describe(v));
+  }
+
+  void warn_unknown() const {
+    for (const auto& [key, value] : obj_.items()) {
+      if (!known_.count(key)) warnings_.push_back(fmt::format("warning: unknown config key '{}'", key_path(key)));
+    }
+  }
+
+ private:
+  const json& obj_;
+  std::string path_;
+  const std::string& source_;
+  std::vector<std::string>& warnings_;
+  std::set<std::string> known_;
+};
+
+void parse_fp16(Section s, Fp16Config& c) {
+  s.read("enabled", c.enabled);
+  s.read("loss_scale", c.loss_scale);
+  s.read("initial_scale_power", c.initial_scale_power);
+  s.read("loss_scale_window", c.loss_scale_window);
+  s.read("hysteresis", c.hysteresis);
+  s.read("consecutive_hysteresis", c.consecutive_hysteresis);
+  s.read("min_loss_scale", c.min_loss_scale);
+  s.warn_unknown();
+}
+
+void parse_zero(Section s, ZeroConfig& c) {
+  s.read("stage", c.stage);
+  s.read("reduce_bucket_size", c.reduce_bucket_size);
+  s.read("allgather_bucket_size", c.allgather_bucket_size);
+  s.read("reduce_scatter", c.reduce_scatter);
+  s.read("contiguous_gradients", c.contiguous_gradients);
+  s.read("overlap_comm", c.overlap_comm);
+  s.warn_unknown();
+}
+
+OptimizerConfig parse_optimizer(Section s) {
+  OptimizerConfig c;
+  if (!s.has("type")) fail(s.source(), s.key_path("type"), "is required (\"AdamW\" or \"Adam\")");
+  s.read("type", c.type);
+  if (auto p = s.section("params")) {
+    p->read("lr", c.lr);
+    if (const json* b = p->find("betas")) {
+      if (!b->is_array() || b->size() != 2)
+        fail(s.source(), p->key_path("betas"), "expected [beta1, beta2], got " + describe(*b));
+      c.beta1 = p->as_number((*b)[0], p->key_path("betas"));
+      c.beta2 = p->as_number((*b)[1], p->key_path("betas"));
+    }
+    p->read("eps", c.eps);
+    p->read("weight_decay", c.weight_decay);
+    bool adam_w_mode = true;
+    p->read("adam_w_mode", adam_w_mode);
+    if (!adam_w_mode)
+      fail(s.source(), p->key_path("adam_w_mode"),
+           "false (Adam with L2 regularisation) is not supported; only decoupled weight decay (AdamW)");
+    p->warn_unknown();
+  }
+  s.warn_unknown();
+  return c;
+}
+
+SchedulerConfig parse_scheduler(Section s) {
+  SchedulerConfig c;
+  if (!s.has("type")) fail(s.source(), s.key_path("type"), "is required (\"WarmupCosineLR\")");
+  s.read("type", c.type);
+  bool total_given = false;
+  if (auto p = s.section("params")) {
+    p->read("warmup_num_steps", c.warmup_num_steps);
+    total_given = p->has("total_num_steps");
+    p->read("total_num_steps", c.total_num_steps);
+    p->read("cos_min_ratio", c.cos_min_ratio);
+    double warmup_min_ratio = 0.0;
+    p->read("warmup_min_ratio", warmup_min_ratio);
+    if (warmup_min_ratio != 0.0)
+      fail(s.source(), p->key_path("warmup_min_ratio"),
+           fmt::format("only 0 is supported (warmup starts from lr / warmup_num_steps), got {}", warmup_min_ratio));
+    std::string warmup_type = "linear";
+    p->read("warmup_type", warmup_type);
+    if (warmup_type != "linear")
+      fail(s.source(), p->key_path("warmup_type"),
+           fmt::format("only \"linear\" is supported, got \"{}\"", warmup_type));
+    p->warn_unknown();
+  }
+  if (!total_given && c.type == "WarmupCosineLR")
+    fail(s.source(), s.key_path("params.total_num_steps"), "is required for WarmupCosineLR");
+  s.warn_unknown();
+  return c;
+}
+
+// The batch rule's check: train == micro * gas * world, every value >= 1. `how` labels each value
+// ("", or ", derived") so the message says which ones came from the file.
+void check_batch(std::int64_t train, std::int64_t micro, std::int64_t gas, int world, const char* how_train,
+                 const char* how_micro, const char* how_gas) {
+  std::int64_t product = 0;
+  const bool overflow = __builtin_mul_overflow(micro, gas, &product) ||
+                        __builtin_mul_overflow(product, static_cast<std::int64_t>(world), &product);
+  if (train >= 1 && micro >= 1 && gas >= 1 && !overflow && product == train) return;
+  fail("", "train_batch_size",
+       fmt::format("train_batch_size ({}{}) must equal train_micro_batch_size_per_gpu ({}{}) * "
+                   "gradient_accumulation_steps ({}{}) * world_size ({}) = {}",
+                   train, how_train, micro, how_micro, gas, how_gas, world,
+                   overflow ? std::string("overflow") : std::to_string(product)));
+}
+
+void validate_config(const TrainingConfig& c, const std::string& src) {
+  const auto batch_key = [&](const char* key, const std::optional<std::int64_t>& v) {
+    if (v && *v < 1) fail(src, key, fmt::format("must be >= 1, got {}", *v));
+  };
+  batch_key("train_batch_size", c.train_batch_size);
+  batch_key("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
+  batch_key("gradient_accumulation_steps", c.gradient_accumulation_steps);
+  if (c.world_size() > 0) {
+    if (!c.train_batch_size || !c.train_micro_batch_size_per_gpu || !c.gradient_accumulation_steps)
+      fail(src, "train_batch_size", "a batch key was unset after resolve_batch; call resolve_batch again");
+    check_batch(*c.train_batch_size, *c.train_micro_batch_size_per_gpu, *c.gradient_accumulation_steps, c.world_size(),
+                "", "", "");
+  }
+
+  if (!(c.gradient_clipping >= 0.0) || !std::isfinite(c.gradient_clipping))
+    fail(src, "gradient_clipping", fmt::format("must be >= 0 (0 turns clipping off), got {}", c.gradient_clipping));
+
+  const Fp16Config& f = c.fp16;
+  if (!(f.loss_scale >= 0.0) || !std::isfinite(f.loss_scale))
+    fail(src, "fp16.loss_scale", fmt::format("must be >= 0 (0 = dynamic), got {}", f.loss_scale));
+  if (f.initial_scale_power < 0 || f.initial_scale_power > 127)
+    fail(src, "fp16.initial_scale_power", fmt::format("must be in [0, 127], got {}", f.initial_scale_power));
+  if (f.loss_scale_window < 1)
+    fail(src, "fp16.loss_scale_window", fmt::format("must be >= 1, got {}", f.loss_scale_window));
+  if (f.hysteresis < 1) fail(src, "fp16.hysteresis", fmt::format("must be >= 1, got {}", f.hysteresis));
+  if (!(f.min_loss_scale > 0.0) || !std::isfinite(f.min_loss_scale))
+    fail(src, "fp16.min_loss_scale", fmt::format("must be > 0, got {}", f.min_loss_scale));
+  if (f.enabled && c.bf16.enabled)
+    fail(src, "bf16.enabled", "fp16.enabled and bf16.enabled are both true; enable at most one");
+
+  const ZeroConfig& z = c.zero_optimization;
+  if (z.stage < 0 || z.stage > 2)
+    fail(src, "zero_optimization.stage", fmt::format("stage {} is not supported (stages 0, 1, 2)", z.stage));
+  if (z.reduce_bucket_size <= 0)
+    fail(src, "zero_optimization.reduce_bucket_size",
+         fmt::format("must be > 0 elements, got {}", z.reduce_bucket_size));
+  if (z.allgather_bucket_size <= 0 || z.allgather_bucket_size % 2 != 0)
+    fail(src, "zero_optimization.allgather_bucket_size",
+         fmt::format("must be an even number of elements > 0, got {}", z.allgather_bucket_size));
+
+  if (const auto& o = c.optimizer) {
+    const std::string type = to_lower(o->type);
+    if (type != "adamw" && type != "adam")
+      fail(src, "optimizer.type", fmt::format("\"{}\" is not supported (AdamW, Adam)", o->type));
+    if (!(o->lr >= 0.0) || !std::isfinite(o->lr))
+      fail(src, "optimizer.params.lr", fmt::format("must be >= 0, got {}", o->lr));
+    if (!(o->beta1 >= 0.0 && o->beta1 < 1.0) || !(o->beta2 >= 0.0 && o->beta2 < 1.0))
+      fail(src, "optimizer.params.betas", fmt::format("each beta must be in [0, 1), got [{}, {}]", o->beta1, o->beta2));
+    if (!(o->eps >= 0.0) || !std::isfinite(o->eps))
+      fail(src, "optimizer.params.eps", fmt::format("must be >= 0, got {}", o->eps));
+    if (!(o->weight_decay >= 0.0) || !std::isfinite(o->weight_decay))
+      fail(src, "optimizer.params.weight_decay", fmt::format("must be >= 0, got {}", o->weight_decay));
+  }
+
+  if (const auto& s = c.scheduler) {
+    if (s->type != "WarmupCosineLR")
+      fail(src, "scheduler.type", fmt::format("\"{}\" is not supported (WarmupCosineLR)", s->type));
+    if (s->warmup_num_steps < 0)
+      fail(src, "scheduler.params.warmup_num_steps", fmt::format("must be >= 0, got {}", s->warmup_num_steps));
+    if (s->total_num_steps < 1)
+      fail(src, "scheduler.params.total_num_steps", fmt::format("must be >= 1, got {}", s->total_num_steps));
+    if (!(s->cos_min_ratio >= 0.0 && s->cos_min_ratio <= 1.0))
+      fail(src, "scheduler.params.cos_min_ratio", fmt::format("must be in [0, 1], got {}", s->cos_min_ratio));
+  }
+}
+
+TrainingConfig parse(const json& j, const std::string& src) {
+  if (!j.is_object()) {
+    const std::string where = src.empty() ? "" : fmt::format(" in {}", src);
+    throw Error(fmt::format("invalid config{}: expected a JSON object at the top level, got {}", where, describe(j)));
+  }
+  TrainingConfig c;
+  Section root(j, "", src, c.warnings);
+  root.read("train_batch_size", c.train_batch_size);
+  root.read("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
+  root.read("gradient_accumulation_steps", c.gradient_accumulation_steps);
+  root.read("gradient_clipping", c.gradient_clipping);
+  if (auto s = root.section("fp16")) parse_fp16(*s, c.fp16);
+
+  // "bfloat16" is DeepSpeed's old name for "bf16" (runtime/config.py, get_bfloat16_config).
+  if (root.has("bf16") && root.has("bfloat16"))
+    fail(src, "bfloat16", "give \"bf16\" or its old name \"bfloat16\", not both");
+  for (const char* name : {"bf16", "bfloat16"}) {
+    if (auto s = root.section(name)) {
+      s->read("enabled", c.bf16.enabled);
+      s->warn_unknown();
+    }
+  }
+
+  // DeepSpeed still reads the deprecated boolean form: true means stage 1 (read_zero_config_deprecated).
+  if (const json* z = root.find("zero_optimization"); z && z->is_boolean()) {
+    c.zero_optimization.stage = z->get<bool>() ? 1 : 0;
+    c.warnings.push_back(
+        fmt::format("warning: config key 'zero_optimization' given as {} is deprecated; use {{\"stage\": {}}}",
+                    z->dump(), c.zero_optimization.stage));
+  } else if (auto s = root.section("zero_optimization")) {
+    parse_zero(*s, c.zero_optimization);
+  }
+  if (auto s = root.section("optimizer")) c.optimizer = parse_optimizer(*s);
+  if (auto s = root.section("scheduler")) c.scheduler = parse_scheduler(*s);
+  root.warn_unknown();
+  validate_config(c, src);
+  return c;
+}
+
+// Parses text with DeepSpeed's duplicate-key rule (dict_raise_error_on_duplicate_keys): a key given
+// twice in one object is an error, not "last one wins".
+json parse_text(const std::string& text, const std::string& path) {
+  struct Frame {
+    std::string path;
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<Frame> stack;
+  auto callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start: {
+        std::string p = stack.empty() ? "" : join(stack.back().path, stack.back().last_key);
+        stack.push_back(Frame{std::move(p), {}, {}});
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!stack.empty()) stack.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        Frame& f = stack.back();
+        f.last_key = parsed.get<std::string>();
+        if (!f.keys.insert(f.last_key).second) fail(path, join(f.path, f.last_key), "given twice");
+        break;
+      }
+      default: break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, callback, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::exception& e) {
+    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 2, ..."
+    if (const auto pos = what.find("] "); what.rfind("[json.exception", 0) == 0 && pos != std::string::npos)
+      what = what.substr(pos + 2);
+    throw Error(fmt::format("config file {} is not valid JSON: {}", path, what));
+  }
+}
+
+}  // namespace
+
+TrainingConfig TrainingConfig::from_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw Error(fmt::format("config file {} does not exist", path));
+  if (fs::is_directory(path, ec)) throw Error(fmt::format("config file {} is a directory", path));
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (!in || in.bad()) throw Error(fmt::format("config file {} cannot be read", path));
+  return parse(parse_text(text.str(), path), path);
+}
+
+TrainingConfig TrainingConfig::from_json(const nlohmann::json& j) { return parse(j, ""); }
+
+nlohmann::json TrainingConfig::to_json() const {
+  const auto opt = [](const std::optional<std::int64_t>& v) { return v ? json(*v) : json(nullptr); };
+  json j = {
+      {"train_batch_size", opt(train_batch_size)},
+      {"train_micro_batch_size_per_gpu", opt(train_micro_batch_size_per_gpu)},
+      {"gradient_accumulation_steps", opt(gradient_accumulation_steps)},
+      {"gradient_clipping", gradient_clipping},
+      {"fp16",
+       {{"enabled", fp16.enabled},
+        {"loss_scale", fp16.loss_scale},
+        {"initial_scale_power", fp16.initial_scale_power},
+        {"loss_scale_window", fp16.loss_scale_window},
+        {"hysteresis", fp16.hysteresis},
+        {"consecutive_hysteresis", fp16.consecutive_hysteresis},
+        {"min_loss_scale", fp16.min_loss_scale}}},
+      {"bf16", {{"enabled", bf16.enabled}}},
+      {"zero_optimization",
+       {{"stage", zero_optimization.stage},
+        {"reduce_bucket_size", zero_optimization.reduce_bucket_size},
+        {"allgather_bucket_size", zero_optimization.allgather_bucket_size},
+        {"reduce_scatter", zero_optimization.reduce_scatter},
+        {"contiguous_gradients", zero_optimization.contiguous_gradients},
+        {"overlap_comm", zero_optimization.overlap_comm}}},
+  };
+  if (optimizer) {
+    j["optimizer"] = {{"type", optimizer->type},
+                      {"params",
+                       {{"lr", optimizer->lr},
+                        {"betas", {optimizer->beta1, optimizer->beta2}},
+                        {"eps", optimizer->eps},
+                        {"weight_decay", optimizer->weight_decay}}}};
+  }
+  if (scheduler) {
+    j["scheduler"] = {{"type", scheduler->type},
+                      {"params",
+                       {{"warmup_num_steps", scheduler->warmup_num_steps},
+                        {"total_num_steps", scheduler->total_num_steps},
+                        {"cos_min_ratio", scheduler->cos_min_ratio},
+                        {"warmup_min_ratio", 0.0},
+                        {"warmup_type", "linear"}}}};
+  }
+  return j;
+}
+
+void TrainingConfig::resolve_batch(int world_size) {
+  ZERO_CHECK(world_size >= 1, "resolve_batch: world_size must be >= 1, got {}", world_size);
+  std::optional<std::int64_t> train = train_batch_size, micro = train_micro_batch_size_per_gpu,
+                              gas = gradient_accumulation_steps;
+  const std::int64_t ws = world_size;
+  // Each value's label in the error message: given in the config, or derived here.
+  const char* how_train = "";
+  const char* how_micro = "";
+  const char* how_gas = "";
+  constexpr const char* derived = ", derived";
+  if (train && micro && gas) {
+    // all given: only checked
+  } else if (train && micro) {
+    gas = *train / *micro / ws;
+    how_gas = derived;
+  } else if (train && gas) {
+    micro = *train / ws / *gas;
+    how_micro = derived;
+  } else if (micro && gas) {
+    std::int64_t t = 0;
+    if (__builtin_mul_overflow(*micro, *gas, &t) || __builtin_mul_overflow(t, ws, &t)) t = -1;
+    train = t;
+    how_train = derived;
+  } else if (train) {
+    gas = 1;
+    micro = *train / ws;
+    how_gas = how_micro = derived;
+  } else if (micro) {
+    gas = 1;
+    std::int64_t t = 0;
+    if (__builtin_mul_overflow(*micro, ws, &t)) t = -1;
+    train = t;
+    how_gas = how_train = derived;
+  } else {
+    fail("", "train_batch_size",
+         "neither train_batch_size nor train_micro_batch_size_per_gpu is set; set at least one of them");
+  }
+  check_batch(*train, *micro, *gas, world_size, how_train, how_micro, how_gas);
+  train_batch_size = train;
+  train_micro_batch_size_per_gpu = micro;
+  gradient_accumulation_steps = gas;
+  world_size_ = world_size;
+}
+
+void TrainingConfig::validate() const { validate_config(*this, ""); }
+
+DType TrainingConfig::model_dtype() const {
+  if (fp16.enabled) return DType::f16;
+  if (bf16.enabled) return DType::bf16;
+  return DType::f32;
+}
+
+void TrainingConfig::set_model_dtype(DType t) {
+  ZERO_CHECK(is_floating(t), "set_model_dtype: {} is not a floating-point dtype", dtype_name(t));
+  fp16.enabled = t == DType::f16;
+  bf16.enabled = t == DType::bf16;
+}
+
+optim::LossScalerConfig TrainingConfig::loss_scaler_config() const {
+  optim::LossScalerConfig s;
+  s.loss_scale = static_cast<float>(fp16.loss_scale);
+  s.initial_scale_power = fp16.initial_scale_power;
+  s.loss_scale_window = fp16.loss_scale_window;
+  s.hysteresis = fp16.hysteresis;
+  s.consecutive_hysteresis = fp16.consecutive_hysteresis;
+  s.min_loss_scale = static_cast<float>(fp16.min_loss_scale);
+  return s;
+}
+
+optim::LrSchedule TrainingConfig::lr_schedule(double lr) const {
+  ZERO_CHECK(scheduler.has_value(), "lr_schedule: the config has no \"scheduler\" section");
+  optim::LrSchedule s;
+  s.lr = static_cast<float>(lr);
+  s.min_lr = static_cast<float>(lr * scheduler->cos_min_ratio);
+  s.warmup = scheduler->warmup_num_steps;
+  s.total_steps = scheduler->total_num_steps;
+  return s;
+}
+
+}  // namespace zero::dist

@@ -1,0 +1,163 @@
+// TrainingConfig: the DeepSpeed-style JSON file train_gpt reads with --config.
+//
+// Key names and defaults are DeepSpeed's (runtime/config.py, runtime/zero/config.py,
+// runtime/precision_config.py; reference/deepspeed_zero.md §8), so a DeepSpeed config for a ZeRO-1/2
+// run works here unchanged; docs/config.md lists every key. Where we differ it is said beside the field.
+//
+// Two kinds of problems, two behaviours:
+//   - an UNKNOWN key, at any level, does not stop the run: it adds a line to `warnings`, naming the key
+//     with its path ("warning: unknown config key 'zero_optimization.stage3_prefetch'"), for the caller
+//     to print (on rank 0 only);
+//   - an INVALID value (wrong JSON type, out of range, stage 3, fp16 and bf16 both on, inconsistent
+//     batch sizes, a missing or malformed file) throws zero::Error with one line naming the key (and
+//     the file), before training starts:
+//       invalid config key 'zero_optimization.stage' in ds.json: stage 3 is not supported (stages 0, 1, 2)
+//
+// A JSON null counts as "not given" (the default applies; for the batch keys: derive it), as in
+// DeepSpeed. Integer keys also accept whole JSON floats, so 5e8 is a valid bucket size.
+//
+// The usual sequence in a training program:
+//   auto cfg = TrainingConfig::from_file(path);       // parse + validate, no world size yet
+//   for (auto& w : cfg.warnings) if (rank == 0) fmt::print(stderr, "{}\n", w);
+//   cfg.zero_optimization.stage = flag;               // command-line overrides, if any
+//   cfg.resolve_batch(world_size);                    // derive the missing batch key, check the rule
+//   cfg.validate();                                   // re-check everything after the overrides
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+
+namespace zero::dist {
+
+/// "fp16": mixed precision with f16 parameters and gradients and a loss scaler (optim/loss_scaler.h).
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;              // 0: dynamic loss scaling; > 0: this static scale
+  int initial_scale_power = 16;         // dynamic: start at 2^initial_scale_power, in [0, 127]
+  int loss_scale_window = 1000;         // clean steps between doublings, >= 1
+  int hysteresis = 2;                   // overflows tolerated before the scale halves, >= 1
+  bool consecutive_hysteresis = false;  // refill hysteresis on every clean step
+  double min_loss_scale = 1.0;          // the scale never halves below this, > 0
+};
+
+/// "bf16" (old name "bfloat16", also accepted): bf16 parameters and gradients, no loss scaling.
+struct Bf16Config {
+  bool enabled = false;
+};
+
+/// "zero_optimization". Bucket sizes count elements, not bytes.
+struct ZeroConfig {
+  int stage = 0;                                     // 0 (plain data parallel), 1 or 2; 3 is rejected
+  std::int64_t reduce_bucket_size = 500'000'000;     // IPG bucket, elements, > 0
+  std::int64_t allgather_bucket_size = 500'000'000;  // all-gather chunk, elements, > 0 and even
+  bool reduce_scatter = true;                        // false: all-reduce the bucket, keep your slice (1.5x traffic)
+  bool contiguous_gradients = true;                  // stage 2: copy reduced slices into one partition buffer
+  // DeepSpeed's default is None, which it resolves to true only for stage 3 (config.py,
+  // overlap_comm_valid); stages 0-2 therefore default to false there too.
+  bool overlap_comm = false;
+};
+
+/// "optimizer": {"type": "AdamW" | "Adam", "params": {...}}. The type is matched case-insensitively, as
+/// in DeepSpeed. "Adam" means AdamW too: DeepSpeed's Adam defaults to adam_w_mode = true (decoupled
+/// weight decay); adam_w_mode = false (L2 regularisation) is rejected. Defaults are DeepSpeed's
+/// FusedAdam / torch's Adam defaults (weight_decay 0).
+struct OptimizerConfig {
+  std::string type = "AdamW";  // as written in the file
+  double lr = 1e-3;            // >= 0
+  double beta1 = 0.9;          // "betas": [beta1, beta2], each in [0, 1)
+  double beta2 = 0.999;
+  double eps = 1e-8;          // >= 0
+  double weight_decay = 0.0;  // decoupled, >= 0
+};
+
+/// "scheduler": only {"type": "WarmupCosineLR", "params": {...}}: linear warmup over warmup_num_steps,
+/// then cosine decay to cos_min_ratio * lr at total_num_steps (optim/lr_schedule.h). DeepSpeed's
+/// default warmup_type is "log"; we warm up linearly only, so "warmup_type" may only be "linear", and
+/// "warmup_min_ratio" only 0.
+struct SchedulerConfig {
+  std::string type = "WarmupCosineLR";
+  std::int64_t warmup_num_steps = 1000;  // >= 0
+  std::int64_t total_num_steps = 0;      // required, >= 1
+  double cos_min_ratio = 1e-4;           // final lr / peak lr, in [0, 1]
+};
+
+struct TrainingConfig {
+  // Batch keys: train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps *
+  // world_size. Unset (nullopt) ones are derived by resolve_batch; after it all three are set.
+  std::optional<std::int64_t> train_batch_size;                // sequences per optimizer step, all ranks
+  std::optional<std::int64_t> train_micro_batch_size_per_gpu;  // sequences per forward/backward, one rank
+  std::optional<std::int64_t> gradient_accumulation_steps;     // micro-batches per optimizer step
+
+  // Clip the global gradient L2 norm to this; 0 turns clipping off. 1.0 is DeepSpeed's default at HEAD
+  // (it was 0.0, off, before v0.19.3).
+  double gradient_clipping = 1.0;
+
+  Fp16Config fp16;
+  Bf16Config bf16;
+  ZeroConfig zero_optimization;
+  std::optional<OptimizerConfig> optimizer;  // absent: the training program's own defaults apply
+  std::optional<SchedulerConfig> scheduler;
+
+  /// One line per unknown key or deprecated form, "warning: " prefix included, ready to print.
+  std::vector<std::string> warnings;
+
+  /// Reads and parses a JSON file (duplicate keys are an error, as in DeepSpeed). Throws zero::Error
+  /// naming the file when it does not exist, cannot be read or is not valid JSON, and naming the file
+  /// and the key for any invalid value (see from_json).
+  static TrainingConfig from_file(const std::string& path);
+
+  /// Parses a JSON object and validates it (validate()). Unknown keys go to `warnings`. Throws
+  /// zero::Error naming the key for a value of the wrong type or out of range.
+  static TrainingConfig from_json(const nlohmann::json& j);
+
+  /// The config with DeepSpeed's key names, every default filled in and, after resolve_batch, all
+  /// three batch keys (unset ones are null before). Feeding it back to from_json gives the same config.
+  nlohmann::json to_json() const;
+
+  /// DeepSpeed's batch rule (runtime/config.py, _set_batch_related_parameters and _batch_assertion),
+  /// now that the world size is known:
+  ///   all three given                  -> checked only;
+  ///   train + micro                    -> GAS   = train / micro / world_size;
+  ///   train + GAS                      -> micro = train / world_size / GAS;
+  ///   micro + GAS                      -> train = micro * GAS * world_size;
+  ///   train only                       -> GAS = 1, micro = train / world_size;
+  ///   micro only                       -> GAS = 1, train = micro * world_size;
+  ///   neither train nor micro          -> error.
+  /// (integer division, as DeepSpeed.) Then train == micro * GAS * world_size must hold, with every
+  /// value >= 1; otherwise throws zero::Error naming all three values and world_size, and leaves the
+  /// config unchanged. Throws zero::Error for world_size < 1. Apply command-line overrides of batch
+  /// keys before calling it (an override that replaces a given key should reset the one it conflicts
+  /// with to nullopt).
+  void resolve_batch(int world_size);
+
+  /// World size passed to resolve_batch; 0 before.
+  int world_size() const { return world_size_; }
+
+  /// Re-checks every value (after command-line overrides); also the batch rule once resolve_batch ran.
+  /// Throws zero::Error naming the first invalid key.
+  void validate() const;
+
+  /// f16 if fp16.enabled, bf16 if bf16.enabled, else f32.
+  DType model_dtype() const;
+  /// Sets fp16.enabled / bf16.enabled for `t` (f32 turns both off), for a --dtype override. Throws
+  /// zero::Error for a non-floating dtype.
+  void set_model_dtype(DType t);
+
+  /// The "fp16" section as the loss scaler's config.
+  optim::LossScalerConfig loss_scaler_config() const;
+  /// The scheduler as an LrSchedule peaking at `lr` (optimizer.params.lr, or the program's own).
+  /// Throws zero::Error when no scheduler was configured.
+  optim::LrSchedule lr_schedule(double lr) const;
+
+ private:
+  int world_size_ = 0;
+};
+
+}  // namespace zero::dist
