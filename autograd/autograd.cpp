@@ -102,7 +102,10 @@ void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output,
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
   node->sequence_nr_ = g_next_sequence_nr++;
   node->next_.reserve(inputs.size());
-  for (const auto& t : inputs) node->next_.push_back(gradient_edge(t));
+  for (const auto& t : inputs) {
+    node->next_.push_back(gradient_edge(t));
+    node->input_shapes_.push_back(t.defined() ? t.shape() : Shape{});
+  }
   meta_of(output).grad_fn = std::move(node);
 }
 
@@ -166,6 +169,9 @@ void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) 
       auto& next = node->next_[i];
       if (!next) continue;
       if (i < grads.size() && grads[i].defined()) {
+        ZERO_DCHECK(grads[i].shape() == node->input_shapes_[i], "backward of '{}' returned a gradient of shape {} for "
+                    "input {} of shape {}", node->name(), shape_str(grads[i].shape()), i,
+                    shape_str(node->input_shapes_[i]));
         Tensor& buf = buffers[next.get()];
         buf = buf.defined() ? sum_gradients(buf, grads[i]) : grads[i].detach();
       }

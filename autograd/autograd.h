@@ -34,6 +34,7 @@ class Node {
   virtual void release() {}
 
   std::vector<std::shared_ptr<Node>> next_;  // one per input; null where the input needs no gradient
+  std::vector<Shape> input_shapes_;          // one per input: the shape apply() must return for it
   std::uint64_t sequence_nr_ = 0;
 };
 
