@@ -1,14 +1,21 @@
-// train_gpt: trains a character-level GPT on a text file (Tiny Shakespeare by default) on the CPU.
+// train_gpt: trains a character-level GPT on a text file (Tiny Shakespeare by default) on the CPU,
+// in one process or data-parallel under mpirun with ZeRO stage 0, 1 or 2.
 //
 //   build/bin/train_gpt --data data/tinyshakespeare.txt
+//   mpirun -np 4 build/bin/train_gpt --data data/tinyshakespeare.txt --zero-stage 2 --dtype fp16
 //
 // Defaults are nanoGPT's CPU recipe (4 layers, 4 heads, 128 channels, block 64, batch 12, 2000 steps,
 // AdamW lr 1e-3 -> 1e-4 cosine after 100 warm-up steps). Prints a progress line every --log-every
 // steps, validation loss every --eval-every steps and at the end, then a generated sample; --metrics
 // writes a JSON summary. Bad flags or files stop with one line naming the problem, before any work.
+// --batch is the global batch (DeepSpeed's train_batch_size): every rank draws the same global batch
+// and trains on its own micro-batch slices of it, so a run's trajectory does not depend on the number
+// of ranks beyond floating-point summation order.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cmath>
@@ -18,10 +25,11 @@
 #include <iostream>
 
 #include "core/cpu/kernels.h"
+#include "distributed/config.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/zero_optimizer.h"
 #include "examples/text_data.h"
 #include "nn/gpt.h"
-#include "optim/adamw.h"
-#include "optim/clip.h"
 #include "optim/lr_schedule.h"
 
 namespace {
@@ -37,6 +45,18 @@ struct Args {
   std::uint64_t seed = 1337;
   int threads = 0;
   std::string metrics;
+  // Distributed / mixed precision (override the --config file).
+  std::string config;
+  int zero_stage = 0;
+  std::string dtype = "fp32";
+  int grad_accum = 1;
+  std::int64_t reduce_bucket_size = 0;
+  bool overlap_comm = false;
+};
+
+// Which flags were given explicitly (they override the --config file).
+struct Given {
+  bool batch, clip, zero_stage, dtype, grad_accum, reduce_bucket_size, overlap_comm;
 };
 
 // Finds the default corpus: data/tinyshakespeare.txt relative to the working directory.
@@ -62,14 +82,18 @@ void validate(const Args& a) {
   }
 }
 
-float evaluate(const nn::GPT& model, const std::vector<std::int64_t>& split, const Args& a, Generator& gen) {
+// Mean validation loss over eval_iters global batches; each rank evaluates its slice of every batch.
+float evaluate(const nn::GPT& model, const std::vector<std::int64_t>& split, const Args& a, Generator& gen,
+               dist::Communicator& comm) {
   autograd::NoGradGuard no_grad;
+  const std::int64_t per_rank = a.batch / comm.world_size();
   double total = 0.0;
   for (std::int64_t i = 0; i < a.eval_iters; ++i) {
     auto [x, y] = examples::TextData::batch(split, a.batch, a.block, gen);
-    total += model.loss(x, y).item();
+    const std::int64_t first = comm.rank() * per_rank;
+    total += model.loss(x.narrow(0, first, per_rank), y.narrow(0, first, per_rank)).item();
   }
-  return static_cast<float>(total / static_cast<double>(a.eval_iters));
+  return static_cast<float>(comm.all_reduce_sum(total) / static_cast<double>(a.eval_iters * comm.world_size()));
 }
 
 // Samples `n` characters after a newline, feeding back the last block_size tokens (temperature 1).
@@ -101,8 +125,55 @@ std::string generate(const nn::GPT& model, const examples::TextData& data, std::
   return out;
 }
 
-int run(const Args& a) {
+// The DeepSpeed-style config: the --config file (or defaults) with the command-line overrides.
+dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size) {
+  dist::TrainingConfig cfg = a.config.empty() ? dist::TrainingConfig::from_json(nlohmann::json::object())
+                                              : dist::TrainingConfig::from_file(a.config);
+  if (given.zero_stage) cfg.zero_optimization.stage = a.zero_stage;
+  if (given.dtype) cfg.set_model_dtype(parse_float_dtype(a.dtype));
+  if (given.reduce_bucket_size) cfg.zero_optimization.reduce_bucket_size = a.reduce_bucket_size;
+  if (given.overlap_comm) cfg.zero_optimization.overlap_comm = a.overlap_comm;
+  if (given.clip || a.config.empty()) cfg.gradient_clipping = a.clip;
+  const bool file_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
+  if (given.batch || !file_has_batch) {
+    cfg.train_batch_size = a.batch;
+    cfg.train_micro_batch_size_per_gpu.reset();
+    if (!cfg.gradient_accumulation_steps) cfg.gradient_accumulation_steps = 1;
+  }
+  if (given.grad_accum) {
+    cfg.gradient_accumulation_steps = a.grad_accum;
+    if (cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size) cfg.train_micro_batch_size_per_gpu.reset();
+  }
+  cfg.resolve_batch(world_size);
+  cfg.validate();
+  return cfg;
+}
+
+// Gradient + parameter traffic per optimizer step in parameter copies (before the (n-1)/n factor):
+// stage 0 all-reduces once (2); stage 1 reduce-scatters once and all-gathers (1 + 1); stage 2 reduces
+// every micro-step (GAS + 1); reduce_scatter=false all-reduces instead (2 per reduction).
+double expected_traffic_copies(const dist::ZeroOptions& zo, int gas) {
+  if (zo.stage == 0) return 2.0;
+  const double reduce = zo.reduce_scatter ? 1.0 : 2.0;
+  return (zo.stage == 2 ? gas : 1) * reduce + 1.0;
+}
+
+std::size_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::size_t>(usage.ru_maxrss) * 1024;  // ru_maxrss is in KiB on Linux
+}
+
+std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
+
+int run(Args a, const Given& given, dist::Communicator& comm) {
   validate(a);
+  const int rank = comm.rank(), world = comm.world_size();
+  const bool lead = rank == 0;
+  const dist::TrainingConfig tc = make_config(a, given, world);
+  a.batch = *tc.train_batch_size;
+  const std::int64_t micro = *tc.train_micro_batch_size_per_gpu;
+  const int gas = static_cast<int>(*tc.gradient_accumulation_steps);
   const examples::TextData data = examples::TextData::load(a.data, a.block);
   nn::GPTConfig cfg;
   cfg.vocab_size = data.vocab_size();
@@ -113,22 +184,54 @@ int run(const Args& a) {
   cfg.dropout = a.dropout;
   cfg.validate();
   if (a.threads > 0) cpu::set_num_threads(a.threads);
+  if (lead)
+    for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
 
-  // The model keeps init_gen for its dropout masks after initialisation.
+  // The model keeps init_gen for its dropout masks after initialisation (every rank draws the same).
   Generator init_gen(a.seed), data_gen(a.seed + 1);
   nn::GPT model(cfg, init_gen);
   const std::int64_t num_params = model.num_parameters();
-  fmt::print("train_gpt: {} ({} train / {} val tokens, vocab {})\n", a.data, data.train.size(), data.val.size(),
-             cfg.vocab_size);
-  fmt::print("model: {} layers, {} heads, {} channels, block {}: {} parameters; batch {}, {} steps, {} threads\n",
-             cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, num_params, a.batch, a.steps, cpu::num_threads());
 
-  std::vector<optim::ParamGroup> groups(2);
-  groups[0].weight_decay = a.weight_decay;
-  for (auto& p : model.named_parameters()) groups[p.decay ? 0 : 1].params.push_back(p.tensor);
-  optim::AdamW opt(groups, optim::AdamWOptions{a.lr, a.beta1, a.beta2, 1e-8f});
+  dist::ZeroOptions zo;
+  zo.stage = tc.zero_optimization.stage;
+  zo.dtype = tc.model_dtype();
+  zo.reduce_bucket_size = tc.zero_optimization.reduce_bucket_size;
+  zo.allgather_bucket_size = tc.zero_optimization.allgather_bucket_size;
+  zo.reduce_scatter = tc.zero_optimization.reduce_scatter;
+  zo.overlap_comm = tc.zero_optimization.overlap_comm;
+  zo.contiguous_gradients = tc.zero_optimization.contiguous_gradients;
+  zo.gradient_accumulation_steps = gas;
+  zo.gradient_clipping = static_cast<float>(tc.gradient_clipping);
+  zo.fp16 = tc.loss_scaler_config();
+  zo.adam = optim::AdamWOptions{a.lr, a.beta1, a.beta2, 1e-8f};
+  zo.weight_decay = a.weight_decay;
+  dist::ZeroOptimizer opt(model.named_parameters(), std::shared_ptr<dist::Communicator>(&comm, [](auto*) {}), zo);
+  comm.ledger().reset();  // count training traffic only (not the initial broadcast of the weights)
+
+  if (lead) {
+    fmt::print("train_gpt: {} ({} train / {} val tokens, vocab {})\n", a.data, data.train.size(), data.val.size(),
+               cfg.vocab_size);
+    fmt::print("model: {} layers, {} heads, {} channels, block {}: {} parameters; {} steps, {} threads/rank\n",
+               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, num_params, a.steps, cpu::num_threads());
+    fmt::print("data parallel: {} rank(s) x micro-batch {} x {} accumulation step(s) = global batch {}\n", world,
+               micro, gas, a.batch);
+    const auto& layout = opt.layout();
+    const auto buckets = layout.make_buckets(zo.reduce_bucket_size).size();
+    fmt::print("zero: stage {}, {} ({}), reduce_scatter {}, overlap_comm {}, {} bucket(s) of <= {} elements\n",
+               zo.stage, dtype_name(zo.dtype), comm.backend_name(), zo.reduce_scatter, zo.overlap_comm, buckets,
+               zo.reduce_bucket_size);
+    fmt::print("flat layout: {} parameters + {} padding = {} elements; partition {} elements per rank\n",
+               layout.numel(), layout.padding(), layout.padded_numel(), layout.partition_size());
+    const auto have = opt.memory();
+    const auto want = dist::expected_memory(zo.stage, zo.dtype, static_cast<double>(num_params), world);
+    fmt::print("model states per rank (measured | ZeRO formula): params {} | {}, grads {} | {}, optimizer {} | {}, "
+               "total {} | {}; buckets {}\n",
+               mib(have.params), mib(want.params), mib(have.grads), mib(want.grads), mib(have.optimizer_states),
+               mib(want.optimizer_states), mib(have.model_states()), mib(want.model_states()), mib(have.buckets));
+    std::fflush(stdout);
+  }
+
   const optim::LrSchedule schedule{a.lr, a.min_lr, a.warmup, a.steps};
-
   const std::int64_t warmup_steps = std::min<std::int64_t>(5, a.steps - 1);  // excluded from throughput
   double train_seconds = 0.0, window_seconds = 0.0;
   float train_loss = NAN, val_loss = NAN;
@@ -136,49 +239,102 @@ int run(const Args& a) {
     const auto t0 = Clock::now();
     const float lr = optim::lr_at(step, schedule);
     opt.set_lr(lr);
+    // Global batch rows [(i·world + rank)·micro, +micro) are this rank's micro-step i.
     auto [x, y] = examples::TextData::batch(data.train, a.batch, a.block, data_gen);
-    Tensor loss = model.loss(x, y);
-    opt.zero_grad();
-    loss.backward();
-    optim::clip_grad_norm(model.parameters(), a.clip);
+    double loss_sum = 0.0;
+    for (int i = 0; i < gas; ++i) {
+      const std::int64_t first = (static_cast<std::int64_t>(i) * world + rank) * micro;
+      Tensor loss = model.loss(x.narrow(0, first, micro), y.narrow(0, first, micro));
+      opt.backward(loss);
+      loss_sum += loss.item();
+    }
     opt.step();
-    train_loss = loss.item();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (step >= warmup_steps) train_seconds += dt;
     window_seconds += dt;
     const bool last = step + 1 == a.steps;
     if ((step + 1) % a.log_every == 0 || last) {
+      train_loss = static_cast<float>(comm.all_reduce_sum(loss_sum) / (gas * world));
       const std::int64_t n = (step % a.log_every) + 1;
-      fmt::print("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:.1f} ms/step | {:.0f} tokens/s\n", step + 1, a.steps,
-                 train_loss, lr, 1000.0 * window_seconds / n, n * a.batch * a.block / window_seconds);
-      std::fflush(stdout);
+      if (lead) {
+        fmt::print("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:.1f} ms/step | {:.0f} tokens/s{}\n", step + 1, a.steps,
+                   train_loss, lr, 1000.0 * window_seconds / n, n * a.batch * a.block / window_seconds,
+                   opt.skipped_steps() > 0 ? fmt::format(" | loss scale {:g}, {} skipped", opt.loss_scale(),
+                                                         opt.skipped_steps())
+                                           : "");
+        std::fflush(stdout);
+      }
       window_seconds = 0.0;
     }
     if ((a.eval_every > 0 && (step + 1) % a.eval_every == 0) || last) {
       model.eval();
-      val_loss = evaluate(model, data.val, a, data_gen);
+      val_loss = evaluate(model, data.val, a, data_gen, comm);
       model.train();
-      fmt::print("step {:5d}/{} | val loss {:.4f}\n", step + 1, a.steps, val_loss);
-      std::fflush(stdout);
+      if (lead) {
+        fmt::print("step {:5d}/{} | val loss {:.4f}\n", step + 1, a.steps, val_loss);
+        std::fflush(stdout);
+      }
     }
   }
   const std::int64_t timed_steps = a.steps - warmup_steps;
   const double tokens_per_s = timed_steps * a.batch * a.block / train_seconds;
   const double ms_per_step = 1000.0 * train_seconds / timed_steps;
-  fmt::print("done: train loss {:.4f}, val loss {:.4f}, {:.0f} tokens/s, {:.2f} ms/step\n", train_loss, val_loss,
-             tokens_per_s, ms_per_step);
 
-  if (a.sample > 0) {
+  // Traffic per optimizer step from this rank's ledger, beside the ZeRO paper's formula.
+  const dist::Ledger& ledger = comm.ledger();
+  const double steps_d = static_cast<double>(a.steps);
+  nlohmann::json traffic = ledger.to_json();
+  for (auto& [k, v] : traffic.items()) v = v.get<double>() / steps_d;
+  const double psi_bytes = static_cast<double>(opt.layout().padded_numel()) * dtype_size(zo.dtype);
+  const double ring = world > 1 ? static_cast<double>(world - 1) / world : 0.0;
+  const double baseline = 2.0 * ring * psi_bytes;  // stage 0: one all-reduce of every gradient
+  const double per_step = ledger.total() / steps_d;
+  const double expected = expected_traffic_copies(zo, gas) * ring * psi_bytes;
+  const auto mem = opt.memory();
+  const std::size_t rss = peak_rss_bytes();
+  if (lead) {
+    fmt::print("done: train loss {:.4f}, val loss {:.4f}, {:.0f} tokens/s ({} ranks), {:.2f} ms/step\n", train_loss,
+               val_loss, tokens_per_s, world, ms_per_step);
+    if (world > 1)
+      fmt::print("traffic per step per rank: all_reduce {:.0f}, reduce_scatter {:.0f}, all_gather {:.0f} bytes; "
+                 "total {:.0f} = {:.3f}x the stage-0 baseline 2(n-1)/n*Psi ({:.0f}); formula for this scheme {:.0f}\n",
+                 traffic["all_reduce"].get<double>(), traffic["reduce_scatter"].get<double>(),
+                 traffic["all_gather"].get<double>(), per_step, per_step / baseline, baseline, expected);
+    if (zo.dtype == DType::f16)
+      fmt::print("fp16: final loss scale {:g}, {} skipped step(s)\n", opt.loss_scale(), opt.skipped_steps());
+  }
+
+  if (a.sample > 0 && lead) {
     model.eval();
     Generator sample_gen(a.seed + 3);
     fmt::print("---- sample ----\n{}\n----------------\n", generate(model, data, a.sample, sample_gen));
   }
-  if (!a.metrics.empty()) {
-    nlohmann::json m = {{"params", num_params},     {"steps", a.steps},         {"batch", a.batch},
-                        {"block", a.block},         {"threads", cpu::num_threads()},
-                        {"tokens_per_s", tokens_per_s}, {"ms_per_step", ms_per_step},
-                        {"train_loss", train_loss}, {"val_loss", val_loss},
-                        {"flops_per_token", nn::flops_per_token(cfg, num_params)}};
+  if (!a.metrics.empty() && lead) {
+    nlohmann::json m = {{"params", num_params},
+                        {"steps", a.steps},
+                        {"batch", a.batch},
+                        {"micro_batch", micro},
+                        {"gradient_accumulation_steps", gas},
+                        {"block", a.block},
+                        {"threads", cpu::num_threads()},
+                        {"world_size", world},
+                        {"zero_stage", zo.stage},
+                        {"dtype", std::string(dtype_name(zo.dtype))},
+                        {"tokens_per_s", tokens_per_s},
+                        {"ms_per_step", ms_per_step},
+                        {"train_loss", train_loss},
+                        {"val_loss", val_loss},
+                        {"flops_per_token", nn::flops_per_token(cfg, num_params)},
+                        {"comm_bytes_per_step", traffic},
+                        {"memory_bytes",
+                         {{"params", mem.params},
+                          {"grads", mem.grads},
+                          {"optimizer_states", mem.optimizer_states},
+                          {"buckets", mem.buckets},
+                          {"peak_rss", rss}}},
+                        {"loss_scale", opt.loss_scale()},
+                        {"skipped_steps", opt.skipped_steps()},
+                        {"config", tc.to_json()}};
     // Written to a temporary name and renamed, so a crash never leaves a partial file.
     const std::string tmp = a.metrics + ".tmp";
     std::ofstream(tmp) << m.dump(2) << "\n";
@@ -191,10 +347,11 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"Train a character-level GPT on a text file (zero.cpp)"};
+  CLI::App app{"Train a character-level GPT on a text file (zero.cpp); run under mpirun for data parallelism"};
   app.add_option("--data", a.data, "text file to train on (default: data/tinyshakespeare.txt)");
   app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--batch", a.batch, "sequences per step (B)")->capture_default_str();
+  auto* batch = app.add_option("--batch", a.batch, "global batch: sequences per optimizer step over all ranks")
+                    ->capture_default_str();
   app.add_option("--block", a.block, "sequence length (T)")->capture_default_str();
   app.add_option("--n-layer", a.n_layer, "transformer blocks (L)")->capture_default_str();
   app.add_option("--n-head", a.n_head, "attention heads (H)")->capture_default_str();
@@ -206,19 +363,29 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
   app.add_option("--beta1", a.beta1, "AdamW beta1")->capture_default_str();
   app.add_option("--beta2", a.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--clip", a.clip, "max global gradient norm (0 = off)")->capture_default_str();
+  auto* clip = app.add_option("--clip", a.clip, "max global gradient norm (0 = off)")->capture_default_str();
   app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")->capture_default_str();
   app.add_option("--eval-every", a.eval_every, "validate every N steps (0 = only at the end)")->capture_default_str();
   app.add_option("--eval-iters", a.eval_iters, "validation batches per evaluation")->capture_default_str();
   app.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
-  app.add_option("--threads", a.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads per rank (0 = all cores)")->capture_default_str();
   app.add_option("--metrics", a.metrics, "write a JSON summary to this path");
   app.add_option("--sample", a.sample, "characters to generate at the end (0 = none)")->capture_default_str();
+  app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
+  auto* stage = app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0 (data parallel), 1 or 2")
+                    ->capture_default_str();
+  auto* dtype = app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 (dynamic loss scaling) or bf16")
+                    ->capture_default_str();
+  auto* gas = app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
+  auto* rbs = app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
+  auto* overlap = app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  const Given given{batch->count() > 0, clip->count() > 0,    stage->count() > 0,  dtype->count() > 0,
+                    gas->count() > 0,   rbs->count() > 0,     overlap->count() > 0};
   if (a.data.empty()) {
     a.data = default_data_path();
     if (!std::filesystem::exists(a.data)) {
@@ -228,10 +395,14 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  auto world = dist::mpi_world();
   try {
-    return run(a);
+    return run(a, given, *world);
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
+    if (world->world_size() == 1) {
+      std::cerr << "error: " << e.what() << "\n";
+      return 1;
+    }
+    dist::abort_job(std::string("error: ") + e.what());  // ends every rank, never leaves them waiting
   }
 }

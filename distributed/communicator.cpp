@@ -1,0 +1,167 @@
+#include "distributed/communicator.h"
+
+#include <numeric>
+
+#include "core/check.h"
+
+namespace zero::dist {
+
+std::string_view collective_name(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return "all_reduce";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_gather: return "all_gather";
+    case Collective::reduce: return "reduce";
+    case Collective::broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+// ---- Ledger ---------------------------------------------------------------------------------------
+
+double Ledger::bus_bytes(Collective c, double full_bytes, int world_size) {
+  const double n = world_size;
+  switch (c) {
+    case Collective::all_reduce: return 2.0 * (n - 1.0) / n * full_bytes;
+    case Collective::reduce_scatter:
+    case Collective::all_gather: return (n - 1.0) / n * full_bytes;
+    case Collective::reduce:
+    case Collective::broadcast: return full_bytes;
+  }
+  return 0.0;
+}
+
+void Ledger::record(Collective c, double full_bytes, int world_size) {
+  bytes[static_cast<int>(c)] += bus_bytes(c, full_bytes, world_size);
+  calls[static_cast<int>(c)] += 1;
+}
+
+void Ledger::record_control(double full_bytes, int world_size) {
+  control_bytes += bus_bytes(Collective::all_reduce, full_bytes, world_size);
+  control_calls += 1;
+}
+
+double Ledger::total() const {
+  double sum = 0;
+  for (double b : bytes) sum += b;
+  return sum;
+}
+
+void Ledger::reset() { *this = Ledger{}; }
+
+nlohmann::json Ledger::to_json() const {
+  nlohmann::json j;
+  for (int c = 0; c < kNumCollectives; ++c)
+    j[std::string(collective_name(static_cast<Collective>(c)))] = bytes[c];
+  j["total"] = total();
+  return j;
+}
+
+// ---- Communicator: validation + ledger, then the backend hook --------------------------------------
+
+void Communicator::check_dtype(DType dtype, const char* what) const {
+  ZERO_CHECK(dtype == DType::f32 || dtype == DType::f16 || dtype == DType::bf16,
+             "{}: unsupported dtype {} (communication buffers must be f32, f16 or bf16)", what,
+             dtype_name(dtype));
+}
+
+void Communicator::check_counts(std::span<const std::size_t> counts, const char* what) const {
+  ZERO_CHECK(counts.size() == static_cast<std::size_t>(world_size()),
+             "{}: {} counts given for a world of {} ranks", what, counts.size(), world_size());
+}
+
+void Communicator::check_root(int root, const char* what) const {
+  ZERO_CHECK(root >= 0 && root < world_size(), "{}: root {} outside a world of {} ranks", what, root,
+             world_size());
+}
+
+namespace {
+std::size_t sum_of(std::span<const std::size_t> counts) {
+  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+}
+}  // namespace
+
+std::shared_ptr<Work> Communicator::all_reduce_async(void* buf, std::size_t count, DType dtype,
+                                                     ReduceOp op) {
+  check_dtype(dtype, "all_reduce");
+  ZERO_CHECK(buf != nullptr || count == 0, "all_reduce: null buffer for {} elements", count);
+  auto work = issue_all_reduce(buf, count, dtype, op);
+  ledger_.record(Collective::all_reduce, double(count) * dtype_size(dtype), world_size());
+  return work;
+}
+
+std::shared_ptr<Work> Communicator::reduce_scatter_async(const void* send, void* recv,
+                                                         std::span<const std::size_t> counts,
+                                                         DType dtype) {
+  check_dtype(dtype, "reduce_scatter");
+  check_counts(counts, "reduce_scatter");
+  const std::size_t total = sum_of(counts);
+  ZERO_CHECK(send != nullptr || total == 0, "reduce_scatter: null send buffer for {} elements", total);
+  ZERO_CHECK(recv != nullptr || counts[rank()] == 0, "reduce_scatter: null recv buffer for {} elements",
+             counts[rank()]);
+  auto work = issue_reduce_scatter(send, recv, counts, dtype);
+  ledger_.record(Collective::reduce_scatter, double(total) * dtype_size(dtype), world_size());
+  return work;
+}
+
+std::shared_ptr<Work> Communicator::all_gather_async(const void* send, void* recv,
+                                                     std::span<const std::size_t> counts,
+                                                     DType dtype) {
+  check_dtype(dtype, "all_gather");
+  check_counts(counts, "all_gather");
+  const std::size_t total = sum_of(counts);
+  ZERO_CHECK(send != nullptr || counts[rank()] == 0, "all_gather: null send buffer for {} elements",
+             counts[rank()]);
+  ZERO_CHECK(recv != nullptr || total == 0, "all_gather: null recv buffer for {} elements", total);
+  auto work = issue_all_gather(send, recv, counts, dtype);
+  ledger_.record(Collective::all_gather, double(total) * dtype_size(dtype), world_size());
+  return work;
+}
+
+void Communicator::all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
+  all_reduce_async(buf, count, dtype, op)->wait();
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
+                                  DType dtype) {
+  reduce_scatter_async(send, recv, counts, dtype)->wait();
+}
+
+void Communicator::all_gather(const void* send, void* recv, std::span<const std::size_t> counts,
+                              DType dtype) {
+  all_gather_async(send, recv, counts, dtype)->wait();
+}
+
+void Communicator::reduce(void* buf, std::size_t count, DType dtype, int root) {
+  check_dtype(dtype, "reduce");
+  check_root(root, "reduce");
+  ZERO_CHECK(buf != nullptr || count == 0, "reduce: null buffer for {} elements", count);
+  auto work = issue_reduce(buf, count, dtype, root);
+  ledger_.record(Collective::reduce, double(count) * dtype_size(dtype), world_size());
+  work->wait();
+}
+
+void Communicator::broadcast(void* buf, std::size_t count, DType dtype, int root) {
+  check_dtype(dtype, "broadcast");
+  check_root(root, "broadcast");
+  ZERO_CHECK(buf != nullptr || count == 0, "broadcast: null buffer for {} elements", count);
+  auto work = issue_broadcast(buf, count, dtype, root);
+  ledger_.record(Collective::broadcast, double(count) * dtype_size(dtype), world_size());
+  work->wait();
+}
+
+void Communicator::barrier() { issue_barrier()->wait(); }
+
+double Communicator::all_reduce_sum(double value) {
+  const double result = control_all_reduce(value, ReduceOp::sum);
+  ledger_.record_control(sizeof(double), world_size());
+  return result;
+}
+
+double Communicator::all_reduce_max(double value) {
+  const double result = control_all_reduce(value, ReduceOp::max);
+  ledger_.record_control(sizeof(double), world_size());
+  return result;
+}
+
+}  // namespace zero::dist

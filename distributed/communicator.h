@@ -1,0 +1,159 @@
+// Communicator: the collectives data-parallel training needs, and the ledger that counts their bytes.
+//
+// Every rank of a data-parallel group holds one Communicator. ZeRO uses five collectives on flat host
+// (or, for the NCCL backend, device) buffers: all-reduce (stage 0 and the reduce_scatter=false path),
+// reduce-scatter (partition-aware gradient reduction), all-gather (parameters after the step), reduce
+// and broadcast. All of them are collective: every rank must issue the same calls, with the same
+// counts, dtypes and roots, in the same order (DESIGN.md §3).
+//
+// The public methods here validate their arguments, record the call in the ledger and then hand it
+// to a backend (MpiCommunicator in mpi_communicator.h; an NCCL backend implements the same hooks).
+// Calls are made from one thread (the training thread); a backend may run them on a thread of its
+// own, but in issue order.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "core/dtype.h"
+
+namespace zero::dist {
+
+enum class ReduceOp { sum, max };
+enum class Collective { all_reduce, reduce_scatter, all_gather, reduce, broadcast };
+inline constexpr int kNumCollectives = 5;
+
+/// "all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast" (the ledger's JSON keys).
+std::string_view collective_name(Collective c);
+
+/// Logical traffic per rank, in bytes, counted the way nccl-tests counts "bus bytes" so the figure does
+/// not depend on the algorithm a backend happens to use (nccl-tests, doc/PERFORMANCE.md). For a buffer
+/// of S bytes on n ranks one call counts
+///   all_reduce 2(n-1)/n·S,  reduce_scatter and all_gather (n-1)/n·S,  reduce and broadcast S,
+/// where for reduce_scatter / all_gather S is the whole concatenated buffer (sum of the per-rank
+/// counts × element size). Tiny scalar control collectives (overflow flags, norms) go to
+/// control_bytes instead, so gradient and parameter traffic stays comparable with the ZeRO paper's
+/// 2Ψ / 3Ψ figures.
+struct Ledger {
+  double bytes[kNumCollectives] = {};
+  std::int64_t calls[kNumCollectives] = {};
+  double control_bytes = 0;
+  std::int64_t control_calls = 0;
+
+  /// Bus bytes per rank of one `c` over a buffer of `full_bytes` bytes on `world_size` ranks.
+  static double bus_bytes(Collective c, double full_bytes, int world_size);
+
+  /// Adds one call of `c` over `full_bytes` bytes (S above) on `world_size` ranks.
+  void record(Collective c, double full_bytes, int world_size);
+  /// Adds one scalar control all-reduce over `full_bytes` bytes (counted like an all_reduce).
+  void record_control(double full_bytes, int world_size);
+
+  double operator[](Collective c) const { return bytes[static_cast<int>(c)]; }
+  /// Sum of the five collective counters; control_bytes is not included.
+  double total() const;
+  void reset();
+  /// {"all_reduce": .., "reduce_scatter": .., "reduce": .., "all_gather": .., "broadcast": .., "total": ..}
+  /// in bytes.
+  nlohmann::json to_json() const;
+};
+
+/// Handle to a collective issued asynchronously.
+class Work {
+ public:
+  virtual ~Work() = default;
+  /// Blocks until the collective has finished. If it failed, rethrows its exception (zero::Error) —
+  /// on every call to wait().
+  virtual void wait() = 0;
+  /// True once the collective has finished, successfully or not. Never blocks.
+  virtual bool is_completed() const = 0;
+};
+
+/// One rank's view of a data-parallel group. Buffers are raw pointers to f32, f16 or bf16 elements;
+/// every count is in ELEMENTS. Any other dtype, a count list whose length is not world_size(), a null
+/// buffer with a non-zero count, or a root outside [0, world_size()) throws zero::Error before anything
+/// is sent. fp16/bf16 sums accumulate in fp32, so the result is the fp32 sum rounded once.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// "mpi", "nccl": for logs.
+  virtual std::string_view backend_name() const = 0;
+
+  // ---- blocking collectives -------------------------------------------------------------------
+
+  /// In place: buf[i] = op over ranks of buf[i]. buf: count elements.
+  void all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op = ReduceOp::sum);
+
+  /// send: sum(counts) elements, rank r's slice starting at counts[0] + .. + counts[r-1].
+  /// recv: counts[rank()] elements = the elementwise sum over ranks of this rank's slice of send.
+  /// Counts may differ per rank and may be zero. recv may alias this rank's slice of send.
+  /// Each rank receives only its own slice (a true reduce-scatter, (n-1)/n·S bytes per rank).
+  void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype);
+
+  /// send: counts[rank()] elements. recv: sum(counts) elements, rank r's contribution at offset
+  /// counts[0] + .. + counts[r-1]. send may alias this rank's slice of recv (in-place all-gather).
+  void all_gather(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype);
+
+  /// Sums buf (count elements) over ranks into root's buf. Other ranks' buf is left unchanged.
+  void reduce(void* buf, std::size_t count, DType dtype, int root);
+  /// Copies root's buf (count elements) into every rank's buf.
+  void broadcast(void* buf, std::size_t count, DType dtype, int root);
+  void barrier();
+
+  // ---- asynchronous collectives ----------------------------------------------------------------
+  // Same contracts as above. They start in issue order (FIFO, interleaved with the blocking calls);
+  // buffers must stay alive and untouched until wait() returns. `counts` is copied.
+
+  std::shared_ptr<Work> all_reduce_async(void* buf, std::size_t count, DType dtype,
+                                         ReduceOp op = ReduceOp::sum);
+  std::shared_ptr<Work> reduce_scatter_async(const void* send, void* recv,
+                                             std::span<const std::size_t> counts, DType dtype);
+  std::shared_ptr<Work> all_gather_async(const void* send, void* recv,
+                                         std::span<const std::size_t> counts, DType dtype);
+
+  // ---- control scalars -------------------------------------------------------------------------
+  // Blocking all-reduces of one double (overflow flags, norms, loss). Counted in
+  // ledger().control_bytes only.
+
+  double all_reduce_sum(double value);
+  double all_reduce_max(double value);
+
+  Ledger& ledger() { return ledger_; }
+  const Ledger& ledger() const { return ledger_; }
+
+ protected:
+  // Backend hooks, called after the arguments are validated (dtype is f32/f16/bf16, counts.size() ==
+  // world_size(), root in range, non-null buffers where count > 0). They must start the collective in
+  // issue order and may return before it finishes. A hook that keeps `counts` must copy it.
+  virtual std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype,
+                                                 ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv,
+                                                     std::span<const std::size_t> counts,
+                                                     DType dtype) = 0;
+  virtual std::shared_ptr<Work> issue_all_gather(const void* send, void* recv,
+                                                 std::span<const std::size_t> counts,
+                                                 DType dtype) = 0;
+  virtual std::shared_ptr<Work> issue_reduce(void* buf, std::size_t count, DType dtype,
+                                             int root) = 0;
+  virtual std::shared_ptr<Work> issue_broadcast(void* buf, std::size_t count, DType dtype,
+                                                int root) = 0;
+  virtual std::shared_ptr<Work> issue_barrier() = 0;
+  /// Blocking all-reduce of one double, ordered after everything issued before it.
+  virtual double control_all_reduce(double value, ReduceOp op) = 0;
+
+ private:
+  void check_dtype(DType dtype, const char* what) const;
+  void check_counts(std::span<const std::size_t> counts, const char* what) const;
+  void check_root(int root, const char* what) const;
+
+  Ledger ledger_;
+};
+
+}  // namespace zero::dist

@@ -1,0 +1,150 @@
+// MpiCommunicator: the CPU backend of Communicator, over MPI point-to-point calls on host buffers.
+//
+// All MPI traffic of a communicator is issued by ONE communication thread that it owns, from a FIFO
+// queue: async calls enqueue and return a Work, blocking calls enqueue and wait. So collectives leave
+// every rank in program order, and the training thread can overlap an async reduce-scatter with
+// backward. MPI is initialised with MPI_THREAD_SERIALIZED (calls from any thread, one at a time).
+//
+// Algorithms were chosen by measurement on one node with OpenMPI 4.1, whose own MPI_Allreduce and
+// MPI_Reduce_scatter_block were several times slower than a plain ring over point-to-point messages
+// (figures in docs/collectives.md):
+//   reduce_scatter  ring (Patarasuk & Yuan 2009): n-1 steps, each forwards the destination rank's
+//                   partial sum to the right neighbour; per-rank counts; segment-major pipelining.
+//   all_gather      ring: n-1 steps, each forwards the slice received in the previous step.
+//   all_reduce      ring reduce-scatter over an even split + ring all-gather (the "ring all-reduce").
+//   reduce          ring reduce-scatter + each rank sends its reduced slice to root.
+//   broadcast       pipelined chain from root.
+// Waiting ranks poll, then sleep, instead of busy-polling (Note [Waiting without spinning] in the .cpp):
+// with more ranks than cores, spinning steals the CPU of the rank being waited for.
+// fp16/bf16 buffers are widened to fp32 for every reduction and narrowed once at the end.
+#pragma once
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+#include "distributed/communicator.h"
+
+namespace zero::dist {
+
+/// Throws zero::Error naming the call and MPI's error string unless `call` returns MPI_SUCCESS.
+/// (Our communicators use MPI_ERRORS_RETURN, so failures reach this check instead of aborting.)
+#define ZERO_MPI_CHECK(call)                                                                     \
+  do {                                                                                           \
+    const int zero_mpi_rc_ = (call);                                                             \
+    if (zero_mpi_rc_ != MPI_SUCCESS)                                                             \
+      ::zero::detail::fail(__FILE__, __LINE__,                                                   \
+                           ::zero::dist::detail::mpi_error_message(#call, zero_mpi_rc_));        \
+  } while (0)
+
+namespace detail {
+std::string mpi_error_message(const char* call, int code);
+class CpuWork;
+}  // namespace detail
+
+class MpiCommunicator final : public Communicator {
+ public:
+  /// Duplicates `comm` (collective over its ranks) and starts the communication thread. MPI must be
+  /// initialised with at least MPI_THREAD_SERIALIZED (throws zero::Error otherwise), and no other
+  /// thread may call MPI while this communicator has work queued. Most code wants mpi_world().
+  explicit MpiCommunicator(MPI_Comm comm);
+  /// Calls shutdown().
+  ~MpiCommunicator() override;
+
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string_view backend_name() const override { return "mpi"; }
+
+  /// Runs what is still queued, joins the communication thread and frees the duplicated MPI
+  /// communicator. Idempotent; must happen before MPI_Finalize. Later calls throw zero::Error.
+  void shutdown();
+
+  /// Size of the pipelining segments of the ring reduce-scatter, ring all-gather and chain broadcast,
+  /// in bytes (default 4 MiB, the best measured on one node; rounded down to whole fp32 elements, at
+  /// least one). Every rank must use the same value.
+  void set_segment_bytes(std::size_t bytes);
+  std::size_t segment_bytes() const { return segment_bytes_; }
+
+ protected:
+  std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype,
+                                         ReduceOp op) override;
+  std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv,
+                                             std::span<const std::size_t> counts,
+                                             DType dtype) override;
+  std::shared_ptr<Work> issue_all_gather(const void* send, void* recv,
+                                         std::span<const std::size_t> counts, DType dtype) override;
+  std::shared_ptr<Work> issue_reduce(void* buf, std::size_t count, DType dtype, int root) override;
+  std::shared_ptr<Work> issue_broadcast(void* buf, std::size_t count, DType dtype,
+                                        int root) override;
+  std::shared_ptr<Work> issue_barrier() override;
+  double control_all_reduce(double value, ReduceOp op) override;
+
+ private:
+  // Runs `task` on the communication thread after everything queued before it. With one rank there
+  // is no traffic to order, so the task runs inline (a local copy costs no thread hand-off).
+  std::shared_ptr<Work> enqueue(std::function<void()> task);
+  void run_queue();
+
+  // ---- algorithms; run on the communication thread only ----
+  void wait_all(int count, MPI_Request* requests);
+  void exchange(const void* send, std::size_t send_count, MPI_Datatype type, int dest, void* recv,
+                std::size_t recv_count, int source, int tag);
+  // Offsets are prefix sums of counts (elements); `send` is never written.
+  void ring_reduce_scatter_f32(const float* send, float* recv, const std::vector<std::size_t>& counts,
+                               const std::vector<std::size_t>& offsets, ReduceOp op);
+  void ring_all_gather_bytes(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                             const std::vector<std::size_t>& offsets, std::size_t elem_size);
+  void all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op);
+  void reduce_scatter_impl(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                           DType dtype);
+  void reduce_impl(void* buf, std::size_t count, DType dtype, int root);
+  void broadcast_impl(void* buf, std::size_t count, DType dtype, int root);
+  float* scratch(int which, std::size_t elems);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::size_t segment_bytes_ = std::size_t{4} << 20;
+
+  // fp32 scratch reused across calls (first-touching fresh pages on every call costs more than the
+  // copy itself): 0/1 the ring's one-segment double buffer, 2/3 widened fp16/bf16 send/recv buffers.
+  std::vector<float> scratch_[4];
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  struct Task {
+    std::function<void()> fn;
+    std::shared_ptr<detail::CpuWork> work;
+  };
+  std::deque<Task> queue_;
+  bool stopping_ = false;  // set by shutdown(); the queue drains, then the thread ends
+  std::thread thread_;
+};
+
+/// The communicator over MPI_COMM_WORLD, created on first use. Initialises MPI (MPI_Init_thread,
+/// MPI_THREAD_SERIALIZED) unless it already is; a program started without mpirun gets world_size 1.
+/// MPI is finalised at exit (after the communication thread is joined), or earlier by finalize_mpi().
+/// Throws zero::Error if MPI cannot give MPI_THREAD_SERIALIZED or was already finalised.
+std::shared_ptr<Communicator> mpi_world();
+
+/// Shuts down the world communicator (joins its thread) and calls MPI_Finalize if mpi_world()
+/// initialised MPI. Collective: every rank must call it. Idempotent; runs automatically at exit.
+void finalize_mpi();
+
+/// Prints "rank R: message" to stderr and ends the whole job: MPI_Abort(MPI_COMM_WORLD, 1) when MPI
+/// is initialised, std::exit(1) otherwise. A rank that cannot go on must end the job, never leave the
+/// others waiting in a collective.
+[[noreturn]] void abort_job(const std::string& message);
+
+}  // namespace zero::dist

@@ -1,0 +1,593 @@
+#include "distributed/zero_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <unordered_set>
+
+#include "autograd/autograd.h"
+#include "core/check.h"
+#include "optim/clip.h"
+
+namespace zero::dist {
+
+// Note [Bucket order]
+// ~~~~~~~~~~~~~~~~~~~
+// Collectives must be issued by every rank in the same order with the same counts (DESIGN.md §3), but
+// hooks fire in whatever order each rank's autograd engine reaches the parameters. DeepSpeed fills its
+// IPG bucket in hook order and so relies on every rank firing hooks identically; a model whose graph
+// differs between ranks (a parameter unused on one rank only) would deadlock or mix up gradients.
+// We make the order a property of the LAYOUT instead:
+//   - buckets are fixed ranges of the flat buffer, reduce_bucket_size elements each, cut from the END
+//     of the buffer and numbered 0, 1, ... towards its start (FlatLayout::make_buckets). Backward
+//     reaches the last layers first, and they sit at the end of named_parameters() order, so bucket 0
+//     is usually the first to fill and the numbering follows the order gradients become final;
+//   - a bucket is issued when every non-empty parameter overlapping it has delivered its gradient
+//     (pending_[k] == 0) AND every lower-numbered bucket has been issued (next_bucket_ == k). So the
+//     sequence of collectives is bucket 0, 1, 2, ... on every rank, whatever order its hooks fired in;
+//     hook order only decides how early each one can go out (how much overlap we get);
+//   - the epilogue at the end of backward issues every remaining bucket in order. A parameter that
+//     received no gradient this backward (unused, no hook fired) contributes zeros: in stages 0/1 its
+//     range of the flat gradient keeps what earlier micro-steps accumulated (zeros if none), in stage 2
+//     its range of a freshly zeroed bucket buffer stays zero.
+// A parameter larger than a bucket spans several consecutive buckets and counts in each one's pending;
+// a bucket holding only padding has nothing pending and goes out as soon as its predecessors have.
+// Because the ranges are fixed, the reduce-scatter counts of bucket k (how much of it falls in each
+// rank's partition) are the same on every rank, and the result does not depend on the bucket size or on
+// overlap_comm beyond floating-point summation order inside the collective, which is fixed per element.
+
+// Note [ZeRO-2 gradient ownership]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// In stage 2 a rank keeps gradients only for its own partition: partition_grads_, P = padded/N elements
+// of the model dtype, persistent across micro-steps (it is where accumulation happens). Everything else
+// is transient:
+//   - autograd allocates param.grad fresh for every parameter (we leave it undefined before backward);
+//   - the hook copies it into the bucket buffer(s) of the bucket(s) it overlaps, at the parameter's
+//     fixed offset in the bucket, and releases it at once (set_grad(Tensor())), so a full-size gradient
+//     never outlives its hook;
+//   - a bucket buffer comes from a small pool (zero-filled on acquisition, so unused parameters and
+//     padding contribute zeros) and is reduced (pre-divided by N, then reduce-scattered: each rank
+//     receives the sum of its own slice, in place in the buffer);
+//   - the received slice is ADDED into partition_grads_ (micro-steps accumulate there), and the buffer
+//     goes back to the pool.
+// Reduction happens every micro-step (unlike stage 1, which keeps full gradients until the boundary),
+// so stage 2 moves GAS·Ψ of reduce-scatter traffic per step: the price of not holding a full gradient.
+// The pool holds as many buffers as buckets are open at once: one or two when hooks fire in reverse
+// flat order (the usual case), more when a large parameter spans several buckets, when hooks fire out
+// of bucket order (a bucket is filled but must wait for a lower-numbered one), or while async
+// collectives are in flight (overlap_comm). memory().buckets reports what the pool has allocated.
+
+namespace {
+
+// ---- raw model-dtype loops (hot paths; Tensor::copy_ is generic but slow across dtypes) ----
+
+template <typename T>
+void to_f32_scaled(const T* src, float* dst, std::int64_t n, float factor) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]) * factor;
+}
+void to_f32_scaled(const void* src, DType dtype, float* dst, std::int64_t n, float factor) {
+  switch (dtype) {
+    case DType::f16: to_f32_scaled(static_cast<const half*>(src), dst, n, factor); break;
+    case DType::bf16: to_f32_scaled(static_cast<const bfloat16*>(src), dst, n, factor); break;
+    default: to_f32_scaled(static_cast<const float*>(src), dst, n, factor); break;
+  }
+}
+
+template <typename T>
+void from_f32(const float* src, T* dst, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+}
+void from_f32(const float* src, void* dst, DType dtype, std::int64_t n) {
+  switch (dtype) {
+    case DType::f16: from_f32(src, static_cast<half*>(dst), n); break;
+    case DType::bf16: from_f32(src, static_cast<bfloat16*>(dst), n); break;
+    default: std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float)); break;
+  }
+}
+
+// dst[i] += src[i] in the model dtype (16-bit: added in f32, rounded once).
+template <typename T>
+void accumulate(T* dst, const T* src, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<float>(dst[i]) + static_cast<float>(src[i]));
+}
+void accumulate(void* dst, const void* src, DType dtype, std::int64_t n) {
+  switch (dtype) {
+    case DType::f16: accumulate(static_cast<half*>(dst), static_cast<const half*>(src), n); break;
+    case DType::bf16: accumulate(static_cast<bfloat16*>(dst), static_cast<const bfloat16*>(src), n); break;
+    default: accumulate(static_cast<float*>(dst), static_cast<const float*>(src), n); break;
+  }
+}
+
+// x[i] *= factor in the model dtype.
+template <typename T>
+void scale(T* x, std::int64_t n, float factor) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<float>(x[i]) * factor);
+}
+void scale(void* x, DType dtype, std::int64_t n, float factor) {
+  switch (dtype) {
+    case DType::f16: scale(static_cast<half*>(x), n, factor); break;
+    case DType::bf16: scale(static_cast<bfloat16*>(x), n, factor); break;
+    default: scale(static_cast<float*>(x), n, factor); break;
+  }
+}
+
+char* at(const Tensor& t, std::int64_t element) {
+  return static_cast<char*>(t.raw_data()) + element * static_cast<std::int64_t>(dtype_size(t.dtype()));
+}
+
+// A 1-D view of elements [begin, begin + n) of contiguous `t`.
+Tensor range(const Tensor& t, std::int64_t begin, std::int64_t n) { return t.as_strided({n}, {1}, t.offset() + begin); }
+
+// Elements per chunk when the step converts gradients to fp32 (bounds the scratch buffer).
+constexpr std::int64_t kStepChunk = 1 << 16;
+
+}  // namespace
+
+MemoryBreakdown expected_memory(int stage, DType dtype, double psi, int world_size) {
+  ZERO_CHECK(stage >= 0 && stage <= 2, "expected_memory: stage must be 0, 1 or 2, got {}", stage);
+  ZERO_CHECK(is_floating(dtype), "expected_memory: dtype must be f32, f16 or bf16, got {}", dtype_name(dtype));
+  ZERO_CHECK(world_size >= 1, "expected_memory: world_size must be >= 1, got {}", world_size);
+  const double b = static_cast<double>(dtype_size(dtype));
+  const double k = dtype == DType::f32 ? 8.0 : 12.0;  // (fp32 master) + m + v, bytes per parameter
+  const double n = world_size;
+  MemoryBreakdown m;
+  m.params = b * psi;
+  m.grads = stage == 2 ? b * psi / n : b * psi;
+  m.optimizer_states = stage == 0 ? k * psi : k * psi / n;
+  return m;
+}
+
+ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared_ptr<Communicator> comm,
+                             ZeroOptions opts)
+    : opts_(opts),
+      comm_(std::move(comm)),
+      scaler_(opts.dtype == DType::f16 ? opts.fp16 : optim::LossScalerConfig{.loss_scale = 1.0f}) {
+  ZERO_CHECK(opts_.stage != 3, "ZeRO stage 3 (partitioned parameters) is not implemented; use stage 0, 1 or 2");
+  ZERO_CHECK(opts_.stage >= 0 && opts_.stage <= 2, "ZeRO stage must be 0, 1 or 2, got {}", opts_.stage);
+  ZERO_CHECK(is_floating(opts_.dtype), "ZeRO: model dtype must be f32, f16 or bf16, got {}", dtype_name(opts_.dtype));
+  ZERO_CHECK(opts_.reduce_bucket_size >= 1, "ZeRO: reduce_bucket_size must be >= 1 element, got {}",
+             opts_.reduce_bucket_size);
+  ZERO_CHECK(opts_.allgather_bucket_size >= 1, "ZeRO: allgather_bucket_size must be >= 1 element, got {}",
+             opts_.allgather_bucket_size);
+  ZERO_CHECK(opts_.gradient_accumulation_steps >= 1, "ZeRO: gradient_accumulation_steps must be >= 1, got {}",
+             opts_.gradient_accumulation_steps);
+  ZERO_CHECK(opts_.gradient_clipping >= 0.0f, "ZeRO: gradient_clipping must be >= 0 (0 = off), got {}",
+             opts_.gradient_clipping);
+  ZERO_CHECK(opts_.weight_decay >= 0.0f, "ZeRO: weight_decay must be >= 0, got {}", opts_.weight_decay);
+  const optim::AdamWOptions& a = opts_.adam;
+  ZERO_CHECK(a.eps >= 0.0f, "ZeRO: AdamW eps must be >= 0, got {}", a.eps);
+  ZERO_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "ZeRO: AdamW beta1 must be in [0, 1), got {}", a.beta1);
+  ZERO_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "ZeRO: AdamW beta2 must be in [0, 1), got {}", a.beta2);
+  set_lr(a.lr);
+  ZERO_CHECK(comm_ != nullptr, "ZeRO: null communicator");
+  rank_ = comm_->rank();
+  world_ = comm_->world_size();
+
+  // ---- the trainable parameters, in the order given (frozen ones stay where they are) ----
+  std::vector<FlatLayout::Entry> entries;
+  std::unordered_set<const TensorImpl*> seen;
+  for (nn::NamedParameter& p : params) {
+    ZERO_CHECK(p.tensor.defined(), "ZeRO: parameter '{}' is undefined", p.name);
+    if (!p.tensor.requires_grad()) continue;
+    ZERO_CHECK(p.tensor.is_leaf(), "ZeRO: parameter '{}' is not a leaf tensor", p.name);
+    ZERO_CHECK(p.tensor.device() == Device::cpu, "ZeRO: parameter '{}' is on {}; only CPU parameters are supported",
+               p.name, device_name(p.tensor.device()));
+    ZERO_CHECK(seen.insert(p.tensor.impl()).second, "ZeRO: parameter '{}' is listed twice", p.name);
+    entries.push_back({p.name, p.tensor.shape(), p.decay});
+    params_.push_back(p.tensor);
+  }
+  layout_ = FlatLayout(entries, world_);
+  ZERO_CHECK(layout_.numel() > 0, "ZeRO: no trainable parameter elements ({} parameters given)", params.size());
+  buckets_ = layout_.make_buckets(opts_.reduce_bucket_size);
+
+  const std::int64_t padded = layout_.padded_numel();
+  const std::int64_t part = layout_.partition_size();
+
+  // ---- flat parameter buffer; module tensors become views into it ----
+  flat_params_ = Tensor::zeros({padded}, opts_.dtype);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamRange& r = layout_.params()[i];
+    Tensor view = flat_params_.as_strided(r.shape, contiguous_strides(r.shape), r.offset);
+    view.copy_(params_[i]);  // converts to the model dtype
+    params_[i].set_data(view);
+  }
+  // Every rank starts from rank 0's weights (models built from the same seed already agree).
+  if (world_ > 1) comm_->broadcast(flat_params_.raw_data(), static_cast<std::size_t>(padded), opts_.dtype, 0);
+
+  // ---- gradient storage ----
+  if (opts_.stage < 2) {
+    flat_grads_ = Tensor::zeros({padded}, opts_.dtype);
+    point_grads_at_flat();
+  } else {
+    partition_grads_ = Tensor::zeros({part}, opts_.dtype);
+    for (Tensor& p : params_) p.set_grad(Tensor());
+  }
+
+  // ---- what this rank steps, and its fp32 optimizer state ----
+  if (opts_.stage == 0) {
+    region_begin_ = 0;
+    region_size_ = padded;
+    for (const ParamRange& r : layout_.params())
+      update_slices_.insert(update_slices_.end(), r.slices.begin(), r.slices.end());
+  } else {
+    region_begin_ = layout_.partition_begin(rank_);
+    region_size_ = part;
+    update_slices_ = layout_.owned(rank_);
+  }
+  // f32: the flat buffer's region IS the master copy (AdamW updates the model's parameters in place,
+  // nothing to cast back). f16/bf16: a separate fp32 master of the region (mixed precision).
+  if (opts_.dtype == DType::f32) {
+    master_ = range(flat_params_, region_begin_, region_size_);
+  } else {
+    master_ = Tensor::empty({region_size_}, DType::f32);
+    to_f32_scaled(at(flat_params_, region_begin_), opts_.dtype, master_.data<float>(), region_size_, 1.0f);
+  }
+  exp_avg_ = Tensor::zeros({region_size_}, DType::f32);
+  exp_avg_sq_ = Tensor::zeros({region_size_}, DType::f32);
+
+  // ---- bucket bookkeeping and hooks ----
+  delivered_.assign(params_.size(), 0);
+  pending_.assign(buckets_.size(), 0);
+  bucket_buffer_.assign(buckets_.size(), -1);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    hook_ids_.push_back(
+        autograd::register_post_accumulate_grad_hook(params_[i], [this, i](Tensor& param) { on_gradient(i, param); }));
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+  try {
+    wait_all();
+  } catch (...) {
+    // Destructors must not throw; a failed collective was already reported to whoever waited on it.
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    autograd::remove_post_accumulate_grad_hook(params_[i], hook_ids_[i]);
+    params_[i].set_grad(Tensor());
+  }
+}
+
+void ZeroOptimizer::set_lr(float lr) {
+  ZERO_CHECK(lr >= 0.0f, "ZeRO: learning rate must be >= 0, got {}", lr);
+  lr_ = lr;
+}
+
+float ZeroOptimizer::loss_scale() const { return scaler_.scale(); }
+
+MemoryBreakdown ZeroOptimizer::memory() const {
+  const double b = static_cast<double>(dtype_size(opts_.dtype));
+  MemoryBreakdown m;
+  m.params = b * static_cast<double>(flat_params_.numel());
+  m.grads = b * static_cast<double>(opts_.stage < 2 ? flat_grads_.numel() : partition_grads_.numel());
+  const double region = static_cast<double>(region_size_);
+  m.optimizer_states = 4.0 * region * (opts_.dtype == DType::f32 ? 2.0 : 3.0);
+  for (const Tensor& t : pool_) m.buckets += static_cast<double>(t.nbytes());
+  return m;
+}
+
+void ZeroOptimizer::point_grads_at_flat() {
+  // Contiguous gradients: autograd accumulates straight into the flat gradient buffer, so the bucket
+  // for stages 0/1 is just a range of it and needs no copy.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamRange& r = layout_.params()[i];
+    Tensor view = flat_grads_.as_strided(r.shape, contiguous_strides(r.shape), r.offset);
+    const Tensor g = params_[i].grad();
+    if (!g.defined() || g.storage() != view.storage() || g.offset() != view.offset()) params_[i].set_grad(view);
+  }
+}
+
+void ZeroOptimizer::reset_backward_state() {
+  std::fill(delivered_.begin(), delivered_.end(), 0);
+  for (std::size_t k = 0; k < buckets_.size(); ++k) pending_[k] = static_cast<int>(buckets_[k].params.size());
+  next_bucket_ = 0;
+}
+
+void ZeroOptimizer::backward(const Tensor& loss) {
+  const int gas = opts_.gradient_accumulation_steps;
+  ZERO_CHECK(micro_step_ < gas,
+             "ZeRO: backward() called {} times since the last step() with gradient_accumulation_steps = {}; "
+             "call step() after every {} backward() calls",
+             micro_step_ + 1, gas, gas);
+  ZERO_CHECK(loss.defined() && loss.numel() == 1, "ZeRO: backward() needs a one-element loss tensor");
+  ZERO_CHECK(is_floating(loss.dtype()), "ZeRO: the loss must be a float tensor, got {}", dtype_name(loss.dtype()));
+  // The scale is fixed for a whole accumulation: step() unscales with the scale backward used, not the
+  // one the scaler moves to afterwards (reference/deepspeed_zero.md §6, "Scale ordering").
+  if (micro_step_ == 0) backward_scale_ = scaler_.scale();
+  reducing_ = opts_.stage == 2 || micro_step_ + 1 == gas;
+  reset_backward_state();
+  if (opts_.stage < 2) {
+    point_grads_at_flat();
+  } else {
+    for (Tensor& p : params_) p.set_grad(Tensor());
+  }
+
+  // Seeding backward with scale/GAS is the same as backward of loss·scale/GAS, without a graph node.
+  const Tensor seed = Tensor::full(loss.shape(), backward_scale_ / static_cast<float>(gas), loss.dtype());
+  in_backward_ = true;
+  try {
+    autograd::backward(loss, seed);
+    in_backward_ = false;
+    if (reducing_) {
+      // Epilogue (Note [Bucket order]): every bucket not yet issued goes out now, in order; parameters
+      // without a gradient this backward contribute zeros.
+      while (next_bucket_ < static_cast<int>(buckets_.size())) issue_bucket(next_bucket_++);
+      wait_all();
+    }
+  } catch (...) {
+    // Leave a clean state: finish what was issued, drop this accumulation's gradients.
+    in_backward_ = false;
+    try {
+      wait_all();
+    } catch (...) {
+    }
+    for (std::size_t k = 0; k < bucket_buffer_.size(); ++k)
+      if (bucket_buffer_[k] >= 0) {
+        free_buffers_.push_back(bucket_buffer_[k]);
+        bucket_buffer_[k] = -1;
+      }
+    if (opts_.stage == 2)
+      for (Tensor& p : params_) p.set_grad(Tensor());
+    zero_gradients();
+    micro_step_ = 0;
+    throw;
+  }
+  ++micro_step_;
+}
+
+void ZeroOptimizer::on_gradient(std::size_t i, Tensor& param) {
+  const ParamRange& p = layout_.params()[i];
+  ZERO_CHECK(in_backward_,
+             "ZeRO: parameter '{}' received a gradient outside ZeroOptimizer::backward(); call "
+             "optimizer.backward(loss) instead of loss.backward()",
+             p.name);
+  ZERO_CHECK(!delivered_[i],
+             "ZeRO: the gradient of parameter '{}' was computed twice in one backward (a second backward "
+             "pass reached it before the first finished)",
+             p.name);
+  delivered_[i] = 1;
+  if (p.numel == 0) {
+    if (opts_.stage == 2) param.set_grad(Tensor());
+    return;
+  }
+  const std::int64_t padded = layout_.padded_numel();
+  const std::int64_t bsize = opts_.reduce_bucket_size;
+  const int first = static_cast<int>((padded - p.end()) / bsize);
+  const int last = static_cast<int>((padded - 1 - p.offset) / bsize);
+
+  if (opts_.stage == 2) {
+    // Note [ZeRO-2 gradient ownership]: copy into the bucket buffers, then release the gradient.
+    Tensor g = param.grad();
+    ZERO_CHECK(g.defined(), "ZeRO: hook for '{}' fired without a gradient", p.name);
+    if (!g.is_contiguous() || g.dtype() != opts_.dtype) {
+      Tensor c = Tensor::empty(g.shape(), opts_.dtype);
+      c.copy_(g);
+      g = c;
+    }
+    for (int k = first; k <= last; ++k) {
+      const Bucket& b = buckets_[static_cast<std::size_t>(k)];
+      const std::int64_t lo = std::max(p.offset, b.begin), hi = std::min(p.end(), b.end);
+      const Tensor& buf = pool_[static_cast<std::size_t>(bucket_buffer(k))];
+      std::memcpy(at(buf, lo - b.begin), at(g, lo - p.offset),
+                  static_cast<std::size_t>(hi - lo) * dtype_size(opts_.dtype));
+    }
+    param.set_grad(Tensor());
+  }
+  if (!reducing_) return;  // stages 0/1 before the boundary: autograd accumulated into the flat buffer
+  for (int k = first; k <= last; ++k) --pending_[static_cast<std::size_t>(k)];
+  issue_ready_buckets();
+}
+
+void ZeroOptimizer::issue_ready_buckets() {
+  // Note [Bucket order]: strictly in bucket order, each once all its parameters have delivered.
+  while (next_bucket_ < static_cast<int>(buckets_.size()) && pending_[static_cast<std::size_t>(next_bucket_)] == 0)
+    issue_bucket(next_bucket_++);
+}
+
+int ZeroOptimizer::acquire_buffer() {
+  finish_completed();  // recycle buffers whose collectives are done
+  if (!free_buffers_.empty()) {
+    const int b = free_buffers_.back();
+    free_buffers_.pop_back();
+    return b;
+  }
+  const std::int64_t size = std::min(opts_.reduce_bucket_size, layout_.padded_numel());
+  pool_.push_back(Tensor::empty({size}, opts_.dtype));
+  return static_cast<int>(pool_.size()) - 1;
+}
+
+int ZeroOptimizer::bucket_buffer(int k) {
+  int& slot = bucket_buffer_[static_cast<std::size_t>(k)];
+  if (slot < 0) {
+    slot = acquire_buffer();
+    const Bucket& b = buckets_[static_cast<std::size_t>(k)];
+    std::memset(pool_[static_cast<std::size_t>(slot)].raw_data(), 0,
+                static_cast<std::size_t>(b.size()) * dtype_size(opts_.dtype));
+  }
+  return slot;
+}
+
+void ZeroOptimizer::issue_bucket(int k) {
+  const Bucket& b = buckets_[static_cast<std::size_t>(k)];
+  const DType dt = opts_.dtype;
+  int buffer = -1;
+  char* data = nullptr;  // the bucket's b.size() elements
+  if (opts_.stage == 2) {
+    buffer = bucket_buffer(k);
+    data = at(pool_[static_cast<std::size_t>(buffer)], 0);
+  } else {
+    data = at(flat_grads_, b.begin);
+  }
+  // Average by pre-dividing: every rank scales its contribution by 1/N, the collective sums.
+  if (world_ > 1) scale(data, dt, b.size(), 1.0f / static_cast<float>(world_));
+
+  std::shared_ptr<Work> work;
+  const std::size_t n = static_cast<std::size_t>(b.size());
+  if (opts_.stage == 0 || !opts_.reduce_scatter) {
+    // Stage 0, or the reduce_scatter=false scheme: everyone gets the whole reduced bucket.
+    if (opts_.overlap_comm)
+      work = comm_->all_reduce_async(data, n, dt);
+    else
+      comm_->all_reduce(data, n, dt);
+  } else {
+    // Each rank receives, in place, the summed slice of the bucket that lies in its own partition.
+    const std::size_t mine = b.counts[static_cast<std::size_t>(rank_)];
+    char* recv = data;
+    if (mine > 0) recv = data + (std::max(b.begin, layout_.partition_begin(rank_)) - b.begin) * dtype_size(dt);
+    if (opts_.overlap_comm)
+      work = comm_->reduce_scatter_async(data, recv, b.counts, dt);
+    else
+      comm_->reduce_scatter(data, recv, b.counts, dt);
+  }
+  InFlight f{k, work, buffer};
+  if (work)
+    in_flight_.push_back(f);
+  else
+    finish(f);
+}
+
+void ZeroOptimizer::finish(const InFlight& f) {
+  if (opts_.stage != 2) return;  // stages 0/1 reduced in place in the flat gradient
+  // Note [ZeRO-2 gradient ownership]: add this rank's reduced slice into its partition gradient.
+  const Bucket& b = buckets_[static_cast<std::size_t>(f.bucket)];
+  const std::int64_t pb = layout_.partition_begin(rank_), pe = layout_.partition_end(rank_);
+  const std::int64_t lo = std::max(b.begin, pb), hi = std::min(b.end, pe);
+  if (hi > lo)
+    accumulate(at(partition_grads_, lo - pb), at(pool_[static_cast<std::size_t>(f.buffer)], lo - b.begin), opts_.dtype,
+               hi - lo);
+  free_buffers_.push_back(f.buffer);
+  bucket_buffer_[static_cast<std::size_t>(f.bucket)] = -1;
+}
+
+void ZeroOptimizer::finish_completed() {
+  std::size_t done = 0;
+  while (done < in_flight_.size() && in_flight_[done].work->is_completed()) {
+    in_flight_[done].work->wait();  // rethrows a failure
+    finish(in_flight_[done]);
+    ++done;
+  }
+  in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+void ZeroOptimizer::wait_all() {
+  // Finish in issue order; on a failure drop the rest (their buffers are lost to the pool, which is
+  // harmless) and rethrow.
+  std::vector<InFlight> pending;
+  pending.swap(in_flight_);
+  for (const InFlight& f : pending) {
+    f.work->wait();
+    finish(f);
+  }
+}
+
+void ZeroOptimizer::zero_gradients() {
+  if (opts_.stage < 2)
+    flat_grads_.zero_();
+  else
+    partition_grads_.zero_();
+}
+
+bool ZeroOptimizer::step() {
+  const int gas = opts_.gradient_accumulation_steps;
+  ZERO_CHECK(micro_step_ == gas,
+             "ZeRO: step() after {} backward() calls; gradient_accumulation_steps = {} needs {} backward() calls "
+             "before each step()",
+             micro_step_, gas, gas);
+  micro_step_ = 0;
+  const DType dt = opts_.dtype;
+
+  // This rank's reduced gradient: the whole flat gradient (stage 0), its partition of the flat gradient
+  // (stage 1), or its partition gradient (stage 2).
+  Tensor grad;
+  if (opts_.stage == 2)
+    grad = partition_grads_;
+  else
+    grad = range(flat_grads_, region_begin_, region_size_);
+  auto grad_at = [&](std::int64_t flat) { return at(grad, flat - region_begin_); };
+
+  // ---- 1. overflow: any rank's inf/NaN skips the step everywhere ----
+  if (dt == DType::f16) {
+    const double local = optim::has_inf_or_nan(grad) ? 1.0 : 0.0;
+    const bool overflow = comm_->all_reduce_max(local) != 0.0;
+    if (overflow) {
+      last_grad_norm_ = std::numeric_limits<double>::infinity();
+      zero_gradients();
+      scaler_.update(true);
+      ++skipped_steps_;
+      return false;
+    }
+  }
+
+  // ---- 2. global norm from the partitions (fp64 partial sums, one all-reduce) ----
+  double sq = optim::grad_sq_norm(grad);
+  if (opts_.stage != 0) sq = comm_->all_reduce_sum(sq);  // stage 0: every rank holds the full gradient
+  const double scale_used = backward_scale_;
+  last_grad_norm_ = std::sqrt(sq) / scale_used;
+
+  // ---- 3. unscale by the scale backward used, and clip (torch.nn.utils.clip_grad_norm_'s rule) ----
+  double factor = 1.0 / scale_used;
+  if (opts_.gradient_clipping > 0.0f && std::isfinite(last_grad_norm_)) {
+    const double clip_coef = static_cast<double>(opts_.gradient_clipping) / (last_grad_norm_ + 1e-6);
+    if (clip_coef < 1.0) factor *= clip_coef;
+  }
+  const float f = static_cast<float>(factor);
+
+  // ---- 4. AdamW on this rank's fp32 master region, slice by slice (decay per slice) ----
+  ++step_count_;
+  const optim::AdamWHyper with_decay{lr_, opts_.adam.beta1, opts_.adam.beta2, opts_.adam.eps, opts_.weight_decay};
+  optim::AdamWHyper no_decay = with_decay;
+  no_decay.weight_decay = 0.0f;
+  std::vector<float> scratch;
+  float* master = master_.data<float>();
+  float* m = exp_avg_.data<float>();
+  float* v = exp_avg_sq_.data<float>();
+  for (const ParamSlice& s : update_slices_) {
+    const optim::AdamWHyper& h = s.decay ? with_decay : no_decay;
+    for (std::int64_t done = 0; done < s.length; done += kStepChunk) {
+      const std::int64_t n = std::min(kStepChunk, s.length - done);
+      const std::int64_t flat = s.flat_offset + done;
+      const std::int64_t j = flat - region_begin_;
+      const float* g32 = nullptr;
+      if (dt == DType::f32 && f == 1.0f) {
+        g32 = reinterpret_cast<const float*>(grad_at(flat));
+      } else {
+        scratch.resize(static_cast<std::size_t>(n));
+        to_f32_scaled(grad_at(flat), dt, scratch.data(), n, f);
+        g32 = scratch.data();
+      }
+      optim::adamw_update(master + j, g32, m + j, v + j, n, h, step_count_);
+      // ---- 5. cast the updated master back into the model-dtype flat buffer (f32: it already is) ----
+      if (dt != DType::f32) from_f32(master + j, at(flat_params_, flat), dt, n);
+    }
+  }
+
+  // ---- 6. all-gather the partitions so every rank has every parameter (stages 1/2) ----
+  if (opts_.stage != 0) all_gather_params();
+
+  // ---- 7. clear gradients, move the loss scale ----
+  zero_gradients();
+  scaler_.update(false);
+  return true;
+}
+
+void ZeroOptimizer::all_gather_params() {
+  // Chunks are fixed ranges of the flat buffer of allgather_bucket_size elements; each rank sends the
+  // part of the chunk in its partition, in place, and receives the whole chunk, in place.
+  const std::int64_t padded = layout_.padded_numel();
+  const std::int64_t chunk = opts_.allgather_bucket_size;
+  const std::int64_t pb = layout_.partition_begin(rank_);
+  std::vector<std::shared_ptr<Work>> works;
+  for (std::int64_t begin = 0; begin < padded; begin += chunk) {
+    const std::int64_t end = std::min(padded, begin + chunk);
+    const std::vector<std::size_t> counts = layout_.range_counts(begin, end);
+    char* recv = at(flat_params_, begin);
+    const char* send = recv;
+    if (counts[static_cast<std::size_t>(rank_)] > 0) send = at(flat_params_, std::max(begin, pb));
+    if (opts_.overlap_comm)
+      works.push_back(comm_->all_gather_async(send, recv, counts, opts_.dtype));
+    else
+      comm_->all_gather(send, recv, counts, opts_.dtype);
+  }
+  for (auto& w : works) w->wait();
+}
+
+}  // namespace zero::dist

@@ -1,0 +1,186 @@
+// ZeroOptimizer: data-parallel AdamW with ZeRO stages 0, 1 and 2 (Rajbhandari et al., "ZeRO: Memory
+// Optimizations Toward Training Trillion Parameter Models", SC20, arXiv 1910.02054), on top of one
+// Communicator. A walk-through of one step, with the memory and traffic formulas, is docs/zero.md.
+//
+//   stage 0  plain data parallelism: bucketed all-reduce of the gradients, every rank keeps and steps
+//            everything (the baseline every ZeRO figure is compared against).
+//   stage 1  optimizer states partitioned (P_os): each rank keeps fp32 master + Adam m, v for its
+//            partition only; gradients are reduce-scattered at the accumulation boundary, the updated
+//            partitions all-gathered.
+//   stage 2  optimizer states and gradients partitioned (P_os+g): gradients are reduce-scattered every
+//            micro-step as their buckets fill, and each rank keeps only its partition's gradient.
+//   stage 3  (parameters partitioned) is not implemented: the constructor throws.
+//
+// Usage (every rank runs the same program on its own micro-batches):
+//
+//   ZeroOptimizer opt(model.named_parameters(), mpi_world(), options);
+//   for (step...) {
+//     for (int i = 0; i < options.gradient_accumulation_steps; ++i) opt.backward(model.loss(x_i, y_i));
+//     opt.step();   // false: skipped for an fp16 overflow
+//   }
+//
+// The constructor moves every trainable parameter into one flat buffer (FlatLayout) in the model dtype
+// and re-points the module's tensors at views of it (Tensor::set_data), so the model computes from the
+// flat buffer; it also broadcasts rank 0's values so every rank starts from the same weights. The
+// optimizer registers a post-accumulate-grad hook on every trainable parameter, which is how backward
+// feeds the reduction buckets (Note [Bucket order] and Note [ZeRO-2 gradient ownership] in
+// zero_optimizer.cpp). The object must outlive every backward of the model and cannot be copied or
+// moved (the hooks point at it); its destructor removes the hooks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "distributed/communicator.h"
+#include "distributed/flat_layout.h"
+#include "nn/module.h"
+#include "optim/adamw.h"
+#include "optim/loss_scaler.h"
+
+namespace zero::dist {
+
+/// DeepSpeed's "zero_optimization" section plus the top-level keys ZeRO needs. Bucket sizes are in
+/// ELEMENTS of the model dtype.
+struct ZeroOptions {
+  int stage = 0;             // 0, 1 or 2 (3 throws); DeepSpeed's default is 0
+  DType dtype = DType::f32;  // model dtype: f32, f16 or bf16
+  std::int64_t reduce_bucket_size = 500'000'000;
+  std::int64_t allgather_bucket_size = 500'000'000;
+  bool reduce_scatter = true;           // false: all-reduce each bucket and keep your slice (1.5× traffic)
+  bool overlap_comm = false;            // issue bucket collectives asynchronously, wait at the end of backward
+  bool contiguous_gradients = true;     // accepted for config compatibility; always on (see docs/zero.md)
+  int gradient_accumulation_steps = 1;  // GAS: backward() calls per step()
+  float gradient_clipping = 0.0f;       // max global L2 norm; 0 = off
+  optim::LossScalerConfig fp16;         // used only when dtype == f16
+  optim::AdamWOptions adam;
+  float weight_decay = 0.0f;  // AdamW decay, for parameters whose decay flag is set
+};
+
+/// Bytes of persistent buffers held by one rank (see ZeroOptimizer::memory()).
+struct MemoryBreakdown {
+  double params = 0;            // the flat model-dtype parameter buffer
+  double grads = 0;             // gradient storage kept across a step
+  double optimizer_states = 0;  // fp32 master + AdamW m + v
+  double buckets = 0;           // IPG bucket buffers (stage 2), reported apart from the model states
+  /// params + grads + optimizer_states (the ZeRO paper's "model states"; buckets excluded).
+  double model_states() const { return params + grads + optimizer_states; }
+};
+
+/// The ZeRO paper's per-rank model-state memory for Ψ parameters on N ranks with AdamW (§3, Fig. 1):
+/// params bΨ, grads bΨ (stage 0/1) or bΨ/N (stage 2), optimizer states KΨ (stage 0) or KΨ/N (1/2),
+/// where b = bytes per model-dtype element and K = 12 for f16/bf16 (fp32 master + m + v) or 8 for f32
+/// (the flat buffer is the master, so only m + v). For f16/bf16: stage 0 16Ψ, stage 1 4Ψ + 12Ψ/N,
+/// stage 2 2Ψ + 14Ψ/N. Throws zero::Error for a stage outside 0..2, a non-float dtype or N < 1.
+MemoryBreakdown expected_memory(int stage, DType dtype, double psi, int world_size);
+
+class ZeroOptimizer {
+ public:
+  /// Takes over the trainable parameters of `params` (requires_grad; frozen ones are left alone).
+  /// Collective: every rank must construct it with the same parameter list and options.
+  /// Throws zero::Error for stage 3 or outside 0..2, a non-float dtype, a bucket size < 1,
+  /// gradient_accumulation_steps < 1, negative clipping / weight decay, a null communicator, no
+  /// trainable parameter, a parameter listed twice, a non-leaf or non-CPU parameter, and for the
+  /// loss-scaler and AdamW option checks.
+  ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared_ptr<Communicator> comm, ZeroOptions opts);
+  ~ZeroOptimizer();
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  /// One micro-step's backward: seeds autograd with loss_scale / GAS (the loss must be a one-element
+  /// tensor), lets the hooks fill and reduce buckets, then flushes every remaining bucket and waits
+  /// for in-flight collectives. Collective. Throws zero::Error if called more than GAS times before
+  /// step(), if a parameter's gradient is computed twice in one backward, or if a hook fires outside
+  /// this call (a plain loss.backward() on the model).
+  void backward(const Tensor& loss);
+
+  /// Applies the accumulated gradients: overflow check (fp16), global norm, unscale + clip, AdamW on
+  /// this rank's partition, cast back, all-gather. Returns false (parameters untouched, gradients
+  /// cleared, loss scale lowered) if any rank's gradients overflowed. Collective. Throws zero::Error if
+  /// fewer than gradient_accumulation_steps backward() calls preceded it.
+  bool step();
+
+  /// Learning rate for the next step(). Throws zero::Error if lr < 0.
+  void set_lr(float lr);
+  float lr() const { return lr_; }
+  /// The scale the next backward() multiplies the loss by (1 unless dtype is f16).
+  float loss_scale() const;
+  /// Steps skipped for overflow so far.
+  std::int64_t skipped_steps() const { return skipped_steps_; }
+  /// Steps applied so far (the AdamW step count).
+  std::int64_t steps() const { return step_count_; }
+  /// Global L2 norm of the last step's averaged gradient, unscaled and before clipping (inf/NaN on an
+  /// overflowed step).
+  double last_grad_norm() const { return last_grad_norm_; }
+  const FlatLayout& layout() const { return layout_; }
+  const ZeroOptions& options() const { return opts_; }
+  /// The flat model-dtype parameter buffer ([padded_numel]); module parameters are views into it.
+  const Tensor& flat_params() const { return flat_params_; }
+  /// Persistent buffers of this rank, in bytes: params = flat buffer; grads = full flat gradient
+  /// (stages 0/1) or the partition gradient (stage 2); optimizer_states = fp32 master (none for f32:
+  /// the flat buffer is the master) + m + v, for everything (stage 0) or the partition (1/2);
+  /// buckets = the stage-2 bucket pool as allocated so far (stages 0/1 reduce in place in the flat
+  /// gradient and hold none).
+  MemoryBreakdown memory() const;
+
+ private:
+  struct InFlight {
+    int bucket;
+    std::shared_ptr<Work> work;
+    int buffer;  // stage 2: pool index; -1 otherwise
+  };
+
+  void on_gradient(std::size_t i, Tensor& param);
+  void reset_backward_state();
+  void issue_ready_buckets();
+  void issue_bucket(int k);
+  void finish(const InFlight& f);
+  void finish_completed();
+  void wait_all();
+  int bucket_buffer(int k);
+  int acquire_buffer();
+  void zero_gradients();
+  void all_gather_params();
+  void point_grads_at_flat();
+
+  ZeroOptions opts_;
+  std::shared_ptr<Communicator> comm_;
+  int rank_ = 0;
+  int world_ = 1;
+  FlatLayout layout_;
+  std::vector<Tensor> params_;  // parallel to layout_.params()
+  std::vector<int> hook_ids_;
+  std::vector<Bucket> buckets_;
+
+  Tensor flat_params_;                     // [padded] model dtype
+  Tensor flat_grads_;                      // stages 0/1: [padded] model dtype
+  Tensor partition_grads_;                 // stage 2: [P] model dtype
+  Tensor master_;                          // fp32 [region]: the flat buffer's region itself for f32
+  Tensor exp_avg_, exp_avg_sq_;            // fp32 [region]
+  std::int64_t region_begin_ = 0;          // flat offset of what this rank steps: 0 (stage 0) or r·P
+  std::int64_t region_size_ = 0;           // padded (stage 0) or P
+  std::vector<ParamSlice> update_slices_;  // what this rank steps, in flat order
+
+  // Per-backward bucket bookkeeping (Note [Bucket order]).
+  bool in_backward_ = false;
+  bool reducing_ = false;            // this backward reduces (stage 2, or the accumulation boundary)
+  std::vector<char> delivered_;      // per parameter
+  std::vector<int> pending_;         // per bucket: overlapping parameters not yet delivered
+  int next_bucket_ = 0;              // lowest bucket not yet issued
+  std::vector<InFlight> in_flight_;  // issued and not finished, in issue order
+
+  // Stage 2 bucket pool (Note [ZeRO-2 gradient ownership]).
+  std::vector<Tensor> pool_;  // each [reduce_bucket_size] model dtype
+  std::vector<int> free_buffers_;
+  std::vector<int> bucket_buffer_;  // per bucket: pool index or -1
+
+  optim::LossScaler scaler_;
+  float backward_scale_ = 1.0f;  // the scale this accumulation's backward calls used
+  float lr_ = 0.0f;
+  int micro_step_ = 0;  // backward() calls since the last step()
+  std::int64_t step_count_ = 0;
+  std::int64_t skipped_steps_ = 0;
+  double last_grad_norm_ = 0.0;
+};
+
+}  // namespace zero::dist
