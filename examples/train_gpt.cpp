@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "core/cpu/kernels.h"
 #include "distributed/config.h"
@@ -183,7 +184,9 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   cfg.n_embd = a.n_embd;
   cfg.dropout = a.dropout;
   cfg.validate();
-  if (a.threads > 0) cpu::set_num_threads(a.threads);
+  // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu::set_num_threads(a.threads > 0 ? a.threads : std::max(1, cores / world));
   if (lead)
     for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
 
@@ -368,7 +371,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval-every", a.eval_every, "validate every N steps (0 = only at the end)")->capture_default_str();
   app.add_option("--eval-iters", a.eval_iters, "validation batches per evaluation")->capture_default_str();
   app.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
-  app.add_option("--threads", a.threads, "CPU threads per rank (0 = all cores)")->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads per rank (0 = this machine's cores / ranks)")->capture_default_str();
   app.add_option("--metrics", a.metrics, "write a JSON summary to this path");
   app.add_option("--sample", a.sample, "characters to generate at the end (0 = none)")->capture_default_str();
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
