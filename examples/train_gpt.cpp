@@ -228,9 +228,9 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     const auto have = opt.memory();
     const auto want = dist::expected_memory(zo.stage, zo.dtype, static_cast<double>(num_params), world);
     fmt::print("model states per rank (measured | ZeRO formula): params {} | {}, grads {} | {}, optimizer {} | {}, "
-               "total {} | {}; buckets {}\n",
+               "total {} | {}\n",
                mib(have.params), mib(want.params), mib(have.grads), mib(want.grads), mib(have.optimizer_states),
-               mib(want.optimizer_states), mib(have.model_states()), mib(want.model_states()), mib(have.buckets));
+               mib(want.optimizer_states), mib(have.model_states()), mib(want.model_states()));
     std::fflush(stdout);
   }
 
@@ -303,8 +303,11 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                  "total {:.0f} = {:.3f}x the stage-0 baseline 2(n-1)/n*Psi ({:.0f}); formula for this scheme {:.0f}\n",
                  traffic["all_reduce"].get<double>(), traffic["reduce_scatter"].get<double>(),
                  traffic["all_gather"].get<double>(), per_step, per_step / baseline, baseline, expected);
+    fmt::print("memory per rank: model states {}, buckets {}, peak RSS {}\n", mib(mem.model_states()),
+               mib(mem.buckets), mib(static_cast<double>(rss)));
     if (zo.dtype == DType::f16)
-      fmt::print("fp16: final loss scale {:g}, {} skipped step(s)\n", opt.loss_scale(), opt.skipped_steps());
+      fmt::print("fp16: final loss scale {:g}, {} skipped step(s) (a skipped step has no all-gather)\n",
+                 opt.loss_scale(), opt.skipped_steps());
   }
 
   if (a.sample > 0 && lead) {
