@@ -66,8 +66,8 @@ struct Ledger {
 class Work {
  public:
   virtual ~Work() = default;
-  /// Blocks until the collective has finished. If it failed, rethrows its exception (zero::Error) —
-  /// on every call to wait().
+  /// Blocks until the collective has finished. If it failed, rethrows the exception it failed with
+  /// (zero::Error for MPI errors) — on every call to wait().
   virtual void wait() = 0;
   /// True once the collective has finished, successfully or not. Never blocks.
   virtual bool is_completed() const = 0;

@@ -5,6 +5,7 @@
 // and results are compared with ==. Every test issues the same collectives on every rank whatever it
 // finds (checks come after the calls), so a failure on one rank never leaves the others waiting.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -395,6 +396,21 @@ TEST_F(CommunicatorTest, AsyncInFifoOrderMatchesBlocking) {
   EXPECT_EQ(ar2_buf, ar2_blocking);
   for (std::size_t j = 0; j < counts[rank_]; ++j)
     ASSERT_EQ(rs_async[j], value_sum(n_, offsets[rank_] + j));
+}
+
+// An exception on the communication thread reaches the caller through wait(). The f16 all-reduce
+// first sizes an fp32 scratch buffer; a count no vector can hold fails there, on every rank alike and
+// before any message is sent. (With one rank all-reduce has nothing to do, and nothing is queued.)
+TEST_F(CommunicatorTest, ErrorsOnTheCommunicationThreadReachWait) {
+  if (n_ == 1) GTEST_SKIP() << "one rank: collectives run inline, and all-reduce is a no-op";
+  half h(1.0f);
+  auto work = comm_->all_reduce_async(&h, std::size_t{1} << 61, DType::f16);
+  EXPECT_ANY_THROW(work->wait());
+  EXPECT_ANY_THROW(work->wait());  // every time
+  EXPECT_TRUE(work->is_completed());
+  std::vector<float> f(10, 1.0f);  // and the queue goes on
+  comm_->all_reduce(f.data(), f.size(), DType::f32);
+  EXPECT_EQ(f[9], float(n_));
 }
 
 // ---- ledger --------------------------------------------------------------------------------------

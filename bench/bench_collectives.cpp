@@ -1,0 +1,164 @@
+// Times the communicator's collectives on N ranks (fp32), beside a plain ring baseline and MPI's own.
+//
+//   mpirun --allow-run-as-root --oversubscribe -np 4 build/bin/bench_collectives [--mb 100] [--iters 5]
+//
+// Every timed call starts after a barrier; its time is the slowest rank's. Rows run round-robin, one
+// call each per round; each row reports the best and the median over --iters rounds (after one
+// untimed warm-up round) and the bus bandwidth
+// (nccl-tests convention, the ledger's bytes / time). The baseline is a ring reduce-scatter over
+// MPI_Sendrecv written inline (as in ../shared/bench/mpi_rs_variants.c), accumulating in place. The
+// goal on 4 ranks × 100 MB: our reduce_scatter ≤ 0.6× our all_reduce and ≤ 1.5× the baseline.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "distributed/mpi_communicator.h"
+
+using zero::DType;
+using namespace zero::dist;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size();
+  return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
+// Runs `prepare` (untimed), a barrier, then `fn`; returns the slowest rank's time of `fn` in ms.
+double time_once(const std::function<void()>& prepare, const std::function<void()>& fn) {
+  prepare();
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double start = MPI_Wtime();
+  fn();
+  double elapsed = MPI_Wtime() - start;
+  MPI_Allreduce(MPI_IN_PLACE, &elapsed, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return elapsed * 1e3;
+}
+
+// Plain ring reduce-scatter over MPI_Sendrecv, equal chunks of `chunk` floats, accumulating in place in
+// `buf` (n·chunk floats); rank r ends with its sum in buf[r·chunk, (r+1)·chunk). tmp: chunk floats.
+void baseline_ring_reduce_scatter(float* buf, float* tmp, long chunk, int rank, int n) {
+  const int right = (rank + 1) % n, left = (rank - 1 + n) % n;
+  for (int step = 0; step < n - 1; ++step) {
+    const int send = (rank - step - 1 + 2 * n) % n, recv = (rank - step - 2 + 2 * n) % n;
+    MPI_Sendrecv(buf + send * chunk, int(chunk), MPI_FLOAT, right, 0, tmp, int(chunk), MPI_FLOAT, left, 0,
+                 MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    float* dst = buf + recv * chunk;
+    for (long i = 0; i < chunk; ++i) dst[i] += tmp[i];
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Collective timings: zero.cpp's MPI communicator vs a plain ring vs MPI's own"};
+  double mb = 100;
+  int iters = 5;
+  std::size_t segment_kb = 0;
+  bool skip_mpi = false;
+  app.add_option("--mb", mb, "full buffer size S in MB (10^6 bytes), fp32")->check(CLI::PositiveNumber);
+  app.add_option("--iters", iters, "timed rounds, one call of each collective per round (after a warm-up)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--segment-kb", segment_kb, "ring pipelining segment in KiB (0: the default)");
+  app.add_flag("--skip-mpi", skip_mpi, "skip MPI_Allreduce / MPI_Reduce_scatter_block (slow)");
+  CLI11_PARSE(app, argc, argv);
+
+  auto comm = mpi_world();
+  auto mpi = std::dynamic_pointer_cast<MpiCommunicator>(comm);
+  if (segment_kb > 0) mpi->set_segment_bytes(segment_kb * 1024);
+  const int n = comm->world_size();
+  const int rank = comm->rank();
+  const long chunk = std::max(1L, long(mb * 1e6 / sizeof(float)) / n);
+  const long count = chunk * n;
+  const double full_bytes = double(count) * sizeof(float);
+
+  // Every row first rewrites its input from `source` (untimed), so each collective starts from freshly
+  // written data, as gradients fresh from backward would be; with a 260 MiB L3 here, an input left
+  // cold by earlier rounds would otherwise cost a row up to 2x against one whose input is hot.
+  std::vector<float> source(count), work(count), result(count), slice(chunk), tmp(chunk);
+  for (long i = 0; i < count; ++i) source[i] = float(rank + 1) + float(i % 7);
+  const std::vector<std::size_t> counts(n, std::size_t(chunk));
+  auto refill = [&] { std::memcpy(work.data(), source.data(), full_bytes); };
+  auto refill_slice = [&] { std::memcpy(slice.data(), source.data(), chunk * sizeof(float)); };
+
+  // Rows run round-robin (every row once per round) so a burst of load on this shared machine hits
+  // all of them alike; the ratios are also taken per round, then the median.
+  struct Row {
+    std::string name;
+    Collective kind;
+    std::function<void()> prepare, fn;
+    std::vector<double> ms;
+  };
+  std::vector<Row> rows;
+  auto add = [&](std::string name, Collective kind, const std::function<void()>& prepare,
+                 const std::function<void()>& fn) { rows.push_back({std::move(name), kind, prepare, fn, {}}); };
+
+  add("ours reduce_scatter", Collective::reduce_scatter, refill,
+      [&] { comm->reduce_scatter(work.data(), slice.data(), counts, DType::f32); });
+  add("ours all_reduce", Collective::all_reduce, refill,
+      [&] { comm->all_reduce(work.data(), count, DType::f32); });
+  add("ours all_gather", Collective::all_gather, refill_slice,
+      [&] { comm->all_gather(slice.data(), work.data(), counts, DType::f32); });
+  add("ours reduce (root 0)", Collective::reduce, refill,
+      [&] { comm->reduce(work.data(), count, DType::f32, 0); });
+  add("ours broadcast (root 0)", Collective::broadcast, refill,
+      [&] { comm->broadcast(work.data(), count, DType::f32, 0); });
+  add("baseline ring reduce_scatter", Collective::reduce_scatter, refill,
+      [&] { baseline_ring_reduce_scatter(work.data(), tmp.data(), chunk, rank, n); });
+  add("MPI_Bcast", Collective::broadcast, refill,
+      [&] { MPI_Bcast(work.data(), int(count), MPI_FLOAT, 0, MPI_COMM_WORLD); });
+  add("MPI_Reduce", Collective::reduce, refill, [&] {
+    MPI_Reduce(work.data(), result.data(), int(count), MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+  });
+  if (!skip_mpi) {
+    add("MPI_Reduce_scatter_block", Collective::reduce_scatter, refill, [&] {
+      MPI_Reduce_scatter_block(work.data(), slice.data(), int(chunk), MPI_FLOAT, MPI_SUM,
+                               MPI_COMM_WORLD);
+    });
+    add("MPI_Allreduce", Collective::all_reduce, refill, [&] {
+      MPI_Allreduce(work.data(), result.data(), int(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    });
+  }
+
+  // Each round starts at a different row, so no row always follows the same neighbour.
+  for (int round = 0; round <= iters; ++round)
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      Row& row = rows[(i + std::size_t(round)) % rows.size()];
+      const double ms = time_once(row.prepare, row.fn);
+      if (round > 0) row.ms.push_back(ms);  // round 0 is the warm-up
+    }
+
+  if (rank == 0) {
+    fmt::print("{} ranks, fp32, S = {:.1f} MB, {} timed rounds (+1 warm-up), segment {} KiB\n", n,
+               full_bytes / 1e6, iters, mpi->segment_bytes() / 1024);
+    fmt::print("{:<30} {:>10} {:>10} {:>12}\n", "collective", "best ms", "median ms", "busbw GB/s");
+    for (const Row& row : rows) {
+      const double best = *std::min_element(row.ms.begin(), row.ms.end());
+      fmt::print("{:<30} {:>10.3f} {:>10.3f} {:>12.2f}\n", row.name, best, median(row.ms),
+                 Ledger::bus_bytes(row.kind, full_bytes, n) / (best * 1e-3) / 1e9);
+    }
+    auto find = [&](const std::string& name) -> const std::vector<double>& {
+      return std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.name == name; })->ms;
+    };
+    auto ratios = [&](const std::string& a, const std::string& b, const char* goal) {
+      const auto& x = find(a);
+      const auto& y = find(b);
+      std::vector<double> per_round(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) per_round[i] = x[i] / y[i];
+      fmt::print("{:<7} best/best {:.2f}  median of per-round ratios {:.2f}  ({})\n",
+                 a == "ours reduce_scatter" && b == "ours all_reduce" ? "rs/ar" : "rs/ring",
+                 *std::min_element(x.begin(), x.end()) / *std::min_element(y.begin(), y.end()),
+                 median(per_round), goal);
+    };
+    ratios("ours reduce_scatter", "ours all_reduce", "goal <= 0.6");
+    ratios("ours reduce_scatter", "baseline ring reduce_scatter", "goal <= 1.5");
+  }
+  return 0;
+}
