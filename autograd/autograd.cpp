@@ -44,7 +44,7 @@ class AccumulateGrad final : public Node {
     auto& m = meta_of(param);
     if (!m.grad.defined()) {
       // A fresh copy in the parameter's dtype: the incoming tensor may be shared with other gradients.
-      Tensor g = Tensor::empty(param.shape(), param.dtype());
+      Tensor g = Tensor::empty(param.shape(), param.dtype(), param.device());
       g.copy_(grad_output);
       m.grad = g;
     } else {
@@ -128,7 +128,7 @@ void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) 
   if (!seed.defined()) {
     ZERO_CHECK(root.numel() == 1, "backward() without a gradient needs a one-element tensor, got shape {}",
                shape_str(root.shape()));
-    seed = Tensor::ones(root.shape());
+    seed = Tensor::ones(root.shape(), DType::f32, root.device());
   }
   ZERO_CHECK(seed.shape() == root.shape(), "backward(): gradient shape {} differs from tensor shape {}",
              shape_str(seed.shape()), shape_str(root.shape()));

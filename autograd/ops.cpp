@@ -1,7 +1,8 @@
 #include "autograd/ops.h"
 
-#include <cstring>
+#include <algorithm>
 
+#include "autograd/ops_cuda.h"
 #include "core/cpu/kernels.h"
 #include "core/strided.h"
 
@@ -83,6 +84,9 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 }
 
 Tensor add(const Tensor& a, const Tensor& b) {
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&a, &b})) return detail::cuda_add(a, b);  // Note [Op device dispatch]
+#endif
   Tensor out = binary(a, b, BinaryOp::add, "add");
   record("add", {a, b}, out, [sa = a.shape(), sb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
     return {sum_to(g, sa), sum_to(g, sb)};
@@ -91,6 +95,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&a, &b})) return detail::cuda_sub(a, b);  // Note [Op device dispatch]
+#endif
   Tensor out = binary(a, b, BinaryOp::sub, "sub");
   record("sub", {a, b}, out, [sa = a.shape(), sb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
     return {sum_to(g, sa), mul(sum_to(g, sb), -1.0f)};
@@ -99,6 +106,9 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&a, &b})) return detail::cuda_mul(a, b);  // Note [Op device dispatch]
+#endif
   Tensor out = binary(a, b, BinaryOp::mul, "mul");
   record("mul", {a, b}, out, [a, b](const Tensor& g) -> std::vector<Tensor> {
     Tensor ga = autograd::needs_grad(a) ? sum_to(mul(g, b.detach()), a.shape()) : Tensor();
@@ -110,11 +120,15 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, float s) {
   check_f32(a, "mul", "a");
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&a})) return detail::cuda_mul_scalar(a, s);  // Note [Op device dispatch]
+#endif
   Tensor ad = dense(a);
   Tensor out = Tensor::empty(a.shape());
   const float* x = ad.data<float>();
   float* y = out.data<float>();
-  for (std::int64_t i = 0; i < out.numel(); ++i) y[i] = x[i] * s;
+  const std::int64_t n = out.numel();
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
   record("mul_scalar", {a}, out, [s](const Tensor& g) -> std::vector<Tensor> { return {mul(g, s)}; });
   return out;
 }
@@ -122,10 +136,14 @@ Tensor mul(const Tensor& a, float s) {
 void add_(Tensor& dst, const Tensor& src) {
   ZERO_CHECK(dst.numel() == src.numel(), "add_: {} elements {} into {} elements {}", src.numel(),
              shape_str(src.shape()), dst.numel(), shape_str(dst.shape()));
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&dst, &src})) return detail::cuda_add_(dst, src);  // Note [Op device dispatch]
+#endif
   if (dst.dtype() == DType::f32 && src.dtype() == DType::f32 && dst.is_contiguous() && src.is_contiguous()) {
     float* y = dst.data<float>();
     const float* x = src.data<float>();
-    for (std::int64_t i = 0; i < dst.numel(); ++i) y[i] += x[i];
+    const std::int64_t n = dst.numel();  // numel() multiplies the shape out: not in the loop condition
+    for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
     return;
   }
   // Mixed dtypes (an f16 gradient): add in f32, round once.
@@ -136,10 +154,14 @@ void add_(Tensor& dst, const Tensor& src) {
 
 Tensor sum(const Tensor& x) {
   check_f32(x, "sum", "x");
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&x})) return detail::cuda_sum(x);  // Note [Op device dispatch]
+#endif
   Tensor xd = dense(x);
   double acc = 0.0;
   const float* p = xd.data<float>();
-  for (std::int64_t i = 0; i < xd.numel(); ++i) acc += p[i];
+  const std::int64_t n = xd.numel();
+  for (std::int64_t i = 0; i < n; ++i) acc += p[i];
   Tensor out = Tensor::full({}, static_cast<float>(acc));
   record("sum", {x}, out, [shape = x.shape()](const Tensor& g) -> std::vector<Tensor> {
     return {Tensor::full(shape, g.item())};
@@ -154,6 +176,9 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   check_f32(x, "sum_to", "x");
   ZERO_CHECK(broadcast_shapes(shape, x.shape()) == x.shape(), "sum_to: {} does not broadcast to {}",
              shape_str(shape), shape_str(x.shape()));
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&x})) return detail::cuda_sum_to(x, shape);  // Note [Op device dispatch]
+#endif
   Tensor out = Tensor::zeros(shape);
   // View `out` with x's shape and stride 0 on the broadcast dimensions, then accumulate through it.
   const int nd = x.dim(), od = static_cast<int>(shape.size());
@@ -163,8 +188,19 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   Tensor xd = dense(x);
   const float* src = xd.data<float>();
   float* dst = out.data<float>();
-  std::int64_t k = 0;
-  for_each_offset(x.shape(), strides, 0, [&](std::int64_t off) { dst[off] += src[k++]; });
+  // A suffix of x's shape (a bias [C] or positions [T, C] under [B, T, C]): add whole contiguous blocks.
+  const bool suffix = od <= nd && std::equal(shape.begin(), shape.end(), x.shape().end() - od);
+  if (suffix) {
+    const std::int64_t m = out.numel(), n = x.numel();
+    for (std::int64_t base = 0; base < n; base += m) {
+      const float* block = src + base;
+#pragma omp simd
+      for (std::int64_t i = 0; i < m; ++i) dst[i] += block[i];
+    }
+  } else {
+    std::int64_t k = 0;
+    for_each_offset(x.shape(), strides, 0, [&](std::int64_t off) { dst[off] += src[k++]; });
+  }
   record("sum_to", {x}, out, [xs = x.shape()](const Tensor& g) -> std::vector<Tensor> {
     return {g.expand(xs).contiguous()};
   });
@@ -181,6 +217,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   ZERO_CHECK(b.size(-2) == K && (shared_b || Shape(a.shape().begin(), a.shape().end() - 2) ==
                                                  Shape(b.shape().begin(), b.shape().end() - 2)),
              "matmul: shapes {} and {} do not match", shape_str(a.shape()), shape_str(b.shape()));
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&a, &b})) return detail::cuda_matmul(a, b);  // Note [Op device dispatch]
+#endif
   Tensor ad = dense(a), bd = dense(b);
   Shape oshape = a.shape();
   oshape.back() = N;
@@ -195,7 +234,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   }
   record("matmul", {a, b}, out, [ad, bd, M, N, K, batch, shared_b](const Tensor& g) -> std::vector<Tensor> {
     Tensor gd = dense(g);
-    Tensor ga = Tensor::empty(ad.shape()), gb = Tensor::zeros(bd.shape());
+    Tensor ga = Tensor::empty(ad.shape()), gb = Tensor::empty(bd.shape());  // both fully written (beta 0)
     if (shared_b) {
       cpu::gemm(false, true, batch * M, K, N, 1.0f, gd.data<float>(), N, bd.data<float>(), N, 0.0f, ga.data<float>(), K);
       cpu::gemm(true, false, K, N, batch * M, 1.0f, ad.data<float>(), K, gd.data<float>(), N, 0.0f, gb.data<float>(), N);
@@ -223,29 +262,32 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     ZERO_CHECK(bias.shape() == Shape{out_f}, "linear: bias {} for weight {}", shape_str(bias.shape()),
                shape_str(weight.shape()));
   }
-  Tensor xd = dense(x), wd = dense(weight);
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&x, &weight, &bias})) return detail::cuda_linear(x, weight, bias);  // Note [Op device dispatch]
+#endif
+  Tensor xd = dense(x), wd = dense(weight), bd = bias.defined() ? dense(bias) : Tensor();
   Shape oshape = x.shape();
   oshape.back() = out_f;
   Tensor out = Tensor::empty(oshape);
-  float* y = out.data<float>();
-  if (bias.defined()) {
-    Tensor bd = dense(bias);
-    for (std::int64_t n = 0; n < N; ++n) std::memcpy(y + n * out_f, bd.data<float>(), out_f * sizeof(float));
-  }
-  // y[N, out] (+)= x[N, in] @ W[out, in]^T
-  cpu::gemm(false, true, N, out_f, in, 1.0f, xd.data<float>(), in, wd.data<float>(), in, bias.defined() ? 1.0f : 0.0f,
-            y, out_f);
+  // y[N, out] = x[N, in] @ W[out, in]^T + b[out]: the bias is added as the GEMM stores its tiles.
+  cpu::gemm(false, true, N, out_f, in, 1.0f, xd.data<float>(), in, wd.data<float>(), in, 0.0f, out.data<float>(), out_f,
+            bias.defined() ? bd.data<float>() : nullptr);
   record("linear", {x, weight, bias}, out, [xd, wd, N, in, out_f, has_bias = bias.defined()](const Tensor& g) {
     Tensor gd = dense(g);
     Tensor gx = Tensor::empty(xd.shape()), gw = Tensor::empty(wd.shape()), gb;
+    // dx[N, in] = g[N, out] @ W[out, in];  dW[out, in] = g^T @ x (g read transposed in place).
     cpu::gemm(false, false, N, in, out_f, 1.0f, gd.data<float>(), out_f, wd.data<float>(), in, 0.0f, gx.data<float>(), in);
     cpu::gemm(true, false, out_f, in, N, 1.0f, gd.data<float>(), out_f, xd.data<float>(), in, 0.0f, gw.data<float>(), in);
     if (has_bias) {
+      // db[out] = sum over rows of g: row by row, so the inner loop runs along contiguous memory.
       gb = Tensor::zeros({out_f});
       float* b = gb.data<float>();
       const float* src = gd.data<float>();
-      for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t o = 0; o < out_f; ++o) b[o] += src[n * out_f + o];
+      for (std::int64_t n = 0; n < N; ++n) {
+        const float* row = src + n * out_f;
+#pragma omp simd
+        for (std::int64_t o = 0; o < out_f; ++o) b[o] += row[o];
+      }
     }
     return std::vector<Tensor>{gx, gw, gb};
   });
@@ -256,6 +298,9 @@ Tensor embedding(const Tensor& weight, const Tensor& idx) {
   check_f32(weight, "embedding", "weight");
   ZERO_CHECK(idx.dtype() == DType::i64, "embedding: indices must be i64, got {}", dtype_name(idx.dtype()));
   ZERO_CHECK(weight.dim() == 2, "embedding: weight must be [V, C], got {}", shape_str(weight.shape()));
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&weight, &idx})) return detail::cuda_embedding(weight, idx);  // Note [Op device dispatch]
+#endif
   const std::int64_t V = weight.size(0), C = weight.size(1), N = idx.numel();
   Tensor wd = dense(weight), id = idx.is_contiguous() ? idx.detach() : idx.clone();
   Shape oshape = idx.shape();
@@ -277,6 +322,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   const std::int64_t C = x.size(-1), N = x.numel() / std::max<std::int64_t>(1, C);
   ZERO_CHECK(weight.shape() == Shape{C} && bias.shape() == Shape{C}, "layer_norm: weight {} / bias {} for input {}",
              shape_str(weight.shape()), shape_str(bias.shape()), shape_str(x.shape()));
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&x, &weight, &bias})) return detail::cuda_layer_norm(x, weight, bias, eps);  // Note [Op device dispatch]
+#endif
   Tensor xd = dense(x), wd = dense(weight), bd = dense(bias);
   Tensor out = Tensor::empty(x.shape()), mean = Tensor::empty({N}), rstd = Tensor::empty({N});
   cpu::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), xd.data<float>(),
@@ -293,6 +341,9 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
 
 Tensor gelu(const Tensor& x) {
   check_f32(x, "gelu", "input");
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&x})) return detail::cuda_gelu(x);  // Note [Op device dispatch]
+#endif
   Tensor xd = dense(x);
   Tensor out = Tensor::empty(x.shape());
   cpu::gelu_forward(out.data<float>(), xd.data<float>(), x.numel());
@@ -306,6 +357,9 @@ Tensor gelu(const Tensor& x) {
 
 Tensor softmax(const Tensor& x) {
   check_f32(x, "softmax", "input");
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&x})) return detail::cuda_softmax(x);  // Note [Op device dispatch]
+#endif
   const std::int64_t C = x.size(-1), N = x.numel() / std::max<std::int64_t>(1, C);
   Tensor xd = dense(x);
   Tensor out = Tensor::empty(x.shape());
@@ -324,6 +378,9 @@ Tensor causal_self_attention(const Tensor& qkv, std::int64_t n_head) {
              shape_str(qkv.shape()));
   const std::int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   ZERO_CHECK(n_head > 0 && C % n_head == 0, "causal_self_attention: {} channels do not split into {} heads", C, n_head);
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&qkv})) return detail::cuda_causal_self_attention(qkv, n_head);  // Note [Op device dispatch]
+#endif
   Tensor qd = dense(qkv);
   Tensor out = Tensor::empty({B, T, C}), att = Tensor::empty({B, n_head, T, T});
   cpu::attention_forward(out.data<float>(), att.data<float>(), qd.data<float>(), B, T, C, n_head);
@@ -341,6 +398,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   ZERO_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
              "cross_entropy: logits must be [N, V] and targets [N], got {} and {}", shape_str(logits.shape()),
              shape_str(targets.shape()));
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&logits, &targets})) return detail::cuda_cross_entropy(logits, targets);  // Note [Op device dispatch]
+#endif
   const std::int64_t N = logits.size(0), V = logits.size(1);
   Tensor ld = dense(logits), td = targets.is_contiguous() ? targets.detach() : targets.clone();
   Tensor probs = Tensor::empty({N, V});
@@ -358,6 +418,9 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
   ZERO_CHECK(p >= 0.0f && p < 1.0f, "dropout: probability must be in [0, 1), got {}", p);
   if (!training || p == 0.0f) return x;
   check_f32(x, "dropout", "input");
+#ifdef ZERO_HAS_CUDA
+  if (detail::any_cuda({&x})) return detail::cuda_dropout(x, p, gen);  // Note [Op device dispatch]
+#endif
   Tensor mask = Tensor::empty(x.shape());
   float* m = mask.data<float>();
   const float keep = 1.0f / (1.0f - p);

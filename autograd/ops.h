@@ -1,5 +1,7 @@
 // Differentiable operations. Each op computes its output with a core/cpu kernel and records its
-// backward (autograd/autograd.h) a few lines below, in the same file. All float ops take f32 inputs
+// backward (autograd/autograd.h) a few lines below, in the same file. Inputs on cuda run the op's twin
+// in autograd/ops_cuda.cpp on core/cuda kernels instead (Note [Op device dispatch]); all inputs of one
+// op must be on the same device (zero::Error otherwise), and outputs and gradients stay there. All float ops take f32 inputs
 // (convert f16/bf16 tensors with .to(DType::f32) first, which is differentiable); they throw zero::Error
 // for other dtypes and for mismatched shapes, naming both shapes.
 #pragma once

@@ -68,7 +68,7 @@ Tensor Tensor::narrow(int d, std::int64_t start, std::int64_t length) const {
   s[d] = length;
   Tensor out = as_strided(s, strides(), offset() + start * strides()[d]);
   record("narrow", {*this}, out, [in = shape(), d, start, length](const Tensor& g) -> std::vector<Tensor> {
-    Tensor full = Tensor::zeros(in, g.dtype());
+    Tensor full = Tensor::zeros(in, g.dtype(), g.device());
     full.narrow(d, start, length).copy_(g);
     return {full};
   });

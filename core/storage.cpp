@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "core/check.h"
+#ifdef ZERO_HAS_CUDA
+#include "core/cuda/runtime.h"
+#endif
 
 namespace zero {
 namespace detail {
@@ -80,11 +83,27 @@ class CpuCachingAllocator {
 }  // namespace detail
 
 Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
-  ZERO_CHECK(device == Device::cpu, "device '{}' storage is not available in this build", device_name(device));
+  if (device == Device::cuda) {
+#ifdef ZERO_HAS_CUDA
+    data_ = cuda::device_alloc(nbytes);  // the device caching allocator, on the current stream
+    return;
+#else
+    ZERO_CHECK(false, "device '{}' storage is not available in this build (configure with -DZERO_CUDA=ON)",
+               device_name(device));
+#endif
+  }
   data_ = detail::CpuCachingAllocator::instance().allocate(nbytes);
 }
 
-Storage::~Storage() { detail::CpuCachingAllocator::instance().deallocate(data_, nbytes_); }
+Storage::~Storage() {
+#ifdef ZERO_HAS_CUDA
+  if (device_ == Device::cuda) {
+    cuda::device_free(data_);
+    return;
+  }
+#endif
+  detail::CpuCachingAllocator::instance().deallocate(data_, nbytes_);
+}
 
 AllocatorStats cpu_allocator_stats() { return detail::CpuCachingAllocator::instance().stats(); }
 void reset_cpu_allocator_peak() { detail::CpuCachingAllocator::instance().reset_peak(); }

@@ -2,7 +2,8 @@
 //
 // CPU blocks come from a caching allocator: a freed block goes back to a free list keyed by its exact
 // size and is handed out again to the next request of that size, so a training loop, which asks for the
-// same sizes every step, stops calling malloc after its first step.
+// same sizes every step, stops calling malloc after its first step. CUDA blocks come from the device
+// caching allocator of core/cuda/runtime.h (builds with ZERO_HAS_CUDA), which works the same way.
 #pragma once
 
 #include <cstddef>
@@ -14,8 +15,10 @@ namespace zero {
 
 class Storage {
  public:
-  /// Allocates `nbytes` bytes (64-byte aligned) on `device`. Throws zero::Error for cuda in a build
-  /// without CUDA, or std::bad_alloc when memory runs out.
+  /// Allocates `nbytes` bytes (64-byte aligned; 256 on cuda) on `device`. Throws zero::Error for cuda in
+  /// a build without CUDA or on a machine without a device, std::bad_alloc when host memory runs out,
+  /// zero::Error when device memory does. Device memory is allocated for the current stream
+  /// (cuda::current_stream(); see cuda::device_alloc for what that means for reuse).
   Storage(std::size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -31,7 +34,7 @@ class Storage {
   Device device_ = Device::cpu;
 };
 
-/// Counters of the CPU caching allocator, in bytes.
+/// Counters of a caching allocator, in bytes (CPU here; cuda::allocator_stats() for the device).
 struct AllocatorStats {
   std::size_t in_use = 0;       // held by live storages
   std::size_t peak_in_use = 0;  // maximum of in_use since start (or the last reset_peak)

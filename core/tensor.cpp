@@ -5,6 +5,10 @@
 #include <cstring>
 
 #include "core/strided.h"
+#ifdef ZERO_HAS_CUDA
+#include "core/cuda/kernels.h"
+#include "core/cuda/runtime.h"
+#endif
 
 namespace zero {
 
@@ -49,6 +53,74 @@ void store_from_float(void* base, std::int64_t i, DType t, float v) {
   }
 }
 
+#ifdef ZERO_HAS_CUDA
+// Note [Tensors on cuda]
+// A cuda tensor's data pointer is device memory: the host loops in this file must never touch it. Each
+// member below that reads or writes elements therefore branches first: cuda -> host reads download a
+// contiguous copy, cuda writes go through core/cuda kernels (fill, cast, strided copy) on the current
+// stream. Shapes, strides and views are the same on both devices.
+
+// A contiguous copy of `t` (on cuda) in new cuda storage; `t` itself if already contiguous.
+Tensor cuda_contiguous(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::cuda);
+  cuda::strided_copy(out.raw_data(), contiguous_strides(t.shape()), 0, t.storage()->data(), t.strides(), t.offset(),
+                     t.shape(), dtype_size(t.dtype()));
+  return out;
+}
+
+// A contiguous host copy of cuda tensor `t` (same dtype). Waits for the copy.
+Tensor download(const Tensor& t) {
+  const Tensor dense = cuda_contiguous(t);
+  Tensor host = Tensor::empty(t.shape(), t.dtype(), Device::cpu);
+  cuda::copy(host.raw_data(), dense.raw_data(), host.nbytes());
+  return host;
+}
+
+// dst.copy_(src) when at least one of them is on cuda (same numel, elements in row-major order).
+void copy_with_cuda(Tensor dst, const Tensor& src) {
+  if (dst.device() == Device::cpu) {
+    dst.copy_(download(src));  // the host path converts dtype and follows dst's strides
+    return;
+  }
+  // Make `s` a contiguous cuda tensor of dst's dtype holding src's elements.
+  Tensor s = src;
+  if (s.device() == Device::cpu) {
+    if (s.dtype() != dst.dtype() || !s.is_contiguous()) {
+      Tensor converted = Tensor::empty(s.shape(), dst.dtype(), Device::cpu);
+      converted.copy_(s);
+      s = converted;
+    }
+    // From pageable memory cudaMemcpyAsync returns once the source is staged: `s` may go away after it.
+    if (dst.is_contiguous()) {
+      cuda::copy_async(dst.raw_data(), s.raw_data(), s.nbytes());
+      return;
+    }
+    Tensor up = Tensor::empty(s.shape(), s.dtype(), Device::cuda);
+    cuda::copy_async(up.raw_data(), s.raw_data(), s.nbytes());
+    s = up;
+  } else {
+    s = cuda_contiguous(s);
+    if (s.dtype() != dst.dtype()) {
+      Tensor converted = Tensor::empty(s.shape(), dst.dtype(), Device::cuda);
+      cuda::cast(converted.raw_data(), dst.dtype(), s.raw_data(), s.dtype(), s.numel());
+      s = converted;
+    }
+    if (s.storage() == dst.storage()) {  // views of one storage may overlap; cudaMemcpy must not
+      Tensor fresh = Tensor::empty(s.shape(), s.dtype(), Device::cuda);
+      cuda::copy_async(fresh.raw_data(), s.raw_data(), s.nbytes());
+      s = fresh;
+    }
+  }
+  if (dst.is_contiguous()) {
+    cuda::copy_async(dst.raw_data(), s.raw_data(), dst.nbytes());
+  } else {
+    cuda::strided_copy(dst.storage()->data(), dst.strides(), dst.offset(), s.raw_data(), contiguous_strides(dst.shape()),
+                       0, dst.shape(), dtype_size(dst.dtype()));
+  }
+}
+#endif
+
 }  // namespace
 
 std::int64_t Tensor::size(int d) const {
@@ -79,12 +151,18 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
+#ifdef ZERO_HAS_CUDA
+  if (device == Device::cuda) {
+    cuda::memset_async(t.raw_data(), 0, t.nbytes());
+    return t;
+  }
+#endif
   std::memset(t.raw_data(), 0, t.nbytes());
   return t;
 }
 
-Tensor Tensor::full(const Shape& shape, float value, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor Tensor::full(const Shape& shape, float value, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
   t.fill_(value);
   return t;
 }
@@ -114,6 +192,9 @@ Tensor Tensor::randn(const Shape& shape, Generator& gen, float mean, float std) 
 
 float Tensor::item_at(std::int64_t i) const {
   ZERO_CHECK(i >= 0 && i < numel(), "index {} out of range for {} elements", i, numel());
+#ifdef ZERO_HAS_CUDA
+  if (device() == Device::cuda) return download(*this).item_at(i);
+#endif
   std::int64_t off = 0, rem = i;
   for (int d = dim() - 1; d >= 0; --d) {
     off += (rem % impl_->shape[d]) * impl_->strides[d];
@@ -124,10 +205,16 @@ float Tensor::item_at(std::int64_t i) const {
 
 float Tensor::item() const {
   ZERO_CHECK(numel() == 1, "item() on a tensor of shape {}", shape_str(shape()));
+#ifdef ZERO_HAS_CUDA
+  if (device() == Device::cuda) return download(*this).item();
+#endif
   return load_as_float(raw_data(), 0, dtype());
 }
 
 std::vector<float> Tensor::to_vector() const {
+#ifdef ZERO_HAS_CUDA
+  if (device() == Device::cuda) return download(*this).to_vector();
+#endif
   std::vector<float> out;
   out.reserve(numel());
   const void* base = impl_->storage->data();
@@ -147,6 +234,16 @@ Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, std::int64_t
   return Tensor(std::move(impl));
 }
 
+Tensor Tensor::to(Device target) const {
+  if (target == device()) return *this;
+#ifdef ZERO_HAS_CUDA
+  if (target == Device::cpu) return download(*this);
+#endif
+  Tensor out = empty(shape(), dtype(), target);  // throws for cuda in a build without CUDA
+  out.copy_(*this);
+  return out;
+}
+
 Tensor Tensor::detach() const { return as_strided(shape(), strides(), offset()); }
 
 Tensor Tensor::clone() const {
@@ -158,6 +255,12 @@ Tensor Tensor::clone() const {
 void Tensor::copy_(const Tensor& src) {
   ZERO_CHECK(src.numel() == numel(), "copy_: source has {} elements {}, destination {} {}", src.numel(),
              shape_str(src.shape()), numel(), shape_str(shape()));
+#ifdef ZERO_HAS_CUDA
+  if (device() == Device::cuda || src.device() == Device::cuda) {
+    copy_with_cuda(*this, src);
+    return;
+  }
+#endif
   if (src.dtype() == dtype() && src.is_contiguous() && is_contiguous()) {
     std::memmove(raw_data(), src.raw_data(), nbytes());
     return;
@@ -182,6 +285,18 @@ void Tensor::set_data(const Tensor& src) {
 }
 
 void Tensor::fill_(float value) {
+#ifdef ZERO_HAS_CUDA
+  if (device() == Device::cuda) {
+    if (is_contiguous()) {
+      cuda::fill(raw_data(), dtype(), value, numel());
+    } else {
+      Tensor dense = empty(shape(), dtype(), Device::cuda);
+      cuda::fill(dense.raw_data(), dtype(), value, numel());
+      copy_(dense);
+    }
+    return;
+  }
+#endif
   void* base = storage()->data();
   if (is_contiguous() && dtype() == DType::f32) {
     std::fill_n(data<float>(), numel(), value);

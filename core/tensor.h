@@ -63,8 +63,10 @@ class Tensor {
   // ---- factories (new contiguous storage) ----
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu);
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu);
-  static Tensor full(const Shape& shape, float value, DType dtype = DType::f32);
-  static Tensor ones(const Shape& shape, DType dtype = DType::f32) { return full(shape, 1.0f, dtype); }
+  static Tensor full(const Shape& shape, float value, DType dtype = DType::f32, Device device = Device::cpu);
+  static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu) {
+    return full(shape, 1.0f, dtype, device);
+  }
   /// f32 tensor of `shape` holding `values` (row-major). Throws if the counts differ.
   static Tensor from_vector(const std::vector<float>& values, const Shape& shape);
   /// i64 tensor of `shape` holding `values` (row-major).
@@ -91,7 +93,8 @@ class Tensor {
   /// True if both tensors are handles to the same TensorImpl.
   bool same(const Tensor& other) const { return impl_ == other.impl_; }
 
-  /// Pointer to the first element (storage + offset). Throws if T does not match dtype().
+  /// Pointer to the first element (storage + offset); a device pointer for a cuda tensor. Throws if T
+  /// does not match dtype().
   template <typename T> T* data() const {
     ZERO_CHECK(dtype_of<T>() == dtype(), "data<{}>() on a {} tensor", dtype_name(dtype_of<T>()), dtype_name(dtype()));
     return static_cast<T*>(raw_data());
@@ -100,6 +103,7 @@ class Tensor {
     return static_cast<char*>(impl_->storage->data()) + impl_->offset * static_cast<std::int64_t>(dtype_size(dtype()));
   }
   /// Element at flat row-major position `i` of the (possibly strided) view, converted to float.
+  /// (item_at, item and to_vector copy a cuda tensor to the host first, synchronously.)
   float item_at(std::int64_t i) const;
   /// The single element of a one-element tensor, as float.
   float item() const;
@@ -120,6 +124,10 @@ class Tensor {
   Tensor contiguous() const;
   /// Converts to `dtype` (f32 <-> f16/bf16, round to nearest even); differentiable for float types.
   Tensor to(DType dtype) const;
+  /// This tensor on `device`: itself if already there, else a contiguous copy in new storage there (same
+  /// dtype). cuda -> cpu waits for the copy; cpu -> cuda is queued on the current stream. Not recorded
+  /// by autograd (yet). Throws zero::Error for cuda in a build or on a machine without CUDA.
+  Tensor to(Device device) const;
 
   /// A raw view without autograd: the building block of the views above.
   Tensor as_strided(const Shape& shape, const Shape& strides, std::int64_t offset) const;
@@ -128,6 +136,8 @@ class Tensor {
   /// A contiguous copy in new storage (not differentiable).
   Tensor clone() const;
   /// Copies `src` (same numel; any float dtype, converted) into this tensor's elements, in place.
+  /// Either may be on cuda: copies between devices go through cuda::copy_async on the current stream
+  /// (synchronously when the destination is on the host).
   void copy_(const Tensor& src);
   void fill_(float value);
   /// Re-points this tensor (every handle to it) at `src`'s storage, shape, strides, offset and dtype,

@@ -9,6 +9,10 @@
 #include "autograd/autograd.h"
 #include "core/check.h"
 #include "optim/clip.h"
+#ifdef ZERO_HAS_CUDA
+#include "core/cuda/kernels.h"
+#include "core/cuda/runtime.h"
+#endif
 
 namespace zero::dist {
 
@@ -119,6 +123,40 @@ char* at(const Tensor& t, std::int64_t element) {
 // A 1-D view of elements [begin, begin + n) of contiguous `t`.
 Tensor range(const Tensor& t, std::int64_t begin, std::int64_t n) { return t.as_strided({n}, {1}, t.offset() + begin); }
 
+// Note [ZeRO on cuda]
+// With parameters on cuda every buffer (flat parameters and gradients, bucket pool, master, m, v) is
+// allocated there, the byte moves below become stream-ordered device copies and kernels, and the
+// communicator is handed device pointers (NCCL, or MPI staged through pinned host memory:
+// distributed/nccl_communicator.h). The CPU branches are the original loops, unchanged.
+void copy_bytes(Device device, void* dst, const void* src, std::size_t nbytes) {
+#ifdef ZERO_HAS_CUDA
+  if (device == Device::cuda) return cuda::copy_async(dst, src, nbytes);
+#endif
+  (void)device;
+  std::memcpy(dst, src, nbytes);
+}
+void zero_bytes(Device device, void* dst, std::size_t nbytes) {
+#ifdef ZERO_HAS_CUDA
+  if (device == Device::cuda) return cuda::memset_async(dst, 0, nbytes);
+#endif
+  (void)device;
+  std::memset(dst, 0, nbytes);
+}
+void scale_on(Device device, void* x, DType dtype, std::int64_t n, float factor) {
+#ifdef ZERO_HAS_CUDA
+  if (device == Device::cuda) return cuda::scale(x, x, dtype, factor, n);
+#endif
+  (void)device;
+  scale(x, dtype, n, factor);
+}
+void accumulate_on(Device device, void* dst, const void* src, DType dtype, std::int64_t n) {
+#ifdef ZERO_HAS_CUDA
+  if (device == Device::cuda) return cuda::accumulate(dst, dtype, src, dtype, 1.0f, n);
+#endif
+  (void)device;
+  accumulate(dst, src, dtype, n);
+}
+
 // Elements per chunk when the step converts gradients to fp32 (bounds the scratch buffer).
 constexpr std::int64_t kStepChunk = 1 << 16;
 
@@ -171,8 +209,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
     ZERO_CHECK(p.tensor.defined(), "ZeRO: parameter '{}' is undefined", p.name);
     if (!p.tensor.requires_grad()) continue;
     ZERO_CHECK(p.tensor.is_leaf(), "ZeRO: parameter '{}' is not a leaf tensor", p.name);
-    ZERO_CHECK(p.tensor.device() == Device::cpu, "ZeRO: parameter '{}' is on {}; only CPU parameters are supported",
-               p.name, device_name(p.tensor.device()));
+    if (params_.empty()) device_ = p.tensor.device();
+    ZERO_CHECK(p.tensor.device() == device_, "ZeRO: parameter '{}' is on {} but the first one is on {}; move the "
+               "model with Module::to(Device) first", p.name, device_name(p.tensor.device()), device_name(device_));
     ZERO_CHECK(seen.insert(p.tensor.impl()).second, "ZeRO: parameter '{}' is listed twice", p.name);
     entries.push_back({p.name, p.tensor.shape(), p.decay});
     params_.push_back(p.tensor);
@@ -185,7 +224,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   const std::int64_t part = layout_.partition_size();
 
   // ---- flat parameter buffer; module tensors become views into it ----
-  flat_params_ = Tensor::zeros({padded}, opts_.dtype);
+  flat_params_ = Tensor::zeros({padded}, opts_.dtype, device_);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const ParamRange& r = layout_.params()[i];
     Tensor view = flat_params_.as_strided(r.shape, contiguous_strides(r.shape), r.offset);
@@ -197,10 +236,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
 
   // ---- gradient storage ----
   if (opts_.stage < 2) {
-    flat_grads_ = Tensor::zeros({padded}, opts_.dtype);
+    flat_grads_ = Tensor::zeros({padded}, opts_.dtype, device_);
     point_grads_at_flat();
   } else {
-    partition_grads_ = Tensor::zeros({part}, opts_.dtype);
+    partition_grads_ = Tensor::zeros({part}, opts_.dtype, device_);
     for (Tensor& p : params_) p.set_grad(Tensor());
   }
 
@@ -220,11 +259,14 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   if (opts_.dtype == DType::f32) {
     master_ = range(flat_params_, region_begin_, region_size_);
   } else {
-    master_ = Tensor::empty({region_size_}, DType::f32);
-    to_f32_scaled(at(flat_params_, region_begin_), opts_.dtype, master_.data<float>(), region_size_, 1.0f);
+    master_ = Tensor::empty({region_size_}, DType::f32, device_);
+    if (device_ == Device::cuda)
+      master_.copy_(range(flat_params_, region_begin_, region_size_));  // a device cast
+    else
+      to_f32_scaled(at(flat_params_, region_begin_), opts_.dtype, master_.data<float>(), region_size_, 1.0f);
   }
-  exp_avg_ = Tensor::zeros({region_size_}, DType::f32);
-  exp_avg_sq_ = Tensor::zeros({region_size_}, DType::f32);
+  exp_avg_ = Tensor::zeros({region_size_}, DType::f32, device_);
+  exp_avg_sq_ = Tensor::zeros({region_size_}, DType::f32, device_);
 
   // ---- bucket bookkeeping and hooks ----
   delivered_.assign(params_.size(), 0);
@@ -302,7 +344,8 @@ void ZeroOptimizer::backward(const Tensor& loss) {
   }
 
   // Seeding backward with scale/GAS is the same as backward of loss·scale/GAS, without a graph node.
-  const Tensor seed = Tensor::full(loss.shape(), backward_scale_ / static_cast<float>(gas), loss.dtype());
+  const Tensor seed =
+      Tensor::full(loss.shape(), backward_scale_ / static_cast<float>(gas), loss.dtype(), loss.device());
   in_backward_ = true;
   try {
     autograd::backward(loss, seed);
@@ -359,7 +402,7 @@ void ZeroOptimizer::on_gradient(std::size_t i, Tensor& param) {
     Tensor g = param.grad();
     ZERO_CHECK(g.defined(), "ZeRO: hook for '{}' fired without a gradient", p.name);
     if (!g.is_contiguous() || g.dtype() != opts_.dtype) {
-      Tensor c = Tensor::empty(g.shape(), opts_.dtype);
+      Tensor c = Tensor::empty(g.shape(), opts_.dtype, device_);
       c.copy_(g);
       g = c;
     }
@@ -367,8 +410,8 @@ void ZeroOptimizer::on_gradient(std::size_t i, Tensor& param) {
       const Bucket& b = buckets_[static_cast<std::size_t>(k)];
       const std::int64_t lo = std::max(p.offset, b.begin), hi = std::min(p.end(), b.end);
       const Tensor& buf = pool_[static_cast<std::size_t>(bucket_buffer(k))];
-      std::memcpy(at(buf, lo - b.begin), at(g, lo - p.offset),
-                  static_cast<std::size_t>(hi - lo) * dtype_size(opts_.dtype));
+      copy_bytes(device_, at(buf, lo - b.begin), at(g, lo - p.offset),
+                 static_cast<std::size_t>(hi - lo) * dtype_size(opts_.dtype));
     }
     param.set_grad(Tensor());
   }
@@ -391,7 +434,7 @@ int ZeroOptimizer::acquire_buffer() {
     return b;
   }
   const std::int64_t size = std::min(opts_.reduce_bucket_size, layout_.padded_numel());
-  pool_.push_back(Tensor::empty({size}, opts_.dtype));
+  pool_.push_back(Tensor::empty({size}, opts_.dtype, device_));
   return static_cast<int>(pool_.size()) - 1;
 }
 
@@ -400,8 +443,8 @@ int ZeroOptimizer::bucket_buffer(int k) {
   if (slot < 0) {
     slot = acquire_buffer();
     const Bucket& b = buckets_[static_cast<std::size_t>(k)];
-    std::memset(pool_[static_cast<std::size_t>(slot)].raw_data(), 0,
-                static_cast<std::size_t>(b.size()) * dtype_size(opts_.dtype));
+    zero_bytes(device_, pool_[static_cast<std::size_t>(slot)].raw_data(),
+               static_cast<std::size_t>(b.size()) * dtype_size(opts_.dtype));
   }
   return slot;
 }
@@ -418,7 +461,7 @@ void ZeroOptimizer::issue_bucket(int k) {
     data = at(flat_grads_, b.begin);
   }
   // Average by pre-dividing: every rank scales its contribution by 1/N, the collective sums.
-  if (world_ > 1) scale(data, dt, b.size(), 1.0f / static_cast<float>(world_));
+  if (world_ > 1) scale_on(device_, data, dt, b.size(), 1.0f / static_cast<float>(world_));
 
   std::shared_ptr<Work> work;
   const std::size_t n = static_cast<std::size_t>(b.size());
@@ -452,8 +495,8 @@ void ZeroOptimizer::finish(const InFlight& f) {
   const std::int64_t pb = layout_.partition_begin(rank_), pe = layout_.partition_end(rank_);
   const std::int64_t lo = std::max(b.begin, pb), hi = std::min(b.end, pe);
   if (hi > lo)
-    accumulate(at(partition_grads_, lo - pb), at(pool_[static_cast<std::size_t>(f.buffer)], lo - b.begin), opts_.dtype,
-               hi - lo);
+    accumulate_on(device_, at(partition_grads_, lo - pb), at(pool_[static_cast<std::size_t>(f.buffer)], lo - b.begin),
+                  opts_.dtype, hi - lo);
   free_buffers_.push_back(f.buffer);
   bucket_buffer_[static_cast<std::size_t>(f.bucket)] = -1;
 }
@@ -536,6 +579,28 @@ bool ZeroOptimizer::step() {
   const optim::AdamWHyper with_decay{lr_, opts_.adam.beta1, opts_.adam.beta2, opts_.adam.eps, opts_.weight_decay};
   optim::AdamWHyper no_decay = with_decay;
   no_decay.weight_decay = 0.0f;
+#ifdef ZERO_HAS_CUDA
+  if (device_ == Device::cuda) {
+    // One fused kernel per slice: unscale/clip, AdamW on the fp32 master, cast back into the flat
+    // buffer (skipped for f32, whose master is the flat buffer's region).
+    const optim::AdamWHyper& a = with_decay;
+    const cuda::AdamWScalars sd = cuda::adamw_scalars(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, step_count_);
+    const cuda::AdamWScalars sn = cuda::adamw_scalars(a.lr, a.beta1, a.beta2, a.eps, 0.0f, step_count_);
+    float* master = master_.data<float>();
+    float* m = exp_avg_.data<float>();
+    float* v = exp_avg_sq_.data<float>();
+    for (const ParamSlice& s : update_slices_) {
+      const std::int64_t j = s.flat_offset - region_begin_;
+      cuda::adamw_update_mixed(master + j, grad_at(s.flat_offset), dt, f, m + j, v + j,
+                               dt == DType::f32 ? nullptr : at(flat_params_, s.flat_offset), dt, s.length,
+                               s.decay ? sd : sn);
+    }
+    if (opts_.stage != 0) all_gather_params();
+    zero_gradients();
+    scaler_.update(false);
+    return true;
+  }
+#endif
   std::vector<float> scratch;
   float* master = master_.data<float>();
   float* m = exp_avg_.data<float>();

@@ -78,10 +78,12 @@ class ZeroOptimizer {
  public:
   /// Takes over the trainable parameters of `params` (requires_grad; frozen ones are left alone).
   /// Collective: every rank must construct it with the same parameter list and options.
+  /// Parameters on cuda keep every buffer on the device (Note [ZeRO on cuda] in the .cpp); `comm` must
+  /// then take device buffers (NcclCommunicator or make_host_staged, distributed/nccl_communicator.h).
   /// Throws zero::Error for stage 3 or outside 0..2, a non-float dtype, a bucket size < 1,
   /// gradient_accumulation_steps < 1, negative clipping / weight decay, a null communicator, no
-  /// trainable parameter, a parameter listed twice, a non-leaf or non-CPU parameter, and for the
-  /// loss-scaler and AdamW option checks.
+  /// trainable parameter, a parameter listed twice, a non-leaf parameter, parameters on different
+  /// devices, and for the loss-scaler and AdamW option checks.
   ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared_ptr<Communicator> comm, ZeroOptions opts);
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
@@ -147,6 +149,7 @@ class ZeroOptimizer {
   std::shared_ptr<Communicator> comm_;
   int rank_ = 0;
   int world_ = 1;
+  Device device_ = Device::cpu;  // the parameters' device: every buffer below lives there
   FlatLayout layout_;
   std::vector<Tensor> params_;  // parallel to layout_.params()
   std::vector<int> hook_ids_;

@@ -28,6 +28,11 @@
 #include "core/cpu/kernels.h"
 #include "distributed/config.h"
 #include "distributed/mpi_communicator.h"
+#ifdef ZERO_HAS_CUDA
+#include "core/cuda/kernels.h"
+#include "core/cuda/runtime.h"
+#include "distributed/nccl_communicator.h"
+#endif
 #include "distributed/zero_optimizer.h"
 #include "examples/text_data.h"
 #include "nn/gpt.h"
@@ -53,12 +58,60 @@ struct Args {
   int grad_accum = 1;
   std::int64_t reduce_bucket_size = 0;
   bool overlap_comm = false;
+  // Device and communicator.
+  std::string device = "cpu";  // cpu | cuda
+  std::string comm = "auto";   // auto | mpi | nccl | host-staged
+  bool tf32 = false;
 };
 
 // Which flags were given explicitly (they override the --config file).
 struct Given {
   bool batch, clip, zero_stage, dtype, grad_accum, reduce_bucket_size, overlap_comm;
 };
+
+Device device_of(const Args& a) { return a.device == "cuda" ? Device::cuda : Device::cpu; }
+
+// Waits for the device's queued work (no-op on cpu): timings then measure the work, not its issue.
+void synchronize(Device device) {
+#ifdef ZERO_HAS_CUDA
+  if (device == Device::cuda) cuda::synchronize();
+#endif
+  (void)device;
+}
+
+// Dense peak FLOP/s of the device for `dtype` (0 when unknown: cpu). NVIDIA H100 datasheet, SXM (the
+// H200 has the same compute): bf16/fp16 tensor cores 989 TFLOP/s, TF32 495, plain fp32 67 (without
+// sparsity). Used as the MFU denominator, as the PaLM paper's appendix does with the A100's peak.
+double peak_flops(Device device, DType dtype, bool tf32) {
+  if (device != Device::cuda) return 0.0;
+  if (dtype == DType::f16 || dtype == DType::bf16) return 989e12;
+  return tf32 ? 495e12 : 67e12;
+}
+
+// The world's communicator for --comm on --device (Note [ZeRO on cuda] in distributed/zero_optimizer.cpp).
+// For cuda, selects this rank's GPU first (local rank modulo the visible devices), before any allocation.
+std::shared_ptr<dist::Communicator> make_communicator(const Args& a, std::shared_ptr<dist::Communicator> world) {
+  if (a.device == "cpu") {
+    ZERO_CHECK(a.comm == "auto" || a.comm == "mpi", "--comm {} needs --device cuda", a.comm);
+    return world;
+  }
+#ifdef ZERO_HAS_CUDA
+  ZERO_CHECK(cuda::cuda_available(), "--device cuda: no usable CUDA device on this machine (no GPU, or the driver is "
+             "too old for this build)");
+  const auto [local_rank, local_size] = dist::local_rank_and_size(world->rank(), world->world_size());
+  (void)local_size;
+  cuda::set_device(local_rank % cuda::device_count());
+  cuda::set_allow_tf32(a.tf32);
+  ZERO_CHECK(a.comm != "mpi", "--comm mpi cannot reduce device buffers; use nccl or host-staged with --device cuda");
+  std::string comm = a.comm;
+  if (comm == "auto") comm = dist::nccl_usable(world->rank(), world->world_size()) ? "nccl" : "host-staged";
+  if (comm == "nccl") return std::make_shared<dist::NcclCommunicator>(world);
+  return dist::make_host_staged(world);
+#else
+  (void)world;
+  throw Error("--device cuda: this build has no CUDA (configure with -DZERO_CUDA=ON on a machine with the toolkit)");
+#endif
+}
 
 // Finds the default corpus: data/tinyshakespeare.txt relative to the working directory.
 std::string default_data_path() { return "data/tinyshakespeare.txt"; }
@@ -92,7 +145,8 @@ float evaluate(const nn::GPT& model, const std::vector<std::int64_t>& split, con
   for (std::int64_t i = 0; i < a.eval_iters; ++i) {
     auto [x, y] = examples::TextData::batch(split, a.batch, a.block, gen);
     const std::int64_t first = comm.rank() * per_rank;
-    total += model.loss(x.narrow(0, first, per_rank), y.narrow(0, first, per_rank)).item();
+    const Device dev = device_of(a);
+    total += model.loss(x.narrow(0, first, per_rank).to(dev), y.narrow(0, first, per_rank).to(dev)).item();
   }
   return static_cast<float>(comm.all_reduce_sum(total) / static_cast<double>(a.eval_iters * comm.world_size()));
 }
@@ -108,13 +162,13 @@ std::string generate(const nn::GPT& model, const examples::TextData& data, std::
   for (std::int64_t i = 0; i < n; ++i) {
     const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), T_max);
     std::vector<std::int64_t> window(context.end() - T, context.end());
-    Tensor logits = model.forward(Tensor::from_indices(window, {1, T}));
-    Tensor probs = softmax(logits.narrow(1, T - 1, 1).reshape({V}));
+    Tensor logits = model.forward(Tensor::from_indices(window, {1, T}).to(model.wte->weight.device()));
+    const std::vector<float> probs = softmax(logits.narrow(1, T - 1, 1).reshape({V})).to_vector();
     const float r = gen.uniform();
     float acc = 0.0f;
     std::int64_t next = V - 1;
     for (std::int64_t v = 0; v < V; ++v) {
-      acc += probs.item_at(v);
+      acc += probs[static_cast<std::size_t>(v)];
       if (r < acc) {
         next = v;
         break;
@@ -194,6 +248,8 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   Generator init_gen(a.seed), data_gen(a.seed + 1);
   nn::GPT model(cfg, init_gen);
   const std::int64_t num_params = model.num_parameters();
+  const Device device = device_of(a);
+  model.to(device);  // before the optimizer builds its flat buffers (on the same device)
 
   dist::ZeroOptions zo;
   zo.stage = tc.zero_optimization.stage;
@@ -220,6 +276,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                micro, gas, a.batch);
     const auto& layout = opt.layout();
     const auto buckets = layout.make_buckets(zo.reduce_bucket_size).size();
+    fmt::print("device: {}{}\n", device_name(device), device == Device::cuda && a.tf32 ? " (TF32 matmuls)" : "");
     fmt::print("zero: stage {}, {} ({}), reduce_scatter {}, overlap_comm {}, {} bucket(s) of <= {} elements\n",
                zo.stage, dtype_name(zo.dtype), comm.backend_name(), zo.reduce_scatter, zo.overlap_comm, buckets,
                zo.reduce_bucket_size);
@@ -239,11 +296,13 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   double train_seconds = 0.0, window_seconds = 0.0;
   float train_loss = NAN, val_loss = NAN;
   for (std::int64_t step = 0; step < a.steps; ++step) {
+    synchronize(device);  // the clock measures finished work
     const auto t0 = Clock::now();
     const float lr = optim::lr_at(step, schedule);
     opt.set_lr(lr);
     // Global batch rows [(i·world + rank)·micro, +micro) are this rank's micro-step i.
-    auto [x, y] = examples::TextData::batch(data.train, a.batch, a.block, data_gen);
+    auto [x_host, y_host] = examples::TextData::batch(data.train, a.batch, a.block, data_gen);
+    const Tensor x = x_host.to(device), y = y_host.to(device);
     double loss_sum = 0.0;
     for (int i = 0; i < gas; ++i) {
       const std::int64_t first = (static_cast<std::int64_t>(i) * world + rank) * micro;
@@ -252,6 +311,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
       loss_sum += loss.item();
     }
     opt.step();
+    synchronize(device);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (step >= warmup_steps) train_seconds += dt;
     window_seconds += dt;
@@ -282,6 +342,10 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const std::int64_t timed_steps = a.steps - warmup_steps;
   const double tokens_per_s = timed_steps * a.batch * a.block / train_seconds;
   const double ms_per_step = 1000.0 * train_seconds / timed_steps;
+  // Achieved model FLOP/s (PaLM appendix B: 6 Psi per token plus attention, nn::flops_per_token) and MFU.
+  const double tflops = tokens_per_s * nn::flops_per_token(cfg, num_params) / 1e12;
+  const double peak = peak_flops(device, zo.dtype, a.tf32);
+  const double mfu = peak > 0.0 ? tflops * 1e12 / peak : 0.0;
 
   // Traffic per optimizer step from this rank's ledger, beside the ZeRO paper's formula.
   const dist::Ledger& ledger = comm.ledger();
@@ -305,6 +369,9 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                  traffic["all_gather"].get<double>(), per_step, per_step / baseline, baseline, expected);
     fmt::print("memory per rank: model states {}, buckets {}, peak RSS {}\n", mib(mem.model_states()),
                mib(mem.buckets), mib(static_cast<double>(rss)));
+    if (peak > 0.0)
+      fmt::print("compute: {:.2f} TFLOP/s per rank, MFU {:.1f}% of {:.0f} TFLOP/s ({} peak)\n", tflops, 100.0 * mfu,
+                 peak / 1e12, device_name(device));
     if (zo.dtype == DType::f16)
       fmt::print("fp16: final loss scale {:g}, {} skipped step(s) (a skipped step has no all-gather)\n",
                  opt.loss_scale(), opt.skipped_steps());
@@ -327,6 +394,11 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                         {"zero_stage", zo.stage},
                         {"dtype", std::string(dtype_name(zo.dtype))},
                         {"tokens_per_s", tokens_per_s},
+                        {"device", std::string(device_name(device))},
+                        {"tf32", a.tf32},
+                        {"tflops", tflops},
+                        {"peak_flops", peak > 0.0 ? nlohmann::json(peak) : nlohmann::json()},
+                        {"mfu", peak > 0.0 ? nlohmann::json(mfu) : nlohmann::json()},
                         {"ms_per_step", ms_per_step},
                         {"train_loss", train_loss},
                         {"val_loss", val_loss},
@@ -385,6 +457,14 @@ int main(int argc, char** argv) {
   auto* gas = app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
   auto* rbs = app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
   auto* overlap = app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
+  app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--comm", a.comm, "communicator: auto (cpu: mpi; cuda: nccl if every rank has its own GPU, else "
+                 "host-staged), mpi, nccl, host-staged (MPI through pinned host memory)")
+      ->check(CLI::IsMember({"auto", "mpi", "nccl", "host-staged"}))
+      ->capture_default_str();
+  app.add_flag("--tf32", a.tf32, "let fp32 matmuls use TF32 tensor cores (cuda)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -403,7 +483,8 @@ int main(int argc, char** argv) {
   }
   auto world = dist::mpi_world();
   try {
-    return run(a, given, *world);
+    const std::shared_ptr<dist::Communicator> comm = make_communicator(a, world);
+    return run(a, given, *comm);
   } catch (const std::exception& e) {
     if (world->world_size() == 1) {
       std::cerr << "error: " << e.what() << "\n";

@@ -65,7 +65,8 @@ Tensor GPT::forward(const Tensor& idx) const {
   ZERO_CHECK(T <= cfg_.block_size, "GPT::forward: sequence length {} exceeds block_size {}", T, cfg_.block_size);
   std::vector<std::int64_t> positions(static_cast<std::size_t>(T));
   for (std::int64_t t = 0; t < T; ++t) positions[t] = t;
-  Tensor pos = Tensor::from_indices(positions, {T});
+  // Positions live with the model (wpe's device): cpu -> cuda is one small upload per forward.
+  Tensor pos = Tensor::from_indices(positions, {T}).to(wpe->weight.device());
   Tensor x = drop->forward(add(wte->forward(idx), wpe->forward(pos)));  // [B,T,C] + [T,C]
   for (const auto& block : blocks) x = block->forward(x);
   // LM head tied to the token embedding: logits = lnf(x) @ wte^T.

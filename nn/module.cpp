@@ -60,9 +60,17 @@ void Module::to(DType dtype) {
   ZERO_CHECK(is_floating(dtype), "Module::to: parameters must be a float dtype, got {}", dtype_name(dtype));
   for (auto& p : named_parameters()) {
     if (p.tensor.dtype() == dtype) continue;
-    Tensor converted = Tensor::empty(p.tensor.shape(), dtype);
+    Tensor converted = Tensor::empty(p.tensor.shape(), dtype, p.tensor.device());
     converted.copy_(p.tensor);
     p.tensor.set_data(converted);
+  }
+}
+
+void Module::to(Device device) {
+  for (auto& p : named_parameters()) {
+    if (p.tensor.device() == device) continue;
+    p.tensor.set_data(p.tensor.to(device));
+    p.tensor.set_grad(Tensor());
   }
 }
 

@@ -47,6 +47,10 @@ class Module {
   void load_state_dict(const std::map<std::string, Tensor>& state);
   /// Converts every parameter to `dtype` in place (same handles, new storage; requires_grad kept).
   void to(DType dtype);
+  /// Moves every parameter to `device` in place (same handles, so optimizers and hooks built on them
+  /// stay valid; new storage there; requires_grad kept; gradients are dropped). Call before building
+  /// an optimizer or a flat buffer. Throws zero::Error for cuda without a usable device.
+  void to(Device device);
 
  protected:
   /// Registers a parameter (marked requires_grad). Returns the handle the module keeps.

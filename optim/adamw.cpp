@@ -2,6 +2,10 @@
 
 #include <cmath>
 
+#ifdef ZERO_HAS_CUDA
+#include "core/cuda/kernels.h"
+#endif
+
 namespace zero::optim {
 
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
@@ -55,14 +59,23 @@ void AdamW::step() {
       const Tensor& p = groups_[gi].params[pi];
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      detail::check_param_and_grad(p, grad);
+      detail::check_param_and_grad(p, grad, /*allow_cuda=*/true);
       AdamWState& s = state_[gi][pi];
-      if (s.step == 0) {
-        s.exp_avg = Tensor::zeros({p.numel()}, DType::f32);
-        s.exp_avg_sq = Tensor::zeros({p.numel()}, DType::f32);
+      if (s.step == 0) {  // optimizer state lives with the parameter
+        s.exp_avg = Tensor::zeros({p.numel()}, DType::f32, p.device());
+        s.exp_avg_sq = Tensor::zeros({p.numel()}, DType::f32, p.device());
       }
       s.step += 1;
       Tensor grad_scratch;
+#ifdef ZERO_HAS_CUDA
+      if (p.device() == Device::cuda) {  // the same update, on the current stream (core/cuda/kernels.h)
+        cuda::adamw_update(detail::master_data(p, s.master), detail::grad_f32(grad, grad_scratch),
+                           s.exp_avg.data<float>(), s.exp_avg_sq.data<float>(), p.numel(),
+                           cuda::adamw_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, s.step));
+        detail::write_back(p, s.master);
+        continue;
+      }
+#endif
       adamw_update(detail::master_data(p, s.master), detail::grad_f32(grad, grad_scratch), s.exp_avg.data<float>(),
                    s.exp_avg_sq.data<float>(), p.numel(), h, s.step);
       detail::write_back(p, s.master);

@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "core/check.h"
+#ifdef ZERO_HAS_CUDA
+#include "core/cuda/kernels.h"
+#endif
 
 namespace zero::optim {
 
@@ -37,6 +40,12 @@ void scale(T* x, std::int64_t n, float factor) {
   for (std::int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<float>(x[i]) * factor);
 }
 
+#ifdef ZERO_HAS_CUDA
+void check_float(const Tensor& t, const char* what) {
+  ZERO_CHECK(is_floating(t.dtype()), "{}: needs an f32, f16 or bf16 tensor, got {}", what, dtype_name(t.dtype()));
+}
+#endif
+
 void check_cpu_float(const Tensor& t, const char* what) {
   ZERO_CHECK(t.device() == Device::cpu, "{}: only CPU tensors are supported, got {}", what, device_name(t.device()));
   ZERO_CHECK(is_floating(t.dtype()), "{}: needs an f32, f16 or bf16 tensor, got {}", what, dtype_name(t.dtype()));
@@ -46,6 +55,13 @@ void check_cpu_float(const Tensor& t, const char* what) {
 
 double grad_sq_norm(const Tensor& grad) {
   if (!grad.defined()) return 0.0;
+#ifdef ZERO_HAS_CUDA
+  if (grad.device() == Device::cuda) {  // fp64 partials in a fixed order, like the loop below
+    check_float(grad, "grad_sq_norm");
+    const Tensor g = grad.is_contiguous() ? grad : grad.clone();
+    return g.numel() ? cuda::sum_squares(g.raw_data(), g.dtype(), g.numel()) : 0.0;
+  }
+#endif
   check_cpu_float(grad, "grad_sq_norm");
   const Tensor g = grad.is_contiguous() ? grad : grad.clone();
   switch (g.dtype()) {
@@ -56,6 +72,15 @@ double grad_sq_norm(const Tensor& grad) {
 }
 
 void scale_grad_(const Tensor& grad, float factor) {
+#ifdef ZERO_HAS_CUDA
+  if (grad.device() == Device::cuda) {
+    check_float(grad, "scale_grad_");
+    Tensor g = grad.is_contiguous() ? grad : grad.clone();
+    cuda::scale(g.raw_data(), g.raw_data(), g.dtype(), factor, g.numel());
+    if (!g.same(grad)) Tensor(grad).copy_(g);
+    return;
+  }
+#endif
   check_cpu_float(grad, "scale_grad_");
   Tensor g = grad.is_contiguous() ? grad : grad.clone();
   switch (g.dtype()) {

@@ -4,6 +4,9 @@
 #include <cmath>
 
 #include "core/check.h"
+#ifdef ZERO_HAS_CUDA
+#include "core/cuda/kernels.h"
+#endif
 
 namespace zero::optim {
 
@@ -54,6 +57,14 @@ bool any_non_finite(const T* x, std::int64_t n) {
 
 bool has_inf_or_nan(const Tensor& t) {
   if (!t.defined()) return false;
+#ifdef ZERO_HAS_CUDA
+  if (t.device() == Device::cuda) {
+    ZERO_CHECK(is_floating(t.dtype()), "has_inf_or_nan: needs an f32, f16 or bf16 tensor, got {}",
+               dtype_name(t.dtype()));
+    const Tensor c = t.is_contiguous() ? t : t.clone();
+    return c.numel() > 0 && cuda::has_inf_or_nan(c.raw_data(), c.dtype(), c.numel());
+  }
+#endif
   ZERO_CHECK(t.device() == Device::cpu, "has_inf_or_nan: only CPU tensors are supported, got {}",
              device_name(t.device()));
   ZERO_CHECK(is_floating(t.dtype()), "has_inf_or_nan: needs an f32, f16 or bf16 tensor, got {}", dtype_name(t.dtype()));

@@ -102,7 +102,7 @@ inline bool is_plain_f32(const Tensor& t) { return t.dtype() == DType::f32 && t.
 inline float* master_data(const Tensor& param, Tensor& master) {
   if (is_plain_f32(param)) return param.data<float>();
   if (!master.defined()) {
-    master = Tensor::empty({param.numel()}, DType::f32);
+    master = Tensor::empty({param.numel()}, DType::f32, param.device());
     master.copy_(param);  // copy_ matches elements in row-major order, whatever the shapes
   }
   return master.data<float>();
@@ -117,16 +117,18 @@ inline void write_back(const Tensor& param, const Tensor& master) {
 /// converted copy held in `scratch`.
 inline const float* grad_f32(const Tensor& grad, Tensor& scratch) {
   if (is_plain_f32(grad)) return grad.data<float>();
-  scratch = Tensor::empty({grad.numel()}, DType::f32);
+  scratch = Tensor::empty({grad.numel()}, DType::f32, grad.device());
   scratch.copy_(grad);
   return scratch.data<float>();
 }
 
-/// Checks that `param` and its gradient can be stepped on this build (CPU, same element count).
-inline void check_param_and_grad(const Tensor& param, const Tensor& grad) {
-  ZERO_CHECK(param.device() == Device::cpu && grad.device() == Device::cpu,
-             "optim: only CPU parameters are supported, got a {} parameter with a {} gradient",
-             device_name(param.device()), device_name(grad.device()));
+/// Checks that `param` and its gradient can be stepped on this build (CPU, or both on cuda when the
+/// optimizer has a device path: `allow_cuda`; same element count).
+inline void check_param_and_grad(const Tensor& param, const Tensor& grad, bool allow_cuda = false) {
+  const bool ok = allow_cuda ? param.device() == grad.device()
+                             : param.device() == Device::cpu && grad.device() == Device::cpu;
+  ZERO_CHECK(ok, "optim: got a {} parameter with a {} gradient ({})", device_name(param.device()),
+             device_name(grad.device()), allow_cuda ? "they must be on the same device" : "only CPU is supported");
   ZERO_CHECK(is_floating(grad.dtype()), "optim: gradient must be f32, f16 or bf16, got {}", dtype_name(grad.dtype()));
   ZERO_CHECK(grad.numel() == param.numel(), "optim: gradient of shape {} for a parameter of shape {}",
              shape_str(grad.shape()), shape_str(param.shape()));

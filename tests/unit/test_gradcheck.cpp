@@ -292,6 +292,13 @@ std::vector<OpCase> op_cases() {
        [](const In& x) { return linear_ref(x[0], x[1], &x[2]); }},
       {"linear_no_bias", {param({3, 4}), param({5, 4})}, [](const In& x) { return linear(x[0], x[1], Tensor()); },
        [](const In& x) { return linear_ref(x[0], x[1], nullptr); }},
+      // The CPU GEMM's edges (core/cpu/kernels.cpp): 9 rows = a whole register tile + 1, 33 outputs = a
+      // tile of 32 columns + 1, 257 inputs = two depth blocks of 256; the bias is added in the tile store.
+      {"linear_bias_gemm_edges", {param({9, 257}), param({33, 257}, 0.1f), param({33})},
+       [](const In& x) { return linear(x[0], x[1], x[2]); },
+       [](const In& x) { return linear_ref(x[0], x[1], &x[2]); }},
+      {"matmul_gemm_edges", {param({2, 9, 257}, 0.3f), param({257, 33}, 0.3f)},
+       [](const In& x) { return matmul(x[0], x[1]); }, [](const In& x) { return matmul_ref(x[0], x[1]); }},
 
       // neural-network ops
       {"embedding_repeated_indices", {param({6, 4}), indices({1, 3, 1, 5, 0, 1}, {2, 3})},
@@ -317,6 +324,15 @@ std::vector<OpCase> op_cases() {
       {"causal_self_attention", {param({2, 5, 24})},
        [](const In& x) { return causal_self_attention(x[0], 2); },
        [](const In& x) { return attention_ref(x[0], 2); }},
+      // The attention kernel's two paths: T a multiple of 32 and D = 32 read q, k, v and write the
+      // scores in place; T = 33 (one row past a padded block) and D = 40 (a column tile and a part)
+      // go through the zero-padded copies.
+      {"causal_self_attention_in_place", {param({1, 32, 96})},
+       [](const In& x) { return causal_self_attention(x[0], 1); },
+       [](const In& x) { return attention_ref(x[0], 1); }},
+      {"causal_self_attention_padded", {param({1, 33, 120}, 0.5f)},
+       [](const In& x) { return causal_self_attention(x[0], 1); },
+       [](const In& x) { return attention_ref(x[0], 1); }},
       {"cross_entropy", {param({4, 6}, 2.0f), indices({0, 5, 2, 2}, {4})},
        [](const In& x) { return cross_entropy(x[0], x[1]); },
        [](const In& x) { return cross_entropy_ref(x[0], x[1]); }},

@@ -6,8 +6,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <sys/wait.h>
+
+#ifdef ZERO_HAS_CUDA
+#include "core/cuda/runtime.h"
+#endif
 
 namespace {
 
@@ -74,13 +79,27 @@ TEST_F(TrainGptCli, NonPositiveSteps) {
 }
 TEST_F(TrainGptCli, NonPositiveBatch) { expect_clean_failure("--data " + path("text.txt") + " --batch -3", "--batch"); }
 
+TEST_F(TrainGptCli, CudaWithoutADevice) {
+#ifdef ZERO_HAS_CUDA
+  if (zero::cuda::cuda_available()) GTEST_SKIP() << "a GPU is visible: --device cuda would train";
+#endif
+  expect_clean_failure("--data " + path("text.txt") + " --device cuda", "--device cuda");
+}
+TEST_F(TrainGptCli, GpuCommunicatorNeedsCuda) {
+  expect_clean_failure("--data " + path("text.txt") + " --comm host-staged", "--comm host-staged");
+}
+
 TEST_F(TrainGptCli, TinyRunWritesMetrics) {
   const fs::path metrics = dir_ / "ok.json";
   const Result r = run_train_gpt("--data " + path("text.txt") +
                                  " --steps 8 --block 8 --batch 2 --n-layer 1 --n-head 2 --n-embd 8 --eval-iters 2"
                                  " --log-every 4 --sample 20 --metrics " + metrics.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(fs::exists(metrics));
+  ASSERT_TRUE(fs::exists(metrics));
+  std::ifstream in(metrics);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(json.find("\"device\": \"cpu\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"tflops\""), std::string::npos) << json;
   EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sample"), std::string::npos) << r.output;
 }

@@ -1,0 +1,528 @@
+#include "distributed/nccl_communicator.h"
+
+#include <fmt/format.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/check.h"
+#include "core/cuda/kernels.h"
+#include "core/cuda/runtime.h"
+
+namespace zero::dist {
+
+/// Throws zero::Error naming the call, NCCL's error string and its last detailed message.
+#define ZERO_NCCL_CHECK(call)                                                                              \
+  do {                                                                                                     \
+    const ncclResult_t zero_nccl_rc_ = (call);                                                             \
+    if (zero_nccl_rc_ != ncclSuccess && zero_nccl_rc_ != ncclInProgress)                                   \
+      ::zero::detail::fail(__FILE__, __LINE__,                                                             \
+                           fmt::format("{} failed: {} (NCCL error {}; {})", #call,                         \
+                                       ncclGetErrorString(zero_nccl_rc_), static_cast<int>(zero_nccl_rc_), \
+                                       ncclGetLastError(nullptr)));                                        \
+  } while (0)
+
+namespace detail {
+// Owns the NCCL communicator; shared by the NcclCommunicator and its outstanding Works, so a Work that
+// outlives the communicator can still ask NCCL for errors.
+struct NcclHandle {
+  ncclComm_t comm = nullptr;
+  ~NcclHandle() {
+    if (comm != nullptr) ncclCommDestroy(comm);
+  }
+};
+}  // namespace detail
+
+namespace {
+
+static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0, "ncclUniqueId is broadcast as f32 words");
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    default: break;
+  }
+  ZERO_CHECK(false, "NCCL: unsupported dtype {}", dtype_name(t));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
+
+// cudaEventQuery: true when done, false when not yet; throws on a real error. A "not ready" answer is
+// cleared from the thread's last-error slot so a later launch check does not report it.
+bool event_done(cudaEvent_t event) {
+  const cudaError_t rc = cudaEventQuery(event);
+  if (rc == cudaSuccess) return true;
+  cudaGetLastError();
+  if (rc == cudaErrorNotReady) return false;
+  ZERO_CUDA_CHECK(rc);
+  return true;
+}
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<detail::NcclHandle> handle, cudaEvent_t done, std::shared_ptr<void> scratch)
+      : handle_(std::move(handle)), done_(done), scratch_(std::move(scratch)) {}
+
+  ~NcclWork() override {
+    // Scratch must outlive the collective: wait for it if nobody did.
+    if (!finished_) cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+    cudaGetLastError();
+  }
+
+  void wait() override {
+    if (!finished_) {
+      try {
+        poll();
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      finished_ = true;
+      scratch_.reset();
+    }
+    if (error_) std::rethrow_exception(error_);
+    // The caller's later kernels (reading the result) are ordered after the collective on the device too.
+    ZERO_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(), done_, 0));
+  }
+
+  bool is_completed() const override {
+    if (finished_) return true;
+    try {
+      return event_done(done_);
+    } catch (const std::exception&) {
+      return true;  // finished, unsuccessfully: wait() reports it
+    }
+  }
+
+ private:
+  // Waits for the event, watching NCCL's asynchronous error state (a dead peer would otherwise hang us):
+  // spin briefly, then sleep between polls (Note [Waiting without spinning], mpi_communicator.cpp).
+  void poll() {
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      if (event_done(done_)) return;
+      ncclResult_t state = ncclSuccess;
+      ZERO_NCCL_CHECK(ncclCommGetAsyncError(handle_->comm, &state));
+      ZERO_CHECK(state == ncclSuccess || state == ncclInProgress, "NCCL collective failed asynchronously: {} ({})",
+                 ncclGetErrorString(state), ncclGetLastError(handle_->comm));
+      if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(100))
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      else
+        std::this_thread::yield();
+    }
+  }
+
+  std::shared_ptr<detail::NcclHandle> handle_;
+  cudaEvent_t done_;
+  std::shared_ptr<void> scratch_;
+  bool finished_ = false;
+  std::exception_ptr error_;
+};
+
+std::vector<std::size_t> prefix_offsets(std::span<const std::size_t> counts) {
+  std::vector<std::size_t> offsets(counts.size(), 0);
+  for (std::size_t r = 1; r < counts.size(); ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
+  return offsets;
+}
+
+bool all_equal(std::span<const std::size_t> counts) {
+  for (std::size_t c : counts)
+    if (c != counts[0]) return false;
+  return true;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::atoi(v);
+}
+
+}  // namespace
+
+std::pair<int, int> local_rank_and_size(int rank, int world_size) {
+  for (const auto& [r, s] : {std::pair{"OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+                             std::pair{"MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+                             std::pair{"SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+                             std::pair{"LOCAL_RANK", "LOCAL_WORLD_SIZE"}}) {
+    const int local = env_int(r, -1);
+    if (local >= 0) return {local, env_int(s, world_size)};
+  }
+  return {rank, world_size};
+}
+
+bool nccl_usable(int rank, int world_size) {
+  if (!cuda::cuda_available()) return false;
+  return local_rank_and_size(rank, world_size).second <= cuda::device_count();
+}
+
+// ---- NcclCommunicator ------------------------------------------------------------------------------------
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> bootstrap, NcclOptions options)
+    : bootstrap_(std::move(bootstrap)), options_(options) {
+  ZERO_CHECK(bootstrap_ != nullptr, "NcclCommunicator: null bootstrap communicator");
+  rank_ = bootstrap_->rank();
+  world_size_ = bootstrap_->world_size();
+  ZERO_CHECK(cuda::cuda_available(), "NcclCommunicator: CUDA is not available on this machine");
+  const auto [local_rank, local_size] = local_rank_and_size(rank_, world_size_);
+  const int devices = cuda::device_count();
+  if (options_.device < 0) {
+    ZERO_CHECK(local_size <= devices,
+               "NcclCommunicator: {} ranks on this node but {} GPU(s); NCCL needs one GPU per rank. To run several "
+               "ranks on one GPU use make_host_staged(mpi_world()) (distributed/nccl_communicator.h)",
+               local_size, devices);
+    device_ = local_rank % devices;
+  } else {
+    device_ = options_.device;
+  }
+  cuda::set_device(device_);
+
+  // Note [Communication stream]
+  // Collectives get their own non-blocking stream at the highest priority, so a reduction that becomes
+  // ready in the middle of backward is scheduled ahead of the compute kernels queued behind it instead
+  // of waiting for them. Ordering with the compute stream is by events only (order_after_compute and
+  // NcclWork::wait), never by synchronising the device.
+  int least = 0, greatest = 0;
+  ZERO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  ZERO_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+  ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  ZERO_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&control_dev_), sizeof(double)));
+  control_host_ = static_cast<double*>(cuda::pinned_alloc(sizeof(double)));
+
+  ncclUniqueId id{};
+  if (rank_ == 0) ZERO_NCCL_CHECK(ncclGetUniqueId(&id));
+  bootstrap_->broadcast(&id, sizeof(id) / sizeof(float), DType::f32, 0);
+  handle_ = std::make_shared<detail::NcclHandle>();
+  ZERO_NCCL_CHECK(ncclCommInitRank(&handle_->comm, world_size_, id, rank_));
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  // Nothing may still use the stream or the control buffers when they go.
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  handle_.reset();  // ncclCommDestroy once the last Work is gone too
+  if (ready_ != nullptr) cudaEventDestroy(ready_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  if (control_dev_ != nullptr) cudaFree(control_dev_);
+  cuda::pinned_free(control_host_);
+  cudaGetLastError();
+}
+
+void NcclCommunicator::order_after_compute() {
+  ZERO_CUDA_CHECK(cudaEventRecord(ready_, cuda::current_stream()));
+  ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+}
+
+std::shared_ptr<Work> NcclCommunicator::finish(std::shared_ptr<void> scratch) {
+  cudaEvent_t done = nullptr;
+  ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  const cudaError_t rc = cudaEventRecord(done, stream_);
+  if (rc != cudaSuccess) cudaEventDestroy(done);
+  ZERO_CUDA_CHECK(rc);
+  return std::make_shared<NcclWork>(handle_, done, std::move(scratch));
+}
+
+std::shared_ptr<void> NcclCommunicator::fp32_scratch(std::size_t count) {
+  void* ptr = cuda::device_alloc(count * sizeof(float), stream_);
+  return std::shared_ptr<void>(ptr, [](void* p) { cuda::device_free(p); });
+}
+
+std::shared_ptr<Work> NcclCommunicator::issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
+  order_after_compute();
+  if (count == 0) return finish(nullptr);
+  ncclComm_t comm = handle_->comm;
+  // A max is exact in any type; only sums need the fp32 detour.
+  if (op == ReduceOp::sum && widen(dtype)) {
+    auto scratch = fp32_scratch(count);
+    float* wide = static_cast<float*>(scratch.get());
+    cuda::StreamGuard on_comm(stream_);
+    cuda::cast(wide, DType::f32, buf, dtype, static_cast<std::int64_t>(count));
+    ZERO_NCCL_CHECK(ncclAllReduce(wide, wide, count, ncclFloat32, ncclSum, comm, stream_));
+    cuda::cast(buf, dtype, wide, DType::f32, static_cast<std::int64_t>(count));
+    return finish(std::move(scratch));
+  }
+  ZERO_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm, stream_));
+  return finish(nullptr);
+}
+
+// Equal counts: one ncclReduceScatter. Unequal counts (a bucket that straddles partitions unevenly, the
+// usual case in ZeRO): NCCL's reduce-scatter needs equal slices, so each slice is an ncclReduce to its
+// owner, all in one NCCL group — the same bytes per rank as a reduce-scatter, without padding (DeepSpeed
+// reduces per partition the same way).
+std::shared_ptr<Work> NcclCommunicator::issue_reduce_scatter(const void* send, void* recv,
+                                                             std::span<const std::size_t> counts, DType dtype) {
+  order_after_compute();
+  const auto offsets = prefix_offsets(counts);
+  const std::size_t total = offsets.back() + counts.back();
+  if (total == 0) return finish(nullptr);
+  ncclComm_t comm = handle_->comm;
+  const std::size_t mine = counts[rank_];
+
+  std::shared_ptr<void> scratch;
+  const void* src = send;
+  ncclDataType_t type = nccl_type(dtype);
+  std::size_t elem = dtype_size(dtype);
+  cuda::StreamGuard on_comm(stream_);
+  if (widen(dtype)) {
+    scratch = fp32_scratch(total);
+    cuda::cast(scratch.get(), DType::f32, send, dtype, static_cast<std::int64_t>(total));
+    src = scratch.get();
+    type = ncclFloat32;
+    elem = sizeof(float);
+  }
+  const char* base = static_cast<const char*>(src);
+  // With fp32 scratch the reduced slice lands in the scratch (in place) and is narrowed into recv after.
+  void* dst = scratch ? static_cast<void*>(static_cast<char*>(scratch.get()) + offsets[rank_] * elem) : recv;
+  if (all_equal(counts)) {
+    ZERO_NCCL_CHECK(ncclReduceScatter(src, dst, counts[0], type, ncclSum, comm, stream_));
+  } else {
+    ZERO_NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < world_size_; ++r) {
+      if (counts[r] == 0) continue;
+      const void* slice = base + offsets[r] * elem;
+      // recvbuff matters only at the root; elsewhere pass the (valid) send slice.
+      void* out = r == rank_ ? dst : const_cast<void*>(slice);
+      ZERO_NCCL_CHECK(ncclReduce(slice, out, counts[r], type, ncclSum, r, comm, stream_));
+    }
+    ZERO_NCCL_CHECK(ncclGroupEnd());
+  }
+  if (scratch && mine > 0) cuda::cast(recv, dtype, dst, DType::f32, static_cast<std::int64_t>(mine));
+  return finish(std::move(scratch));
+}
+
+// Equal counts: ncclAllGather. Unequal: each rank's slice is an ncclBroadcast from its owner, grouped.
+std::shared_ptr<Work> NcclCommunicator::issue_all_gather(const void* send, void* recv,
+                                                         std::span<const std::size_t> counts, DType dtype) {
+  order_after_compute();
+  const auto offsets = prefix_offsets(counts);
+  const std::size_t total = offsets.back() + counts.back();
+  if (total == 0) return finish(nullptr);
+  ncclComm_t comm = handle_->comm;
+  const ncclDataType_t type = nccl_type(dtype);
+  const std::size_t elem = dtype_size(dtype);
+  char* base = static_cast<char*>(recv);
+  if (all_equal(counts)) {
+    ZERO_NCCL_CHECK(ncclAllGather(send, recv, counts[0], type, comm, stream_));
+  } else {
+    ZERO_NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < world_size_; ++r) {
+      if (counts[r] == 0) continue;
+      void* slice = base + offsets[r] * elem;
+      const void* src = r == rank_ ? send : slice;
+      ZERO_NCCL_CHECK(ncclBroadcast(src, slice, counts[r], type, r, comm, stream_));
+    }
+    ZERO_NCCL_CHECK(ncclGroupEnd());
+  }
+  return finish(nullptr);
+}
+
+std::shared_ptr<Work> NcclCommunicator::issue_reduce(void* buf, std::size_t count, DType dtype, int root) {
+  order_after_compute();
+  if (count == 0) return finish(nullptr);
+  ncclComm_t comm = handle_->comm;
+  if (widen(dtype)) {
+    auto scratch = fp32_scratch(count);
+    float* wide = static_cast<float*>(scratch.get());
+    cuda::StreamGuard on_comm(stream_);
+    cuda::cast(wide, DType::f32, buf, dtype, static_cast<std::int64_t>(count));
+    ZERO_NCCL_CHECK(ncclReduce(wide, wide, count, ncclFloat32, ncclSum, root, comm, stream_));
+    if (rank_ == root) cuda::cast(buf, dtype, wide, DType::f32, static_cast<std::int64_t>(count));
+    return finish(std::move(scratch));
+  }
+  ZERO_NCCL_CHECK(ncclReduce(buf, buf, count, nccl_type(dtype), ncclSum, root, comm, stream_));
+  return finish(nullptr);
+}
+
+std::shared_ptr<Work> NcclCommunicator::issue_broadcast(void* buf, std::size_t count, DType dtype, int root) {
+  order_after_compute();
+  if (count == 0) return finish(nullptr);
+  ZERO_NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, handle_->comm, stream_));
+  return finish(nullptr);
+}
+
+std::shared_ptr<Work> NcclCommunicator::issue_barrier() {
+  order_after_compute();
+  ZERO_NCCL_CHECK(ncclAllReduce(control_dev_, control_dev_, 1, ncclFloat64, ncclSum, handle_->comm, stream_));
+  return finish(nullptr);
+}
+
+double NcclCommunicator::control_all_reduce(double value, ReduceOp op) {
+  // Ordered after every collective issued before it (same stream); the value itself is on the host.
+  *control_host_ = value;
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(control_dev_, control_host_, sizeof(double), cudaMemcpyHostToDevice, stream_));
+  ZERO_NCCL_CHECK(ncclAllReduce(control_dev_, control_dev_, 1, ncclFloat64, nccl_op(op), handle_->comm, stream_));
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(control_host_, control_dev_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  finish(nullptr)->wait();
+  return *control_host_;
+}
+
+// ---- host-staged mode ------------------------------------------------------------------------------------
+
+namespace {
+
+// Note [Host-staged collectives]
+// NCCL will not put two ranks on one GPU, so with one GPU the only way to run ZeRO with N > 1 ranks on
+// cuda tensors is to move each buffer through the host: device -> pinned host (waiting for the kernels
+// that wrote it), the MPI backend's collective on the host copy (asynchronous, on its own thread), and
+// host -> device when the caller waits. Pinned blocks come from cuda's caching pinned allocator, so a
+// training loop reuses them.
+struct Staging {
+  void* host = nullptr;  // pinned
+  explicit Staging(std::size_t nbytes) : host(cuda::pinned_alloc(nbytes)) {}
+  ~Staging() { cuda::pinned_free(host); }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+};
+
+class StagedWork final : public Work {
+ public:
+  // After `inner` completes, wait() copies `bytes` from `from` (in the staging buffer) to `to`.
+  StagedWork(std::shared_ptr<Work> inner, std::unique_ptr<Staging> staging, void* to, const void* from,
+             std::size_t bytes)
+      : inner_(std::move(inner)), staging_(std::move(staging)), to_(to), from_(from), bytes_(bytes) {}
+
+  ~StagedWork() override {
+    // The communication thread may still use the staging buffer.
+    if (!finished_ && inner_) {
+      try {
+        inner_->wait();
+      } catch (const std::exception&) {
+      }
+    }
+  }
+
+  void wait() override {
+    if (!finished_) {
+      try {
+        if (inner_) inner_->wait();
+        if (bytes_ > 0) cuda::copy(to_, from_, bytes_);
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      finished_ = true;
+      staging_.reset();
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  bool is_completed() const override { return finished_ || !inner_ || inner_->is_completed(); }
+
+ private:
+  std::shared_ptr<Work> inner_;
+  std::unique_ptr<Staging> staging_;
+  void* to_;
+  const void* from_;
+  std::size_t bytes_;
+  bool finished_ = false;
+  std::exception_ptr error_;
+};
+
+class HostStagedCommunicator final : public Communicator {
+ public:
+  explicit HostStagedCommunicator(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {
+    ZERO_CHECK(inner_ != nullptr, "make_host_staged: null communicator");
+    ZERO_CHECK(cuda::cuda_available(), "make_host_staged: CUDA is not available on this machine");
+  }
+
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string_view backend_name() const override { return "mpi-host-staged"; }
+
+ protected:
+  std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    if (!cuda::is_device_pointer(buf)) return inner_->all_reduce_async(buf, count, dtype, op);
+    const std::size_t bytes = count * dtype_size(dtype);
+    auto staging = std::make_unique<Staging>(bytes);
+    cuda::copy(staging->host, buf, bytes);
+    void* host = staging->host;
+    auto inner = inner_->all_reduce_async(host, count, dtype, op);
+    return std::make_shared<StagedWork>(std::move(inner), std::move(staging), buf, host, bytes);
+  }
+
+  std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
+                                             DType dtype) override {
+    if (!cuda::is_device_pointer(send) && !cuda::is_device_pointer(recv))
+      return inner_->reduce_scatter_async(send, recv, counts, dtype);
+    const auto offsets = prefix_offsets(counts);
+    const std::size_t elem = dtype_size(dtype);
+    const std::size_t total = offsets.back() + counts.back();
+    auto staging = std::make_unique<Staging>(total * elem);
+    cuda::copy(staging->host, send, total * elem);
+    char* host = static_cast<char*>(staging->host);
+    void* mine = host + offsets[rank()] * elem;  // reduced in place into this rank's slice
+    auto inner = inner_->reduce_scatter_async(host, mine, counts, dtype);
+    return std::make_shared<StagedWork>(std::move(inner), std::move(staging), recv, mine, counts[rank()] * elem);
+  }
+
+  std::shared_ptr<Work> issue_all_gather(const void* send, void* recv, std::span<const std::size_t> counts,
+                                         DType dtype) override {
+    if (!cuda::is_device_pointer(send) && !cuda::is_device_pointer(recv))
+      return inner_->all_gather_async(send, recv, counts, dtype);
+    const auto offsets = prefix_offsets(counts);
+    const std::size_t elem = dtype_size(dtype);
+    const std::size_t total = offsets.back() + counts.back();
+    auto staging = std::make_unique<Staging>(total * elem);
+    char* host = static_cast<char*>(staging->host);
+    void* mine = host + offsets[rank()] * elem;
+    cuda::copy(mine, send, counts[rank()] * elem);
+    auto inner = inner_->all_gather_async(mine, host, counts, dtype);  // in place
+    return std::make_shared<StagedWork>(std::move(inner), std::move(staging), recv, host, total * elem);
+  }
+
+  // reduce, broadcast and barrier have only blocking public forms on the inner communicator: run them
+  // now (still in issue order, after everything queued before) and return a finished Work.
+  std::shared_ptr<Work> issue_reduce(void* buf, std::size_t count, DType dtype, int root) override {
+    const std::size_t bytes = count * dtype_size(dtype);
+    if (!cuda::is_device_pointer(buf)) {
+      inner_->reduce(buf, count, dtype, root);
+      return done();
+    }
+    Staging staging(bytes);
+    cuda::copy(staging.host, buf, bytes);
+    inner_->reduce(staging.host, count, dtype, root);
+    if (rank() == root) cuda::copy(buf, staging.host, bytes);
+    return done();
+  }
+
+  std::shared_ptr<Work> issue_broadcast(void* buf, std::size_t count, DType dtype, int root) override {
+    const std::size_t bytes = count * dtype_size(dtype);
+    if (!cuda::is_device_pointer(buf)) {
+      inner_->broadcast(buf, count, dtype, root);
+      return done();
+    }
+    Staging staging(bytes);
+    if (rank() == root) cuda::copy(staging.host, buf, bytes);
+    inner_->broadcast(staging.host, count, dtype, root);
+    if (rank() != root) cuda::copy(buf, staging.host, bytes);
+    return done();
+  }
+
+  std::shared_ptr<Work> issue_barrier() override {
+    inner_->barrier();
+    return done();
+  }
+
+  double control_all_reduce(double value, ReduceOp op) override {
+    return op == ReduceOp::sum ? inner_->all_reduce_sum(value) : inner_->all_reduce_max(value);
+  }
+
+ private:
+  static std::shared_ptr<Work> done() { return std::make_shared<StagedWork>(nullptr, nullptr, nullptr, nullptr, 0); }
+
+  std::shared_ptr<Communicator> inner_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_host_staged(std::shared_ptr<Communicator> mpi) {
+  return std::make_shared<HostStagedCommunicator>(std::move(mpi));
+}
+
+}  // namespace zero::dist

@@ -1,0 +1,124 @@
+// NcclCommunicator: the GPU backend of Communicator, over NCCL on device buffers; and the host-staged
+// test mode that runs the MPI backend on device buffers through pinned host memory.
+//
+// One process per GPU. The constructor picks the device (the launcher's local rank modulo the visible
+// GPUs), makes it current, and builds the NCCL communicator from an ncclUniqueId that rank 0 creates and
+// broadcasts over a bootstrap Communicator (mpi_world()). NCCL refuses two ranks on one GPU; for that
+// case — the lent test machine has one GPU — use make_host_staged(mpi_world()) instead.
+//
+// Streams (Note [Communication stream] in the .cpp). Collectives run on a dedicated high-priority
+// communication stream. Each call first records an event on the caller's current (compute) stream and
+// makes the communication stream wait for it, so the collective sees every kernel issued before the call
+// — a gradient bucket filled by backward — and nothing after; the returned Work holds an event recorded
+// after the collective. So with overlap_comm the reduction of one bucket runs while backward computes
+// the next. Work::wait() blocks the host until the collective is done (checking NCCL's asynchronous
+// error state while it waits) and also makes the caller's current stream wait for it; is_completed()
+// polls the event.
+//
+// Buffers are device pointers (cuda::device_alloc or cuda tensors) on this process's device; counts are
+// elements, as in communicator.h. Every rank must call the collectives in the same order (NCCL itself
+// deadlocks otherwise).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string_view>
+#include <utility>
+
+#include "distributed/communicator.h"
+
+struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
+
+namespace zero::dist {
+
+namespace detail {
+struct NcclHandle;
+}  // namespace detail
+
+struct NcclOptions {
+  /// CUDA device of this rank; -1: local rank (OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID
+  /// or LOCAL_RANK; else the global rank) modulo the number of visible devices.
+  int device = -1;
+  /// Note [16-bit sums on NCCL]: NCCL reduces fp16/bf16 buffers in their own type, rounding after every
+  /// addition (every hop of its ring or tree), while the Communicator contract is "fp32 sum, rounded
+  /// once". true (default) keeps the contract: the buffer is widened into fp32 device scratch on the
+  /// communication stream, reduced in fp32 and narrowed once — twice the bytes on the wire (the ledger
+  /// still counts the logical 16-bit bytes, as the ZeRO paper's figures do). false sends 16-bit data
+  /// and accepts NCCL's per-hop rounding (what DeepSpeed does by default for fp16), for speed.
+  bool fp32_accumulate = true;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  /// Collective over `bootstrap`'s ranks (one NCCL rank per bootstrap rank, same numbering). Throws
+  /// zero::Error if CUDA is not available, if more ranks run on this node than it has GPUs (pointing
+  /// at make_host_staged), or if NCCL fails to initialise.
+  explicit NcclCommunicator(std::shared_ptr<Communicator> bootstrap, NcclOptions options = {});
+  /// Waits for the communication stream, then releases NCCL (after the last Work is gone).
+  ~NcclCommunicator() override;
+
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string_view backend_name() const override { return "nccl"; }
+
+  int device() const { return device_; }
+  /// The stream the collectives run on.
+  cudaStream_t comm_stream() const { return stream_; }
+  const NcclOptions& options() const { return options_; }
+
+ protected:
+  std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
+  std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
+                                             DType dtype) override;
+  std::shared_ptr<Work> issue_all_gather(const void* send, void* recv, std::span<const std::size_t> counts,
+                                         DType dtype) override;
+  std::shared_ptr<Work> issue_reduce(void* buf, std::size_t count, DType dtype, int root) override;
+  std::shared_ptr<Work> issue_broadcast(void* buf, std::size_t count, DType dtype, int root) override;
+  std::shared_ptr<Work> issue_barrier() override;
+  double control_all_reduce(double value, ReduceOp op) override;
+
+ private:
+  // Makes the communication stream wait for everything issued so far on the caller's current stream.
+  void order_after_compute();
+  // Records the completion event on the communication stream; `scratch` (device memory the collective
+  // uses, may be null) is released once the collective is done.
+  std::shared_ptr<Work> finish(std::shared_ptr<void> scratch);
+  // fp32 device scratch of `count` elements on the communication stream, released with its Work.
+  std::shared_ptr<void> fp32_scratch(std::size_t count);
+  bool widen(DType dtype) const { return dtype != DType::f32 && options_.fp32_accumulate; }
+
+  std::shared_ptr<Communicator> bootstrap_;
+  NcclOptions options_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;  // recorded on the compute stream before each collective
+  std::shared_ptr<detail::NcclHandle> handle_;
+  double* control_dev_ = nullptr;   // device double for control_all_reduce and barrier
+  double* control_host_ = nullptr;  // pinned
+};
+
+/// The local rank and the number of ranks on this node, from the launcher's environment
+/// (OpenMPI, MPICH, Slurm, torchrun variables); (rank, world_size) when none is set.
+std::pair<int, int> local_rank_and_size(int rank, int world_size);
+
+/// True if NCCL can give each of `world_size` ranks its own GPU on this node: CUDA is available and the
+/// node's rank count is at most the visible device count. Never throws. Every rank of a node gets the
+/// same answer.
+bool nccl_usable(int rank, int world_size);
+
+/// Host-staged mode (one GPU, several ranks): a Communicator over device buffers that copies each
+/// buffer to pinned host memory, runs `mpi`'s collective on it and copies the result back. The copy to
+/// the host happens at issue (it waits for the current stream, so the data is what the kernels issued
+/// so far wrote); the MPI collective runs asynchronously on `mpi`'s thread; the copy back happens in
+/// Work::wait() (on the caller's current stream, synchronously). Host buffers pass straight through.
+/// Same ledger and contracts as `mpi` (fp16/bf16 sums in fp32, rounded once). A documented test mode —
+/// PCIe copies every bucket — not a fast path. Throws zero::Error if `mpi` is null or CUDA is unavailable.
+std::shared_ptr<Communicator> make_host_staged(std::shared_ptr<Communicator> mpi);
+
+}  // namespace zero::dist

@@ -1,0 +1,163 @@
+// cuBLAS GEMMs (core/cuda/blas.cpp) against cpu::gemm: all four transpose combinations with padded
+// leading dimensions, alpha and beta; TF32; fp16/bf16 inputs with fp32 accumulation; strided batches.
+// Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#ifdef ZERO_HAS_CUDA
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "core/cpu/kernels.h"
+#include "core/cuda/kernels.h"
+#include "core/tensor.h"
+#include "cuda_test_util.h"
+
+namespace zero {
+namespace {
+
+using cuda_test::all_close;
+using cuda_test::CudaTest;
+using cuda_test::DeviceArray;
+using cuda_test::random_floats;
+using CudaGemm = CudaTest;
+
+struct Layout {
+  std::int64_t M, N, K, lda, ldb, ldc;
+  std::int64_t a_size, b_size, c_size;
+};
+
+// Row-major operands with each leading dimension padded by a few elements beyond the minimum, so a
+// mixed-up leading dimension or transpose shows.
+Layout layout_for(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K) {
+  Layout l{M, N, K, (ta ? M : K) + 3, (tb ? K : N) + 2, N + 5, 0, 0, 0};
+  l.a_size = (ta ? K : M) * l.lda;
+  l.b_size = (tb ? N : K) * l.ldb;
+  l.c_size = M * l.ldc;
+  return l;
+}
+
+// values rounded through dtype t (as the host rounds them)
+std::vector<float> rounded(const std::vector<float>& v, DType t) {
+  return Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(t).to(DType::f32).to_vector();
+}
+
+TEST_F(CudaGemm, F32AllTransposesMatchCpu) {
+  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{37, 53, 29}, {256, 256, 256}, {1, 7, 1}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+        const Layout l = layout_for(ta, tb, M, N, K);
+        const auto a = random_floats(l.a_size, 1), b = random_floats(l.b_size, 2), c0 = random_floats(l.c_size, 3);
+        std::vector<float> c = c0;
+        cpu::gemm(ta, tb, M, N, K, 0.7f, a.data(), l.lda, b.data(), l.ldb, 0.3f, c.data(), l.ldc);
+        DeviceArray<float> da(a), db(b), dc(c0);
+        cuda::gemm(ta, tb, M, N, K, 0.7f, da.get(), l.lda, db.get(), l.ldb, 0.3f, dc.get(), l.ldc);
+        // The padding columns of C must be untouched: they are compared too (c0 there on both sides).
+        EXPECT_TRUE(all_close(dc.to_host(), c, 1e-4f, 1e-5f));
+        // With a bias row, and beta = 0 (C's old values must not matter).
+        const auto bias = random_floats(N, 4);
+        std::vector<float> cb = c0;
+        cpu::gemm(ta, tb, M, N, K, 1.0f, a.data(), l.lda, b.data(), l.ldb, 0.0f, cb.data(), l.ldc, bias.data());
+        DeviceArray<float> dbias(bias), dcb(c0);
+        cuda::gemm(ta, tb, M, N, K, 1.0f, da.get(), l.lda, db.get(), l.ldb, 0.0f, dcb.get(), l.ldc, dbias.get());
+        EXPECT_TRUE(all_close(dcb.to_host(), cb, 1e-4f, 1e-5f));
+      }
+    }
+  }
+}
+
+TEST_F(CudaGemm, Tf32IsCloseToF32) {
+  const std::int64_t M = 128, N = 96, K = 256;
+  const Layout l = layout_for(false, true, M, N, K);
+  const auto a = random_floats(l.a_size, 4), b = random_floats(l.b_size, 5);
+  std::vector<float> c(l.c_size, 0.0f);
+  cpu::gemm(false, true, M, N, K, 1.0f, a.data(), l.lda, b.data(), l.ldb, 0.0f, c.data(), l.ldc);
+  DeviceArray<float> da(a), db(b), dc(std::vector<float>(l.c_size, 0.0f));
+  cuda::set_allow_tf32(true);
+  EXPECT_TRUE(cuda::allow_tf32());
+  cuda::gemm(false, true, M, N, K, 1.0f, da.get(), l.lda, db.get(), l.ldb, 0.0f, dc.get(), l.ldc);
+  cuda::set_allow_tf32(false);
+  // TF32 keeps 10 mantissa bits of each input: ~1e-3 relative per product, sums of 256 terms ~ 5.
+  EXPECT_TRUE(all_close(dc.to_host(), c, 1e-2f, 3e-2f));
+}
+
+TEST_F(CudaGemm, HalfAndBfloat16InputsAccumulateInF32) {
+  const std::int64_t M = 64, N = 80, K = 96;
+  for (DType t : {DType::f16, DType::bf16}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(t) << " ta=" << ta << " tb=" << tb);
+        const Layout l = layout_for(ta, tb, M, N, K);
+        const auto a = random_floats(l.a_size, 6), b = random_floats(l.b_size, 7);
+        const auto ar = rounded(a, t), br = rounded(b, t);
+        // Reference 1: the same (rounded) inputs in f32 — only the summation order differs.
+        std::vector<float> exact(l.c_size, 0.0f), full(l.c_size, 0.0f);
+        cpu::gemm(ta, tb, M, N, K, 1.0f, ar.data(), l.lda, br.data(), l.ldb, 0.0f, exact.data(), l.ldc);
+        // Reference 2: the unrounded f32 product — within the 16-bit input tolerance.
+        cpu::gemm(ta, tb, M, N, K, 1.0f, a.data(), l.lda, b.data(), l.ldb, 0.0f, full.data(), l.ldc);
+        Tensor da = Tensor::from_vector(a, {l.a_size}).to(t).to(Device::cuda);
+        Tensor db = Tensor::from_vector(b, {l.b_size}).to(t).to(Device::cuda);
+        Tensor dc = Tensor::zeros({l.c_size}, DType::f32, Device::cuda);
+        cuda::gemm_ex(ta, tb, M, N, K, 1.0f, da.raw_data(), t, l.lda, db.raw_data(), t, l.ldb, 0.0f, dc.raw_data(),
+                      DType::f32, l.ldc);
+        const auto got = dc.to_vector();
+        EXPECT_TRUE(all_close(got, exact, 1e-4f, 1e-4f));
+        EXPECT_TRUE(all_close(got, full, 0.0f, t == DType::f16 ? 2e-2f : 1.5e-1f));
+        // 16-bit output: the f32 result rounded once.
+        Tensor dc16 = Tensor::zeros({l.c_size}, t, Device::cuda);
+        cuda::gemm_ex(ta, tb, M, N, K, 1.0f, da.raw_data(), t, l.lda, db.raw_data(), t, l.ldb, 0.0f, dc16.raw_data(), t,
+                      l.ldc);
+        EXPECT_TRUE(all_close(dc16.to_vector(), exact, t == DType::f16 ? 2e-3f : 1e-2f, 1e-3f));
+      }
+    }
+  }
+  DeviceArray<float> x(std::size_t{16});
+  Tensor h = Tensor::zeros({16}, DType::f16, Device::cuda);
+  EXPECT_THROW(cuda::gemm_ex(false, false, 4, 4, 4, 1.0f, x.get(), DType::f32, 4, h.raw_data(), DType::f16, 4, 0.0f,
+                             x.get(), DType::f32, 4),
+               Error);
+}
+
+TEST_F(CudaGemm, StridedBatchedMatchesLoop) {
+  const std::int64_t batch = 5, M = 16, N = 24, K = 8;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb);
+      const Layout l = layout_for(ta, tb, M, N, K);
+      const std::int64_t sa = l.a_size + 11, sb = l.b_size + 13, sc = l.c_size + 17;  // gaps between matrices
+      const auto a = random_floats(sa * batch, 8), b = random_floats(sb * batch, 9), c0 = random_floats(sc * batch, 10);
+      std::vector<float> c = c0;
+      for (std::int64_t i = 0; i < batch; ++i)
+        cpu::gemm(ta, tb, M, N, K, 1.25f, a.data() + i * sa, l.lda, b.data() + i * sb, l.ldb, -0.5f, c.data() + i * sc,
+                  l.ldc);
+      DeviceArray<float> da(a), db(b), dc(c0);
+      cuda::gemm_strided_batched(ta, tb, M, N, K, 1.25f, da.get(), l.lda, sa, db.get(), l.ldb, sb, -0.5f, dc.get(),
+                                 l.ldc, sc, batch);
+      EXPECT_TRUE(all_close(dc.to_host(), c, 1e-4f, 1e-5f));
+    }
+  }
+}
+
+TEST_F(CudaGemm, EmptyDimensions) {
+  const auto c0 = random_floats(12, 11);
+  DeviceArray<float> a(std::size_t{12}), b(std::size_t{12}), c(c0);
+  // M = 0: nothing happens.
+  cuda::gemm(false, false, 0, 4, 3, 1.0f, a.get(), 3, b.get(), 4, 0.0f, c.get(), 4);
+  EXPECT_EQ(c.to_host(), c0);
+  // K = 0: C = beta * C, as cpu::gemm.
+  std::vector<float> want = c0;
+  cpu::gemm(false, false, 3, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.5f, want.data(), 4);
+  cuda::gemm(false, false, 3, 4, 0, 1.0f, a.get(), 1, b.get(), 4, 0.5f, c.get(), 4);
+  EXPECT_TRUE(all_close(c.to_host(), want, 1e-6f, 0.0f));
+}
+
+}  // namespace
+}  // namespace zero
+
+#else  // built without CUDA
+
+TEST(CudaGemm, NotBuilt) { GTEST_SKIP() << "built without CUDA (ZERO_CUDA=OFF or no toolkit)"; }
+
+#endif
