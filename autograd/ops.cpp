@@ -8,20 +8,10 @@
 
 namespace zero {
 
-using autograd::record;
+namespace detail {
 
-namespace {
-
-void check_f32(const Tensor& t, const char* op, const char* what) {
-  ZERO_CHECK(t.defined(), "{}: {} is undefined", op, what);
-  ZERO_CHECK(t.dtype() == DType::f32, "{}: {} must be f32, got {} (convert with .to(DType::f32))", op, what,
-             dtype_name(t.dtype()));
-}
-
-// A contiguous f32 version of t (t itself when it already is one).
 Tensor dense(const Tensor& t) { return t.is_contiguous() ? t.detach() : t.detach().clone(); }
 
-// t viewed (or copied) with the broadcast shape, contiguous.
 Tensor materialize_broadcast(const Tensor& t, const Shape& shape) {
   if (t.shape() == shape) return dense(t);
   const int nd = static_cast<int>(shape.size()), td = t.dim();
@@ -31,6 +21,20 @@ Tensor materialize_broadcast(const Tensor& t, const Shape& shape) {
     strides[o] = t.shape()[i] == 1 ? 0 : t.strides()[i];
   }
   return t.as_strided(shape, strides, t.offset()).clone();
+}
+
+}  // namespace detail
+
+using autograd::record;
+using detail::dense;
+using detail::materialize_broadcast;
+
+namespace {
+
+void check_f32(const Tensor& t, const char* op, const char* what) {
+  ZERO_CHECK(t.defined(), "{}: {} is undefined", op, what);
+  ZERO_CHECK(t.dtype() == DType::f32, "{}: {} must be f32, got {} (convert with .to(DType::f32))", op, what,
+             dtype_name(t.dtype()));
 }
 
 enum class BinaryOp { add, sub, mul };

@@ -55,4 +55,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 /// Identity when p == 0 or !training.
 Tensor dropout(const Tensor& x, float p, bool training, Generator& gen);
 
+namespace detail {
+/// `t` itself (detached) when contiguous, else a contiguous copy; same device and dtype.
+Tensor dense(const Tensor& t);
+/// `t` broadcast to `shape` (NumPy rules, already checked by the caller) as a contiguous tensor: a
+/// detached view when the shapes agree, else a copy.
+Tensor materialize_broadcast(const Tensor& t, const Shape& shape);
+}  // namespace detail
+
 }  // namespace zero

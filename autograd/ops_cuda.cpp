@@ -27,22 +27,7 @@ void check_cuda(const char* op, std::initializer_list<const Tensor*> ts) {
   }
 }
 
-// A contiguous version of cuda tensor t (t itself, detached, when it already is one).
-Tensor dense(const Tensor& t) { return t.is_contiguous() ? t.detach() : t.detach().clone(); }
-
 float* f32(const Tensor& t) { return t.data<float>(); }
-
-// t broadcast to `shape`, contiguous (a copy unless the shapes agree).
-Tensor materialize_broadcast(const Tensor& t, const Shape& shape) {
-  if (t.shape() == shape) return dense(t);
-  const int nd = static_cast<int>(shape.size()), td = t.dim();
-  Shape strides(nd, 0);
-  for (int i = 0; i < td; ++i) {
-    const int o = nd - td + i;
-    strides[o] = t.shape()[i] == 1 ? 0 : t.strides()[i];
-  }
-  return t.as_strided(shape, strides, t.offset()).clone();
-}
 
 Tensor binary(const Tensor& a, const Tensor& b, cuda::BinaryOp op, const char* name) {
   check_cuda(name, {&a, &b});

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -56,7 +57,7 @@ struct Args {
   int zero_stage = 0;
   std::string dtype = "fp32";
   int grad_accum = 1;
-  std::int64_t reduce_bucket_size = 0;
+  double reduce_bucket_size = 0;  // a double so 5e8 is accepted, as in the JSON config
   bool overlap_comm = false;
   // Device and communicator.
   std::string device = "cpu";  // cpu | cuda
@@ -130,10 +131,29 @@ void validate(const Args& a) {
              a.lr, a.min_lr);
   ZERO_CHECK(a.weight_decay >= 0, "--weight-decay must be >= 0, got {}", a.weight_decay);
   ZERO_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got {}", a.dropout);
+  ZERO_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got {}", a.grad_accum);
+  ZERO_CHECK(a.reduce_bucket_size >= 0 && std::floor(a.reduce_bucket_size) == a.reduce_bucket_size,
+             "--reduce-bucket-size must be a positive whole number of elements, got {}", a.reduce_bucket_size);
+  ZERO_CHECK(a.zero_stage >= 0 && a.zero_stage <= 2, "--zero-stage must be 0, 1 or 2 (stage 3 is not supported), got {}",
+             a.zero_stage);
   if (!a.metrics.empty()) {
-    const auto dir = std::filesystem::absolute(a.metrics).parent_path();
-    ZERO_CHECK(std::filesystem::is_directory(dir), "--metrics: directory '{}' does not exist", dir.string());
+    const auto path = std::filesystem::absolute(a.metrics);
+    ZERO_CHECK(!std::filesystem::is_directory(path), "--metrics '{}' is a directory; give a file path", a.metrics);
+    ZERO_CHECK(std::filesystem::is_directory(path.parent_path()), "--metrics: '{}' is not an existing directory",
+               path.parent_path().string());
   }
+}
+
+// Refuses a --block whose saved attention probabilities (L·B·H·T² floats, kept for backward) would not
+// fit in this machine's memory, before the model is built.
+void check_attention_memory(const Args& a, std::int64_t micro) {
+  const double bytes = 4.0 * static_cast<double>(a.n_layer * micro * a.n_head) * static_cast<double>(a.block) *
+                       static_cast<double>(a.block);
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  ZERO_CHECK(bytes < 0.5 * physical,
+             "--block {}: attention would keep {:.1f} GiB of probabilities per rank (L*B*H*T^2 floats), more than half "
+             "of this machine's {:.1f} GiB; use a shorter --block or a smaller --batch",
+             a.block, bytes / (1 << 30), physical / (1 << 30));
 }
 
 // Mean validation loss over eval_iters global batches; each rank evaluates its slice of every batch.
@@ -186,11 +206,16 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
                                               : dist::TrainingConfig::from_file(a.config);
   if (given.zero_stage) cfg.zero_optimization.stage = a.zero_stage;
   if (given.dtype) cfg.set_model_dtype(parse_float_dtype(a.dtype));
-  if (given.reduce_bucket_size) cfg.zero_optimization.reduce_bucket_size = a.reduce_bucket_size;
+  if (given.reduce_bucket_size)
+    cfg.zero_optimization.reduce_bucket_size = static_cast<std::int64_t>(a.reduce_bucket_size);
   if (given.overlap_comm) cfg.zero_optimization.overlap_comm = a.overlap_comm;
   if (given.clip || a.config.empty()) cfg.gradient_clipping = a.clip;
   const bool file_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
   if (given.batch || !file_has_batch) {
+    const std::int64_t per_step = static_cast<std::int64_t>(world_size) * (given.grad_accum ? a.grad_accum : 1);
+    ZERO_CHECK(a.batch % per_step == 0 && a.batch >= per_step,
+               "--batch {} does not split into {} rank(s) x {} accumulation step(s) (it must be a positive multiple of {})",
+               a.batch, world_size, per_step / world_size, per_step);
     cfg.train_batch_size = a.batch;
     cfg.train_micro_batch_size_per_gpu.reset();
     if (!cfg.gradient_accumulation_steps) cfg.gradient_accumulation_steps = 1;
@@ -228,6 +253,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const dist::TrainingConfig tc = make_config(a, given, world);
   a.batch = *tc.train_batch_size;
   const std::int64_t micro = *tc.train_micro_batch_size_per_gpu;
+  check_attention_memory(a, micro);
   const int gas = static_cast<int>(*tc.gradient_accumulation_steps);
   const examples::TextData data = examples::TextData::load(a.data, a.block);
   nn::GPTConfig cfg;
@@ -360,7 +386,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const auto mem = opt.memory();
   const std::size_t rss = peak_rss_bytes();
   if (lead) {
-    fmt::print("done: train loss {:.4f}, val loss {:.4f}, {:.0f} tokens/s ({} ranks), {:.2f} ms/step\n", train_loss,
+    fmt::print("done: train loss {:.4f}, val loss {:.4f}, {:.0f} tokens/s ({} rank(s)), {:.2f} ms/step\n", train_loss,
                val_loss, tokens_per_s, world, ms_per_step);
     if (world > 1)
       fmt::print("traffic per step per rank: all_reduce {:.0f}, reduce_scatter {:.0f}, all_gather {:.0f} bytes; "

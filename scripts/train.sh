@@ -4,8 +4,11 @@
 # With no path it uses data/tinyshakespeare.txt and, if that is missing, says how to download it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-data="${1:-data/tinyshakespeare.txt}"
-[ $# -gt 0 ] && shift
+data=data/tinyshakespeare.txt
+if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then  # a first argument that is not a flag is the text's path
+  data="$1"
+  shift
+fi
 if [ ! -f "$data" ]; then
   echo "error: $data not found. Get Tiny Shakespeare with:" >&2
   echo "  mkdir -p data && curl -o data/tinyshakespeare.txt https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt" >&2
