@@ -89,6 +89,22 @@ TEST_F(TrainGptCli, GpuCommunicatorNeedsCuda) {
   expect_clean_failure("--data " + path("text.txt") + " --comm host-staged", "--comm host-staged");
 }
 
+TEST_F(TrainGptCli, ZeroGradAccum) { expect_clean_failure("--data " + path("text.txt") + " --grad-accum 0", "--grad-accum"); }
+TEST_F(TrainGptCli, BatchNotDivisibleByAccumulation) {
+  expect_clean_failure("--data " + path("text.txt") + " --batch 10 --grad-accum 4 --block 8", "--batch 10");
+}
+TEST_F(TrainGptCli, BlockTooLargeForMemory) {
+  // 2000 text bytes allow this block length; the saved attention (L*B*H*T^2 floats) does not fit.
+  std::ofstream(dir_ / "long.txt") << std::string(4'000'000, 'b') + "end\n";
+  expect_clean_failure("--data " + path("long.txt") + " --block 300000", "--block 300000");
+}
+TEST_F(TrainGptCli, MetricsPathIsADirectory) {
+  const Result r = run_train_gpt("--data " + path("text.txt") + " --steps 2 --metrics " + dir_.string());
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("is a directory"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_.string() + ".tmp"));
+}
+
 TEST_F(TrainGptCli, TinyRunWritesMetrics) {
   const fs::path metrics = dir_ / "ok.json";
   const Result r = run_train_gpt("--data " + path("text.txt") +
