@@ -137,6 +137,13 @@ Tensor mul(const Tensor& a, float s) {
   return out;
 }
 
+namespace {
+// y[i] = round(float(y[i]) + float(x[i])) for f16/bf16 elements.
+template <typename T> void add_16bit(T* y, const T* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(static_cast<float>(y[i]) + static_cast<float>(x[i]));
+}
+}  // namespace
+
 void add_(Tensor& dst, const Tensor& src) {
   ZERO_CHECK(dst.numel() == src.numel(), "add_: {} elements {} into {} elements {}", src.numel(),
              shape_str(src.shape()), dst.numel(), shape_str(dst.shape()));
@@ -150,7 +157,13 @@ void add_(Tensor& dst, const Tensor& src) {
     for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
     return;
   }
-  // Mixed dtypes (an f16 gradient): add in f32, round once.
+  // A 16-bit gradient accumulating into a 16-bit buffer (ZeRO stages 0/1 in fp16/bf16): add in f32,
+  // round once, without leaving the buffer.
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    if (dst.dtype() == DType::f16) return add_16bit(dst.data<half>(), src.data<half>(), dst.numel());
+    if (dst.dtype() == DType::bf16) return add_16bit(dst.data<bfloat16>(), src.data<bfloat16>(), dst.numel());
+  }
+  // Anything else (mixed dtypes, strided views): the same arithmetic through f32 copies.
   std::vector<float> a = dst.to_vector(), b = src.to_vector();
   for (std::size_t i = 0; i < a.size(); ++i) a[i] += b[i];
   dst.copy_(Tensor::from_vector(a, dst.shape()));
