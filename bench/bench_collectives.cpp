@@ -6,7 +6,7 @@
 // call each per round; each row reports the best and the median over --iters rounds (after one
 // untimed warm-up round) and the bus bandwidth
 // (nccl-tests convention, the ledger's bytes / time). The baseline is a ring reduce-scatter over
-// MPI_Sendrecv written inline (as in ../shared/bench/mpi_rs_variants.c), accumulating in place. The
+// MPI_Sendrecv written inline, accumulating in place. The
 // goal on 4 ranks × 100 MB: our reduce_scatter ≤ 0.6× our all_reduce and ≤ 1.5× the baseline.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>

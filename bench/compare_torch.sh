@@ -27,8 +27,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build
-data=../shared/data/tinyshakespeare.txt
-torch_script=../shared/bench/torch_gpt.py
+data=data/tinyshakespeare.txt  # scripts/train.sh downloads it
+torch_script=bench/torch_gpt.py
 steps=100
 repeats=3
 gpu_config=1
@@ -45,7 +45,7 @@ while [ $# -gt 0 ]; do
     *) echo "error: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
-[ -f "$data" ] || { echo "error: --data '$data' not found" >&2; exit 2; }
+[ -f "$data" ] || { echo "error: --data '$data' not found (scripts/train.sh --steps 1 downloads Tiny Shakespeare)" >&2; exit 2; }
 [ -f "$torch_script" ] || { echo "error: --torch-script '$torch_script' not found" >&2; exit 2; }
 for b in train_gpt gemm_peak; do
   [ -x "$build/bin/$b" ] || { echo "error: $build/bin/$b missing: cmake -S . -B $build && cmake --build $build" >&2; exit 2; }

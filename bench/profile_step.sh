@@ -26,7 +26,7 @@ trap 'rm -rf "$tmp"' EXIT
 steps=""
 if [ -z "$report" ]; then
   args=("$@")
-  [ ${#args[@]} -eq 0 ] && args=(--data ../shared/data/tinyshakespeare.txt --steps 150 --threads 1)
+  [ ${#args[@]} -eq 0 ] && args=(--data data/tinyshakespeare.txt --steps 150 --threads 1)
   report="$tmp/perf.data"
   # 1000 samples per second of CPU time: one sample is one millisecond.
   perf record -e cpu-clock -F 1000 -o "$report" -q taskset -c 0 "$build/bin/train_gpt" "${args[@]}" --eval-iters 1 \

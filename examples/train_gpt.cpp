@@ -246,6 +246,14 @@ std::size_t peak_rss_bytes() {
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
 
+// A time left for progress lines: "42s", "3m07s", "1h02m".
+std::string eta(double seconds) {
+  const auto s = static_cast<std::int64_t>(std::max(0.0, seconds) + 0.5);
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+  return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
+}
+
 int run(Args a, const Given& given, dist::Communicator& comm) {
   validate(a);
   const int rank = comm.rank(), world = comm.world_size();
@@ -321,6 +329,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const std::int64_t warmup_steps = std::min<std::int64_t>(5, a.steps - 1);  // excluded from throughput
   double train_seconds = 0.0, window_seconds = 0.0;
   float train_loss = NAN, val_loss = NAN;
+  const auto run_start = Clock::now();  // the ETA extrapolates wall time, evaluations included
   for (std::int64_t step = 0; step < a.steps; ++step) {
     synchronize(device);  // the clock measures finished work
     const auto t0 = Clock::now();
@@ -346,8 +355,10 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
       train_loss = static_cast<float>(comm.all_reduce_sum(loss_sum) / (gas * world));
       const std::int64_t n = (step % a.log_every) + 1;
       if (lead) {
-        fmt::print("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:.1f} ms/step | {:.0f} tokens/s{}\n", step + 1, a.steps,
-                   train_loss, lr, 1000.0 * window_seconds / n, n * a.batch * a.block / window_seconds,
+        const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
+        fmt::print("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:.1f} ms/step | {:.0f} tokens/s{}{}\n", step + 1,
+                   a.steps, train_loss, lr, 1000.0 * window_seconds / n, n * a.batch * a.block / window_seconds,
+                   last ? "" : " | ETA " + eta(elapsed / static_cast<double>(step + 1) * (a.steps - step - 1)),
                    opt.skipped_steps() > 0 ? fmt::format(" | loss scale {:g}, {} skipped", opt.loss_scale(),
                                                          opt.skipped_steps())
                                            : "");
@@ -443,6 +454,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     const std::string tmp = a.metrics + ".tmp";
     std::ofstream(tmp) << m.dump(2) << "\n";
     std::filesystem::rename(tmp, a.metrics);
+    fmt::print("metrics: {}\n", std::filesystem::absolute(a.metrics).string());
   }
   return 0;
 }

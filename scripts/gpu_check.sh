@@ -17,8 +17,8 @@
 #            toolkit's lib64, or the nvidia-nccl / nvidia-cublas Python wheels.
 # --bundle DIR  builds here (build-gpu) and copies the three binaries and the non-CUDA shared libraries
 #            they load into DIR/bin and DIR/lib (plus mpirun, best effort) — typically 20-40 MB.
-# Data: $ZERO_DATA, else data/tinyshakespeare.txt (data/ is git-ignored: copy it there and carry it),
-# else ../shared/data/tinyshakespeare.txt; without any, a synthetic corpus from the repository's text
+# Data: $ZERO_DATA, else data/tinyshakespeare.txt (data/ is git-ignored: copy it there and carry it);
+# without either, a synthetic corpus from the repository's text
 # (throughput is unaffected; losses are then not comparable and the JSON says so).
 #
 # Steps that need a feature this build of train_gpt lacks (--device, --comm) are recorded as
@@ -202,7 +202,7 @@ fi
 
 # ---- data ----
 DATA="${ZERO_DATA:-}"
-for cand in data/tinyshakespeare.txt ../shared/data/tinyshakespeare.txt shared/data/tinyshakespeare.txt; do
+for cand in data/tinyshakespeare.txt; do
   [ -z "$DATA" ] && [ -f "$cand" ] && DATA="$cand"
 done
 DATA_NOTE="$DATA"

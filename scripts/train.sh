@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Sets up, builds (Release) and trains the example GPT on a text file.
+# Installs what is missing (scripts/setup.sh), builds train_gpt (Release, build/) and trains the
+# example GPT on a text file. Works from any directory; relative paths are the caller's.
 #   scripts/train.sh [PATH_TO_TEXT] [more train_gpt flags...]
-# With no path it uses data/tinyshakespeare.txt and, if that is missing, says how to download it.
+# With no path it trains on data/tinyshakespeare.txt in the repository, downloading it first when it
+# is not there (curl, wget or python3; SHA-256 checked). ZERO_CORPUS_URL overrides the download URL.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-data=data/tinyshakespeare.txt
-if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then  # a first argument that is not a flag is the text's path
+source "$(dirname "$0")/common.sh"
+data=""
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then  # a first argument that is not a flag is the text's path
   data="$1"
   shift
+  [ -f "$data" ] || { echo "error: '$data' is not a file (scripts/train.sh [PATH_TO_TEXT] [train_gpt flags])" >&2; exit 1; }
 fi
-if [ ! -f "$data" ]; then
-  echo "error: $data not found. Get Tiny Shakespeare with:" >&2
-  echo "  mkdir -p data && curl -o data/tinyshakespeare.txt https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt" >&2
-  exit 1
+extra=()
+[ -z "$data" ] && [ ! -f "$ZERO_CORPUS" ] && ! zero_has_downloader && extra=(curl ca-certificates)
+"$ZERO_ROOT/scripts/setup.sh" "${extra[@]}"
+if [ -z "$data" ]; then
+  zero_fetch_corpus
+  data="$ZERO_CORPUS"
 fi
-scripts/setup.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target train_gpt
-exec build/bin/train_gpt --data "$data" "$@"
+zero_build_train_gpt
+exec "$ZERO_BUILD/bin/train_gpt" --data "$data" "$@"

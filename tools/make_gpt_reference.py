@@ -1,6 +1,6 @@
 """Writes tests/data/gpt_reference.json, the PyTorch reference that zero.cpp's GPT test compares against.
 
-The model is the same math as ../shared/bench/torch_gpt.py (pre-LN nanoGPT block, tanh GELU, causal
+The model is the same math as bench/torch_gpt.py (pre-LN nanoGPT block, tanh GELU, causal
 attention, head weight tied to wte.weight), with the module names of zero.cpp's GPT so that parameter
 names match its state_dict: wte, wpe, blocks.{i}.ln1, blocks.{i}.attn.qkv, blocks.{i}.attn.proj,
 blocks.{i}.ln2, blocks.{i}.mlp.fc, blocks.{i}.mlp.fc2, lnf, head (tied, so absent from named_parameters()).
