@@ -513,9 +513,8 @@ int main(int argc, char** argv) {
   if (a.data.empty()) {
     a.data = default_data_path();
     if (!std::filesystem::exists(a.data)) {
-      std::cerr << "error: no --data given and " << a.data << " not found. Get Tiny Shakespeare with:\n"
-                << "  mkdir -p data && curl -o data/tinyshakespeare.txt "
-                   "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt\n";
+      std::cerr << "error: no --data given and " << a.data
+                << " not found: give --data PATH, or run scripts/train.sh, which downloads Tiny Shakespeare\n";
       return 1;
     }
   }

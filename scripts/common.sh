@@ -29,12 +29,12 @@ zero_build_train_gpt() {
 # zero_has_downloader: curl, wget or python3 is on PATH.
 zero_has_downloader() { command -v curl >/dev/null || command -v wget >/dev/null || command -v python3 >/dev/null; }
 
-# zero_fetch_corpus: downloads Tiny Shakespeare into data/ unless it is there, checks its SHA-256, and
-# on any failure prints one line (what failed, and how to train on another text) and returns 1,
-# leaving nothing behind.
+# zero_fetch_corpus HINT: downloads Tiny Shakespeare into data/ unless it is there, checks its SHA-256,
+# and on any failure prints one line (what failed, and HINT: the command that trains on another text
+# file instead) and returns 1, leaving nothing behind.
 zero_fetch_corpus() {
   [ -f "$ZERO_CORPUS" ] && return 0
-  local part="$ZERO_CORPUS.part" ok=1 sum
+  local hint="$1" part="$ZERO_CORPUS.part" ok=1 sum
   mkdir -p "$(dirname "$ZERO_CORPUS")"
   if command -v curl >/dev/null; then
     curl -fsSL --retry 2 --connect-timeout 15 -o "$part" "$ZERO_CORPUS_URL" 2>/dev/null || ok=0
@@ -48,13 +48,13 @@ zero_fetch_corpus() {
   fi
   if [ $ok = 0 ] || [ ! -s "$part" ]; then
     rm -f "$part"
-    echo "error: could not download Tiny Shakespeare from $ZERO_CORPUS_URL; to train on any other text file instead: scripts/train.sh path/to.txt" >&2
+    echo "error: could not download Tiny Shakespeare from $ZERO_CORPUS_URL; to train on any other text file instead: $hint" >&2
     return 1
   fi
   sum=$(sha256sum "$part" | cut -d' ' -f1)
   if [ "$sum" != "$ZERO_CORPUS_SHA256" ]; then
     rm -f "$part"
-    echo "error: the file downloaded from $ZERO_CORPUS_URL has SHA-256 $sum, not Tiny Shakespeare's $ZERO_CORPUS_SHA256; nothing kept (to train on another text file: scripts/train.sh path/to.txt)" >&2
+    echo "error: the file downloaded from $ZERO_CORPUS_URL has SHA-256 $sum, not Tiny Shakespeare's $ZERO_CORPUS_SHA256; nothing kept (to train on another text file: $hint)" >&2
     return 1
   fi
   mv "$part" "$ZERO_CORPUS"

@@ -31,7 +31,7 @@ extra=()
 "$ZERO_ROOT/scripts/setup.sh" "${extra[@]}"
 flags=()
 if [ $has_data = 0 ]; then
-  zero_fetch_corpus
+  zero_fetch_corpus "scripts/launch.sh -n $n --data path/to.txt ..."
   flags+=(--data "$ZERO_CORPUS")
 fi
 [ $has_threads = 0 ] && flags+=(--threads 1)

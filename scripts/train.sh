@@ -16,7 +16,7 @@ extra=()
 [ -z "$data" ] && [ ! -f "$ZERO_CORPUS" ] && ! zero_has_downloader && extra=(curl ca-certificates)
 "$ZERO_ROOT/scripts/setup.sh" "${extra[@]}"
 if [ -z "$data" ]; then
-  zero_fetch_corpus
+  zero_fetch_corpus "scripts/train.sh path/to.txt"
   data="$ZERO_CORPUS"
 fi
 zero_build_train_gpt
