@@ -154,8 +154,14 @@ void validate(const Args& a) {
   }
   ZERO_CHECK(a.save_every >= 0, "--save-every must be >= 0 (0 = only at the end), got {}", a.save_every);
   ZERO_CHECK(a.keep >= 0, "--keep must be >= 0 (0 = keep every checkpoint), got {}", a.keep);
-  ZERO_CHECK(a.save_dir.empty() || !std::filesystem::exists(a.save_dir) || std::filesystem::is_directory(a.save_dir),
-             "--save-dir '{}' exists and is not a directory", a.save_dir);
+  if (!a.save_dir.empty()) {
+    ZERO_CHECK(!std::filesystem::exists(a.save_dir) || std::filesystem::is_directory(a.save_dir),
+               "--save-dir '{}' exists and is not a directory", a.save_dir);
+    std::error_code ec;
+    std::filesystem::create_directories(a.save_dir, ec);  // every rank may try: it is idempotent
+    ZERO_CHECK(std::filesystem::is_directory(a.save_dir) && ::access(a.save_dir.c_str(), W_OK) == 0,
+               "--save-dir '{}' cannot be created or is not writable", a.save_dir);
+  }
   ZERO_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other (--resume restores "
              "the weights and the optimizer; --init-from only the weights)");
   ZERO_CHECK(!a.save_every || !a.save_dir.empty(), "--save-every needs --save-dir");
@@ -266,8 +272,11 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const examples::TextData data = examples::TextData::load(a.data, a.block);
   // A checkpoint to resume: found, verified (files, checksums) and matched before any work.
   std::optional<dist::Checkpoint> resume;
+  double verify_seconds = 0.0;
   if (!a.resume.empty()) {
+    const auto t_verify = Clock::now();
     resume = dist::open_checkpoint(dist::resolve_checkpoint(a.resume), &comm);
+    verify_seconds = std::chrono::duration<double>(Clock::now() - t_verify).count();
     const auto& vocab = resume->state.at("vocab");
     ZERO_CHECK(vocab.get<std::vector<unsigned char>>() == data.itos,
                "checkpoint '{}' was trained on a different character set: {} characters there, {} in '{}'",
@@ -322,11 +331,12 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     dist::set_generator_state(data_gen, rng.at("batches").get<std::string>());
     dist::set_generator_state(sample_gen, rng.at("sampling").get<std::string>());
     first_step = resume->state.at("step").get<std::int64_t>();
+    const double load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
     if (lead)
-      fmt::print("resumed from {} at step {} (saved by {} rank(s), stage {}, {}) in {:.1f} ms\n", resume->dir, first_step,
-                 resume->state.at("world_size").get<int>(), resume->state.at("zero_stage").get<int>(),
-                 resume->state.at("dtype").get<std::string>(),
-                 1000.0 * std::chrono::duration<double>(Clock::now() - t_load).count());
+      fmt::print("resumed from {} at step {} (saved by {} rank(s), stage {}, {}) in {:.1f} ms (verify {:.1f} + load "
+                 "{:.1f})\n", resume->dir, first_step, resume->state.at("world_size").get<int>(),
+                 resume->state.at("zero_stage").get<int>(), resume->state.at("dtype").get<std::string>(),
+                 1000.0 * (verify_seconds + load_seconds), 1000.0 * verify_seconds, 1000.0 * load_seconds);
   }
   comm.ledger().reset();  // count training traffic only (not the initial broadcast of the weights)
   // The per-step log (rank 0): JSON lines; a resumed run continues the file after its step.
@@ -448,7 +458,11 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     // and before the final one (which it did not), so a resumed run draws the same batches.
     if (!a.save_dir.empty() && ((a.save_every > 0 && (step + 1) % a.save_every == 0) || last)) save(step + 1);
   }
-  if (steps_run == 0 && !a.save_dir.empty()) save(a.steps);  // resumed at the end: the final checkpoint exists
+  // Resumed at the end: the final checkpoint must still exist in --save-dir (it may have come from elsewhere).
+  if (steps_run == 0 && !a.save_dir.empty() &&
+      std::filesystem::weakly_canonical(resume->dir) !=
+          std::filesystem::weakly_canonical(std::filesystem::path(a.save_dir) / dist::checkpoint_name(a.steps)))
+    save(a.steps);
   if (!evaluated_last) {
     model.eval();
     val_loss = evaluate(model, data.val, a, data_gen, comm);

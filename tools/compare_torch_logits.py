@@ -55,7 +55,7 @@ def main():
     if ckpt is None:
         assert args.data, 'give --checkpoint or --data'
         ckpt = os.path.join(work, 'ck')
-        subprocess.run([os.path.join(args.bin, 'train_gpt'), '--data', args.data, '--n-layer', '2', '--n-head', '4',
+        subprocess.run([os.path.join(args.bin, 'train_gpt'), '--data', args.data, '--n-layer', '2', '--n-head', '2',
                         '--n-embd', '64', '--block', '64', '--steps', '50', '--eval-iters', '2', '--sample', '0',
                         '--save-dir', ckpt], check=True, stdout=subprocess.DEVNULL)
     ckpt = resolve(ckpt)
