@@ -8,7 +8,7 @@ checkpoint: a 16-bit run's sample_gpt computes with the weights rounded to 16 bi
 usage (needs Debian's python3-torch, so /usr/bin/python3; CI does not run this):
   /usr/bin/python3 tools/compare_torch_logits.py --bin build/bin --checkpoint out/ [--prompt "ROMEO:"]
   /usr/bin/python3 tools/compare_torch_logits.py --bin build/bin --data data/tinyshakespeare.txt
-      (no --checkpoint: trains a small model for 50 steps into a temporary directory first)
+      (no --checkpoint: trains train_gpt's default model for 50 steps into a temporary directory first)
 Prints the largest absolute logit difference and exits non-zero if it exceeds --tol (1e-5).
 """
 import argparse, json, os, struct, subprocess, sys, tempfile
@@ -55,9 +55,8 @@ def main():
     if ckpt is None:
         assert args.data, 'give --checkpoint or --data'
         ckpt = os.path.join(work, 'ck')
-        subprocess.run([os.path.join(args.bin, 'train_gpt'), '--data', args.data, '--n-layer', '2', '--n-head', '2',
-                        '--n-embd', '64', '--block', '64', '--steps', '50', '--eval-iters', '2', '--sample', '0',
-                        '--save-dir', ckpt], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([os.path.join(args.bin, 'train_gpt'), '--data', args.data, '--steps', '50', '--eval-iters', '2',
+                        '--sample', '0', '--save-dir', ckpt], check=True, stdout=subprocess.DEVNULL)
     ckpt = resolve(ckpt)
     with open(os.path.join(ckpt, 'state.json')) as f:
         state = json.load(f)
