@@ -288,6 +288,10 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
     st::io::write_text_synced(latest_tmp.string(), name + "\n");
     fs::rename(latest_tmp, root / "latest");
     st::io::sync_dir(root.string());
+    // Step directories beyond this one belong to a future this run abandoned (it resumed from an
+    // earlier checkpoint): the save directory holds one trajectory, so a later resume cannot pick them.
+    for (const std::string& d : step_dirs(root))
+      if (d > name) remove_dir(root / d);
     if (keep > 0) {
       const std::vector<std::string> dirs = step_dirs(root);
       for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < dirs.size(); ++i)

@@ -41,8 +41,9 @@ struct SaveResult {
   std::uint64_t bytes = 0;  // bytes of every file in it (state.json included)
 };
 
-/// Writes DIR/step_XXXXXXXX for `opt` after `step` steps, then points DIR/latest at it and, if keep > 0,
-/// deletes all but the `keep` newest step directories. `extra` is merged into state.json (keys the
+/// Writes DIR/step_XXXXXXXX for `opt` after `step` steps, then points DIR/latest at it, deletes step
+/// directories of later steps (left by a run this one resumed from an earlier point: the directory
+/// holds one trajectory) and, if keep > 0, all but the `keep` newest step directories. `extra` is merged into state.json (keys the
 /// library writes win). Crash safety: everything is written under DIR/.tmp-step_XXXXXXXX, fsynced,
 /// renamed into place, then `latest` is written to a temporary name, fsynced and renamed; a process
 /// killed at any instant leaves every earlier checkpoint intact and loadable. An existing directory
