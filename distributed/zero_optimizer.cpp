@@ -307,6 +307,25 @@ MemoryBreakdown ZeroOptimizer::memory() const {
   return m;
 }
 
+void ZeroOptimizer::restore_counters(std::int64_t steps, std::int64_t skipped_steps,
+                                     const optim::LossScaler::State* scaler) {
+  ZERO_CHECK(steps >= 0 && skipped_steps >= 0, "ZeRO: step counts must be >= 0, got {} and {}", steps, skipped_steps);
+  ZERO_CHECK(micro_step_ == 0, "ZeRO: restore_counters() between backward() and step()");
+  step_count_ = steps;
+  skipped_steps_ = skipped_steps;
+  if (scaler != nullptr && opts_.dtype == DType::f16) scaler_.set_state(*scaler);
+}
+
+void ZeroOptimizer::sync_params_from_master() {
+  if (opts_.dtype != DType::f32) {
+    if (device_ == Device::cuda)
+      range(flat_params_, region_begin_, region_size_).copy_(master_);  // a device cast
+    else
+      from_f32(master_.data<float>(), at(flat_params_, region_begin_), opts_.dtype, region_size_);
+  }
+  if (opts_.stage != 0) all_gather_params();
+}
+
 void ZeroOptimizer::point_grads_at_flat() {
   // Contiguous gradients: autograd accumulates straight into the flat gradient buffer, so the bucket
   // for stages 0/1 is just a range of it and needs no copy.

@@ -125,6 +125,25 @@ class ZeroOptimizer {
   /// gradient and hold none).
   MemoryBreakdown memory() const;
 
+  // ---- what a checkpoint reads and restores (distributed/checkpoint.h) ----
+  /// The flat range this rank steps and keeps fp32 state for: [0, padded_numel) at stage 0, its
+  /// partition [r·P, (r+1)·P) at stages 1/2. Elements.
+  std::int64_t region_begin() const { return region_begin_; }
+  std::int64_t region_size() const { return region_size_; }
+  /// fp32 [region_size] buffers on the parameters' device: the master weights (for f32 the flat
+  /// buffer's region itself), AdamW exp_avg (m) and exp_avg_sq (v). The handles are const, the
+  /// elements are not: a checkpoint load writes them, then calls sync_params_from_master().
+  const Tensor& master() const { return master_; }
+  const Tensor& exp_avg() const { return exp_avg_; }
+  const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
+  const optim::LossScaler& loss_scaler() const { return scaler_; }
+  /// Sets the step counters and, for f16, the loss scaler's state. Throws zero::Error for negative
+  /// counts or between backward() and step().
+  void restore_counters(std::int64_t steps, std::int64_t skipped_steps, const optim::LossScaler::State* scaler);
+  /// Rounds the master region into the model-dtype flat buffer (f16/bf16; f32 shares it) and
+  /// all-gathers it (stages 1/2), as the end of step() does. Collective.
+  void sync_params_from_master();
+
  private:
   struct InFlight {
     int bucket;

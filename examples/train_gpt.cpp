@@ -11,6 +11,9 @@
 // --batch is the global batch (DeepSpeed's train_batch_size): every rank draws the same global batch
 // and trains on its own micro-batch slices of it, so a run's trajectory does not depend on the number
 // of ranks beyond floating-point summation order.
+// Checkpoints (docs/checkpoint.md): --save-dir DIR [--save-every N] [--keep K] writes DIR/step_XXXXXXXX;
+// --resume PATH continues a run (any world size and ZeRO stage); --init-from FILE starts from the
+// weights of a model.safetensors; --log-file PATH writes one JSON object per step.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -24,9 +27,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "core/cpu/kernels.h"
+#include "distributed/checkpoint.h"
 #include "distributed/config.h"
 #include "distributed/mpi_communicator.h"
 #ifdef ZERO_HAS_CUDA
@@ -35,6 +40,7 @@
 #include "distributed/nccl_communicator.h"
 #endif
 #include "distributed/zero_optimizer.h"
+#include "examples/gpt_sampling.h"
 #include "examples/text_data.h"
 #include "nn/gpt.h"
 #include "optim/lr_schedule.h"
@@ -63,6 +69,9 @@ struct Args {
   std::string device = "cpu";  // cpu | cuda
   std::string comm = "auto";   // auto | mpi | nccl | host-staged
   bool tf32 = false;
+  // Checkpoints and the per-step log.
+  std::string save_dir, resume, init_from, log_file;
+  std::int64_t save_every = 0, keep = 0;
 };
 
 // Which flags were given explicitly (they override the --config file).
@@ -136,12 +145,46 @@ void validate(const Args& a) {
              "--reduce-bucket-size must be a positive whole number of elements, got {}", a.reduce_bucket_size);
   ZERO_CHECK(a.zero_stage >= 0 && a.zero_stage <= 2, "--zero-stage must be 0, 1 or 2 (stage 3 is not supported), got {}",
              a.zero_stage);
-  if (!a.metrics.empty()) {
-    const auto path = std::filesystem::absolute(a.metrics);
-    ZERO_CHECK(!std::filesystem::is_directory(path), "--metrics '{}' is a directory; give a file path", a.metrics);
-    ZERO_CHECK(std::filesystem::is_directory(path.parent_path()), "--metrics: '{}' is not an existing directory",
+  for (const auto& [flag, file] : {std::pair{"--metrics", a.metrics}, std::pair{"--log-file", a.log_file}}) {
+    if (file.empty()) continue;
+    const auto path = std::filesystem::absolute(file);
+    ZERO_CHECK(!std::filesystem::is_directory(path), "{} '{}' is a directory; give a file path", flag, file);
+    ZERO_CHECK(std::filesystem::is_directory(path.parent_path()), "{}: '{}' is not an existing directory", flag,
                path.parent_path().string());
   }
+  ZERO_CHECK(a.save_every >= 0, "--save-every must be >= 0 (0 = only at the end), got {}", a.save_every);
+  ZERO_CHECK(a.keep >= 0, "--keep must be >= 0 (0 = keep every checkpoint), got {}", a.keep);
+  if (!a.save_dir.empty()) {
+    ZERO_CHECK(!std::filesystem::exists(a.save_dir) || std::filesystem::is_directory(a.save_dir),
+               "--save-dir '{}' exists and is not a directory", a.save_dir);
+    std::error_code ec;
+    std::filesystem::create_directories(a.save_dir, ec);  // every rank may try: it is idempotent
+    ZERO_CHECK(std::filesystem::is_directory(a.save_dir) && ::access(a.save_dir.c_str(), W_OK) == 0,
+               "--save-dir '{}' cannot be created or is not writable", a.save_dir);
+  }
+  ZERO_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other (--resume restores "
+             "the weights and the optimizer; --init-from only the weights)");
+  ZERO_CHECK(!a.save_every || !a.save_dir.empty(), "--save-every needs --save-dir");
+}
+
+// Rewrites the per-step log of a resumed run so it ends at `step`: lines of later steps (written
+// before a crash) and a partial last line are dropped, so the appended lines continue it cleanly.
+void truncate_log(const std::string& path, std::int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // no newline: a line cut short by a crash
+    try {
+      if (nlohmann::json::parse(line).at("step").get<std::int64_t>() > step) continue;
+    } catch (const nlohmann::json::exception&) {
+      continue;
+    }
+    kept += line + "\n";
+  }
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << kept;
+  std::filesystem::rename(tmp, path);
 }
 
 // Refuses a --block whose saved attention probabilities (L·B·H·T² floats, kept for backward) would not
@@ -169,35 +212,6 @@ float evaluate(const nn::GPT& model, const std::vector<std::int64_t>& split, con
     total += model.loss(x.narrow(0, first, per_rank).to(dev), y.narrow(0, first, per_rank).to(dev)).item();
   }
   return static_cast<float>(comm.all_reduce_sum(total) / static_cast<double>(a.eval_iters * comm.world_size()));
-}
-
-// Samples `n` characters after a newline, feeding back the last block_size tokens (temperature 1).
-std::string generate(const nn::GPT& model, const examples::TextData& data, std::int64_t n, Generator& gen) {
-  autograd::NoGradGuard no_grad;
-  std::vector<std::int64_t> context{0};
-  for (std::size_t i = 0; i < data.itos.size(); ++i)
-    if (data.itos[i] == '\n') context[0] = static_cast<std::int64_t>(i);
-  std::string out;
-  const std::int64_t V = data.vocab_size(), T_max = model.config().block_size;
-  for (std::int64_t i = 0; i < n; ++i) {
-    const auto T = std::min<std::int64_t>(static_cast<std::int64_t>(context.size()), T_max);
-    std::vector<std::int64_t> window(context.end() - T, context.end());
-    Tensor logits = model.forward(Tensor::from_indices(window, {1, T}).to(model.wte->weight.device()));
-    const std::vector<float> probs = softmax(logits.narrow(1, T - 1, 1).reshape({V})).to_vector();
-    const float r = gen.uniform();
-    float acc = 0.0f;
-    std::int64_t next = V - 1;
-    for (std::int64_t v = 0; v < V; ++v) {
-      acc += probs[static_cast<std::size_t>(v)];
-      if (r < acc) {
-        next = v;
-        break;
-      }
-    }
-    context.push_back(next);
-    out.push_back(static_cast<char>(data.itos[next]));
-  }
-  return out;
 }
 
 // The DeepSpeed-style config: the --config file (or defaults) with the command-line overrides.
@@ -264,6 +278,20 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   check_attention_memory(a, micro);
   const int gas = static_cast<int>(*tc.gradient_accumulation_steps);
   const examples::TextData data = examples::TextData::load(a.data, a.block);
+  // A checkpoint to resume: found, verified (files, checksums) and matched before any work.
+  std::optional<dist::Checkpoint> resume;
+  double verify_seconds = 0.0;
+  if (!a.resume.empty()) {
+    const auto t_verify = Clock::now();
+    resume = dist::open_checkpoint(dist::resolve_checkpoint(a.resume), &comm);
+    verify_seconds = std::chrono::duration<double>(Clock::now() - t_verify).count();
+    const auto& vocab = resume->state.at("vocab");
+    ZERO_CHECK(vocab.get<std::vector<unsigned char>>() == data.itos,
+               "checkpoint '{}' was trained on a different character set: {} characters there, {} in '{}'",
+               resume->dir, vocab.size(), data.itos.size(), a.data);
+    const auto step = resume->state.at("step").get<std::int64_t>();
+    ZERO_CHECK(step <= a.steps, "checkpoint '{}' is at step {}, beyond --steps {}", resume->dir, step, a.steps);
+  }
   nn::GPTConfig cfg;
   cfg.vocab_size = data.vocab_size();
   cfg.block_size = a.block;
@@ -281,6 +309,9 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   // The model keeps init_gen for its dropout masks after initialisation (every rank draws the same).
   Generator init_gen(a.seed), data_gen(a.seed + 1);
   nn::GPT model(cfg, init_gen);
+  if (resume) dist::check_parameters(*resume, model.named_parameters());
+  if (!a.init_from.empty()) dist::load_weights(a.init_from, model.named_parameters());
+  Generator sample_gen = examples::sampling_generator(a.seed);
   const std::int64_t num_params = model.num_parameters();
   const Device device = device_of(a);
   model.to(device);  // before the optimizer builds its flat buffers (on the same device)
@@ -299,7 +330,56 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   zo.adam = optim::AdamWOptions{a.lr, a.beta1, a.beta2, 1e-8f};
   zo.weight_decay = a.weight_decay;
   dist::ZeroOptimizer opt(model.named_parameters(), std::shared_ptr<dist::Communicator>(&comm, [](auto*) {}), zo);
+  std::int64_t first_step = 0;
+  if (resume) {
+    const auto t_load = Clock::now();
+    dist::load_checkpoint(*resume, opt, comm);
+    const auto& rng = resume->state.at("rng");
+    dist::set_generator_state(init_gen, rng.at("init_and_dropout").get<std::string>());
+    dist::set_generator_state(data_gen, rng.at("batches").get<std::string>());
+    dist::set_generator_state(sample_gen, rng.at("sampling").get<std::string>());
+    first_step = resume->state.at("step").get<std::int64_t>();
+    const double load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
+    if (lead)
+      fmt::print("resumed from {} at step {} (saved by {} rank(s), stage {}, {}) in {:.1f} ms (verify {:.1f} + load "
+                 "{:.1f})\n", resume->dir, first_step, resume->state.at("world_size").get<int>(),
+                 resume->state.at("zero_stage").get<int>(), resume->state.at("dtype").get<std::string>(),
+                 1000.0 * (verify_seconds + load_seconds), 1000.0 * verify_seconds, 1000.0 * load_seconds);
+  }
   comm.ledger().reset();  // count training traffic only (not the initial broadcast of the weights)
+  // The per-step log (rank 0): JSON lines; a resumed run continues the file after its step.
+  std::ofstream log;
+  if (!a.log_file.empty() && lead) {
+    if (resume)
+      truncate_log(a.log_file, first_step);
+    else
+      std::ofstream(a.log_file, std::ios::trunc);
+    log.open(a.log_file, std::ios::app);
+    ZERO_CHECK(log.good(), "cannot write --log-file '{}'", a.log_file);
+  }
+  auto log_line = [&](const nlohmann::json& j) {
+    if (!log.is_open()) return;
+    log << j.dump() << "\n";  // nlohmann writes the shortest text that reads back to the same double
+    log.flush();
+  };
+  auto save = [&](std::int64_t done) {
+    const nlohmann::json extra = {
+        {"config", tc.to_json()},
+        {"model", examples::gpt_config_json(cfg)},
+        {"vocab", data.itos},
+        {"data", a.data},
+        {"seed", a.seed},
+        {"lr_schedule", {{"lr", a.lr}, {"min_lr", a.min_lr}, {"warmup", a.warmup}, {"steps", a.steps},
+                         {"next_step", done}}},
+        {"rng", {{"init_and_dropout", dist::generator_state(init_gen)},
+                 {"batches", dist::generator_state(data_gen)},
+                 {"sampling", dist::generator_state(sample_gen)}}}};
+    const dist::SaveResult r = dist::save_checkpoint(a.save_dir, done, opt, comm, extra, static_cast<int>(a.keep));
+    if (lead) {
+      fmt::print("checkpoint: {} ({} bytes) in {:.1f} ms\n", r.dir, r.bytes, 1000.0 * r.seconds);
+      std::fflush(stdout);
+    }
+  };
 
   if (lead) {
     fmt::print("train_gpt: {} ({} train / {} val tokens, vocab {})\n", a.data, data.train.size(), data.val.size(),
@@ -326,11 +406,14 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   }
 
   const optim::LrSchedule schedule{a.lr, a.min_lr, a.warmup, a.steps};
-  const std::int64_t warmup_steps = std::min<std::int64_t>(5, a.steps - 1);  // excluded from throughput
+  const std::int64_t steps_run = a.steps - first_step;  // in this process
+  const std::int64_t warmup_steps = std::max<std::int64_t>(0, std::min<std::int64_t>(5, steps_run - 1));
   double train_seconds = 0.0, window_seconds = 0.0;
+  std::int64_t window_steps = 0;  // steps since the last progress line
   float train_loss = NAN, val_loss = NAN;
   const auto run_start = Clock::now();  // the ETA extrapolates wall time, evaluations included
-  for (std::int64_t step = 0; step < a.steps; ++step) {
+  bool evaluated_last = false;
+  for (std::int64_t step = first_step; step < a.steps; ++step) {
     synchronize(device);  // the clock measures finished work
     const auto t0 = Clock::now();
     const float lr = optim::lr_at(step, schedule);
@@ -345,39 +428,68 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
       opt.backward(loss);
       loss_sum += loss.item();
     }
-    opt.step();
+    const bool applied = opt.step();
     synchronize(device);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (step >= warmup_steps) train_seconds += dt;
+    if (step - first_step >= warmup_steps) train_seconds += dt;
     window_seconds += dt;
+    ++window_steps;
     const bool last = step + 1 == a.steps;
+    if (!a.log_file.empty()) {
+      const double mean_loss = comm.all_reduce_sum(loss_sum) / (gas * world);
+      log_line({{"step", step + 1}, {"loss", mean_loss}, {"lr", lr}, {"grad_norm", opt.last_grad_norm()},
+                {"loss_scale", opt.loss_scale()}, {"skipped", !applied}, {"ms", 1000.0 * dt},
+                {"tokens_per_s", static_cast<double>(a.batch * a.block) / dt}});
+    }
     if ((step + 1) % a.log_every == 0 || last) {
       train_loss = static_cast<float>(comm.all_reduce_sum(loss_sum) / (gas * world));
-      const std::int64_t n = (step % a.log_every) + 1;
+      const std::int64_t n = window_steps;
       if (lead) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
+        const double per_step = elapsed / static_cast<double>(step + 1 - first_step);
         fmt::print("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:.1f} ms/step | {:.0f} tokens/s{}{}\n", step + 1,
                    a.steps, train_loss, lr, 1000.0 * window_seconds / n, n * a.batch * a.block / window_seconds,
-                   last ? "" : " | ETA " + eta(elapsed / static_cast<double>(step + 1) * (a.steps - step - 1)),
+                   last ? "" : " | ETA " + eta(per_step * static_cast<double>(a.steps - step - 1)),
                    opt.skipped_steps() > 0 ? fmt::format(" | loss scale {:g}, {} skipped", opt.loss_scale(),
                                                          opt.skipped_steps())
                                            : "");
         std::fflush(stdout);
       }
       window_seconds = 0.0;
+      window_steps = 0;
     }
-    if ((a.eval_every > 0 && (step + 1) % a.eval_every == 0) || last) {
+    if (a.eval_every > 0 && (step + 1) % a.eval_every == 0) {
       model.eval();
       val_loss = evaluate(model, data.val, a, data_gen, comm);
       model.train();
+      evaluated_last = last;
+      log_line({{"step", step + 1}, {"val_loss", val_loss}});
       if (lead) {
         fmt::print("step {:5d}/{} | val loss {:.4f}\n", step + 1, a.steps, val_loss);
         std::fflush(stdout);
       }
     }
+    // After the periodic evaluation (which the data stream of an uninterrupted run also went through)
+    // and before the final one (which it did not), so a resumed run draws the same batches.
+    if (!a.save_dir.empty() && ((a.save_every > 0 && (step + 1) % a.save_every == 0) || last)) save(step + 1);
   }
-  const std::int64_t timed_steps = a.steps - warmup_steps;
-  const double tokens_per_s = timed_steps * a.batch * a.block / train_seconds;
+  // Resumed at the end: the final checkpoint must still exist in --save-dir (it may have come from elsewhere).
+  if (steps_run == 0 && !a.save_dir.empty() &&
+      std::filesystem::weakly_canonical(resume->dir) !=
+          std::filesystem::weakly_canonical(std::filesystem::path(a.save_dir) / dist::checkpoint_name(a.steps)))
+    save(a.steps);
+  if (!evaluated_last) {
+    model.eval();
+    val_loss = evaluate(model, data.val, a, data_gen, comm);
+    model.train();
+    log_line({{"step", a.steps}, {"val_loss", val_loss}});
+    if (lead) {
+      fmt::print("step {:5d}/{} | val loss {:.4f}\n", a.steps, a.steps, val_loss);
+      std::fflush(stdout);
+    }
+  }
+  const std::int64_t timed_steps = std::max<std::int64_t>(1, steps_run - warmup_steps);
+  const double tokens_per_s = train_seconds > 0 ? timed_steps * a.batch * a.block / train_seconds : 0.0;
   const double ms_per_step = 1000.0 * train_seconds / timed_steps;
   // Achieved model FLOP/s (PaLM appendix B: 6 Psi per token plus attention, nn::flops_per_token) and MFU.
   const double tflops = tokens_per_s * nn::flops_per_token(cfg, num_params) / 1e12;
@@ -386,7 +498,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
 
   // Traffic per optimizer step from this rank's ledger, beside the ZeRO paper's formula.
   const dist::Ledger& ledger = comm.ledger();
-  const double steps_d = static_cast<double>(a.steps);
+  const double steps_d = static_cast<double>(std::max<std::int64_t>(1, steps_run));
   nlohmann::json traffic = ledger.to_json();
   for (auto& [k, v] : traffic.items()) v = v.get<double>() / steps_d;
   const double psi_bytes = static_cast<double>(opt.layout().padded_numel()) * dtype_size(zo.dtype);
@@ -416,8 +528,9 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
 
   if (a.sample > 0 && lead) {
     model.eval();
-    Generator sample_gen(a.seed + 3);
-    fmt::print("---- sample ----\n{}\n----------------\n", generate(model, data, a.sample, sample_gen));
+    const std::string text = examples::sample(model, data.itos, examples::default_context(data.itos), a.sample, 1.0f,
+                                              0, sample_gen);
+    fmt::print("---- sample ----\n{}\n----------------\n", text);
   }
   if (!a.metrics.empty() && lead) {
     nlohmann::json m = {{"params", num_params},
@@ -503,6 +616,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "mpi", "nccl", "host-staged"}))
       ->capture_default_str();
   app.add_flag("--tf32", a.tf32, "let fp32 matmuls use TF32 tensor cores (cuda)");
+  app.add_option("--save-dir", a.save_dir, "write checkpoints to DIR/step_XXXXXXXX (always one at the end)");
+  app.add_option("--save-every", a.save_every, "also checkpoint every N steps (0 = only at the end)")
+      ->capture_default_str();
+  app.add_option("--keep", a.keep, "keep only the K newest checkpoints (0 = all)")->capture_default_str();
+  app.add_option("--resume", a.resume, "continue from a checkpoint directory, or from a save dir's newest one");
+  app.add_option("--init-from", a.init_from, "start from the weights of this model.safetensors (fresh optimizer)");
+  app.add_option("--log-file", a.log_file, "write every step's loss, lr, grad norm, ... as JSON lines");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -44,6 +44,16 @@ void LossScaler::update(bool overflow) {
   iter_ += 1;
 }
 
+void LossScaler::set_state(const State& s) {
+  ZERO_CHECK(std::isfinite(s.scale) && s.scale > 0.0f, "loss scaler state: scale must be positive, got {}", s.scale);
+  ZERO_CHECK(s.hysteresis_left >= 1 && s.hysteresis_left <= config_.hysteresis,
+             "loss scaler state: hysteresis_left must be in [1, {}], got {}", config_.hysteresis, s.hysteresis_left);
+  scale_ = s.scale;
+  cur_hysteresis_ = s.hysteresis_left;
+  iter_ = s.iter;
+  last_overflow_iter_ = s.last_overflow_iter;
+}
+
 namespace {
 template <typename T>
 bool any_non_finite(const T* x, std::int64_t n) {

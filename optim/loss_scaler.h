@@ -50,6 +50,18 @@ class LossScaler {
   /// overflow at min_loss_scale when raise_error_at_min_scale is set.
   void update(bool overflow);
 
+  /// Everything update() changes, so a checkpoint can restore a scaler exactly.
+  struct State {
+    float scale = 1.0f;
+    int hysteresis_left = 1;
+    std::int64_t iter = 0;
+    std::int64_t last_overflow_iter = -1;
+  };
+  State state() const { return {scale_, cur_hysteresis_, iter_, last_overflow_iter_}; }
+  /// Restores a state() (of a scaler with the same config). Throws zero::Error for a scale that is not
+  /// positive and finite, or a hysteresis_left outside [1, config hysteresis].
+  void set_state(const State& s);
+
  private:
   LossScalerConfig config_;
   bool dynamic_;

@@ -5,7 +5,7 @@
 #   scripts/setup.sh [PACKAGE...]
 set -euo pipefail
 packages=(build-essential cmake libeigen3-dev libopenmpi-dev openmpi-bin libgtest-dev libgmock-dev
-          libbenchmark-dev nlohmann-json3-dev libcli11-dev libfmt-dev "$@")
+          libbenchmark-dev nlohmann-json3-dev libcli11-dev libfmt-dev python3 "$@")
 missing=()
 for p in "${packages[@]}"; do
   # dpkg -s also succeeds for removed-but-configured packages; only "install ok installed" counts.

@@ -1,0 +1,503 @@
+#include "distributed/checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <sstream>
+
+#include "core/check.h"
+#include "core/safetensors.h"
+
+namespace zero::dist {
+
+// Note [Checkpoint ranges]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A parameter's offset in the flat buffer depends only on named_parameters() order, never on the
+// world size: only the trailing padding does (FlatLayout). So the unpadded range [0, Ψ) means the same
+// elements at every world size, and a checkpoint is a set of ranges of it:
+//   - saving rank r of N (partition size P) writes [r·P, min((r+1)·P, Ψ)) — at stage 0 too, where
+//     every rank holds everything: the ranks then split the writing instead of repeating it;
+//   - a loading rank needs its region [b, e) (stage 0: [0, Ψ); stages 1/2: its partition, cut at Ψ)
+//     and reads, from each old shard [b_i, e_i), the overlap [max(b, b_i), min(e, e_i)) at element
+//     max(b, b_i) - b_i of the shard's tensors into element max(b, b_i) - b of its own buffers.
+// Padding is never stored; a fresh optimizer's padding is zero and stays zero (nothing steps it).
+// model.safetensors holds the parameters back to back in the same order, so its data section is the
+// master's [0, Ψ) and every rank fills its own range of it in place.
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace st = safetensors;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr std::int64_t kChunk = 1 << 20;  // elements staged at once when buffers live on cuda
+
+std::string shard_name(int rank) { return fmt::format("optimizer_rank{:05d}.safetensors", rank); }
+
+// A 1-D view of elements [begin, begin + n) of contiguous `t`.
+Tensor range(const Tensor& t, std::int64_t begin, std::int64_t n) { return t.as_strided({n}, {1}, t.offset() + begin); }
+
+// Calls fn(host_pointer, first, count) over elements [begin, begin + n) of fp32 buffer `t`, in chunks:
+// the tensor's own memory on cpu, a host copy of each chunk on cuda.
+template <typename Fn>
+void for_host_chunks_read(const Tensor& t, std::int64_t begin, std::int64_t n, Fn fn) {
+  if (t.device() == Device::cpu) {
+    if (n > 0) fn(t.data<float>() + begin, begin, n);
+    return;
+  }
+  for (std::int64_t done = 0; done < n; done += kChunk) {
+    const std::int64_t c = std::min(kChunk, n - done);
+    const Tensor host = range(t, begin + done, c).to(Device::cpu);
+    fn(host.data<float>(), begin + done, c);
+  }
+}
+
+// Fills elements [begin, begin + n) of fp32 buffer `t` with fn(host_pointer, first, count).
+template <typename Fn>
+void for_host_chunks_write(const Tensor& t, std::int64_t begin, std::int64_t n, Fn fn) {
+  if (t.device() == Device::cpu) {
+    if (n > 0) fn(t.data<float>() + begin, begin, n);
+    return;
+  }
+  std::vector<float> host;
+  for (std::int64_t done = 0; done < n; done += kChunk) {
+    const std::int64_t c = std::min(kChunk, n - done);
+    host.resize(static_cast<std::size_t>(c));
+    fn(host.data(), begin + done, c);
+    range(t, begin + done, c).copy_(Tensor::from_vector(host, {c}));
+  }
+}
+
+bool is_step_dir(const std::string& name) {
+  static const std::regex re("step_[0-9]{8}");
+  return std::regex_match(name, re);
+}
+
+// step_* directories of `save_dir`, oldest first.
+std::vector<std::string> step_dirs(const fs::path& save_dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(save_dir, ec))
+    if (e.is_directory() && is_step_dir(e.path().filename().string())) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Moves `dir` out of the way under a temporary name, then deletes it: a crash mid-deletion leaves a
+// .trash- directory (cleaned at the next save), never a half-deleted step directory.
+void remove_dir(const fs::path& dir) {
+  const fs::path trash = dir.parent_path() / (".trash-" + dir.filename().string());
+  fs::remove_all(trash);
+  fs::rename(dir, trash);
+  fs::remove_all(trash);
+}
+
+std::string json_str(const nlohmann::json& j) { return j.dump(); }
+
+template <typename T>
+T get(const nlohmann::json& j, const char* key, const std::string& dir) {
+  ZERO_CHECK(j.is_object() && j.contains(key), "checkpoint '{}': state.json lacks \"{}\"", dir, key);
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw Error(fmt::format("checkpoint '{}': state.json \"{}\" has the wrong type ({})", dir, key, json_str(j.at(key))));
+  }
+}
+
+// One shard as state.json records it.
+struct ShardRange {
+  std::string file;
+  std::int64_t begin = 0, end = 0;
+};
+
+std::vector<ShardRange> shard_ranges(const Checkpoint& c) {
+  std::vector<ShardRange> out;
+  for (const auto& s : get<nlohmann::json>(c.state, "shards", c.dir))
+    out.push_back({get<std::string>(s, "file", c.dir), get<std::int64_t>(s, "flat_begin", c.dir),
+                   get<std::int64_t>(s, "flat_end", c.dir)});
+  return out;
+}
+
+}  // namespace
+
+std::string checkpoint_name(std::int64_t step) { return fmt::format("step_{:08d}", step); }
+
+std::string generator_state(Generator& gen) {
+  std::ostringstream out;
+  out << gen.engine();
+  return out.str();
+}
+
+void set_generator_state(Generator& gen, const std::string& state) {
+  std::istringstream in(state);
+  std::mt19937_64 engine;
+  in >> engine;
+  ZERO_CHECK(!in.fail(), "not a random generator state ({} characters)", state.size());
+  gen.engine() = engine;
+}
+
+SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
+                           Communicator& comm, const nlohmann::json& extra, int keep) {
+  const auto t0 = Clock::now();
+  const int rank = comm.rank(), world = comm.world_size();
+  const FlatLayout& layout = opt.layout();
+  const ZeroOptions& zo = opt.options();
+  const std::int64_t numel = layout.numel();
+  const fs::path root = fs::absolute(save_dir);
+  const std::string name = checkpoint_name(step);
+  const fs::path tmp = root / (".tmp-" + name), final_dir = root / name;
+  const bool mixed = zo.dtype != DType::f32;
+
+  // The model file's header (the same on every rank): parameters back to back in layout order.
+  std::vector<st::TensorInfo> model_tensors;
+  for (const ParamRange& p : layout.params()) model_tensors.push_back({p.name, DType::f32, p.shape, 0, 0});
+  const std::string model_header = st::encode_header(model_tensors, {{"format", "pt"}});
+  const std::string model_path = (tmp / kModelFile).string();
+
+  // ---- 1. rank 0 prepares the temporary directory and sizes model.safetensors ----
+  if (rank == 0) {
+    fs::create_directories(root);
+    for (const auto& e : fs::directory_iterator(root)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind(".tmp-", 0) == 0 || f.rfind(".trash-", 0) == 0) fs::remove_all(e.path());  // crash leftovers
+    }
+    fs::create_directories(tmp);
+    const int fd = st::io::open_write(model_path, true);
+    st::io::pwrite_all(fd, model_header.data(), model_header.size(), 0, model_path);
+    const auto size = static_cast<off_t>(model_header.size() + 4 * static_cast<std::uint64_t>(numel));
+    ZERO_CHECK(::ftruncate(fd, size) == 0, "cannot size '{}' to {} bytes", model_path, size);
+    ::close(fd);  // flushed to disk with the ranges below: every rank's fsync covers the whole file
+  }
+  comm.barrier();
+
+  // ---- 2. every rank writes its range (Note [Checkpoint ranges]) ----
+  const std::int64_t P = layout.partition_size();
+  const std::int64_t wb = std::min<std::int64_t>(numel, rank * P), we = std::min<std::int64_t>(numel, (rank + 1) * P);
+  const std::int64_t n = we - wb;
+  const std::int64_t src = wb - opt.region_begin();  // where wb sits in this rank's fp32 buffers
+  ZERO_CHECK(n == 0 || (src >= 0 && src + n <= opt.region_size()), "checkpoint: rank {} does not hold [{}, {})", rank,
+             wb, we);
+  std::vector<std::pair<std::string, const Tensor*>> parts;
+  if (mixed) parts.push_back({"master", &opt.master()});
+  parts.push_back({"exp_avg", &opt.exp_avg()});
+  parts.push_back({"exp_avg_sq", &opt.exp_avg_sq()});
+  std::vector<st::TensorInfo> shard_tensors;
+  for (const auto& [tname, t] : parts) shard_tensors.push_back({tname, DType::f32, {n}, 0, 0});
+  const std::string shard_header = st::encode_header(
+      shard_tensors, {{"flat_begin", std::to_string(wb)}, {"flat_end", std::to_string(we)},
+                      {"rank", std::to_string(rank)}, {"world_size", std::to_string(world)},
+                      {"zero_stage", std::to_string(zo.stage)}, {"dtype", std::string(dtype_name(zo.dtype))}});
+  const std::string shard_path = (tmp / shard_name(rank)).string();
+  std::uint32_t shard_crc = 0;
+  {
+    const int fd = st::io::open_write(shard_path, true);
+    try {
+      st::io::pwrite_all(fd, shard_header.data(), shard_header.size(), 0, shard_path);
+      shard_crc = st::crc32(shard_header.data(), shard_header.size());
+      std::uint64_t pos = shard_header.size();
+      for (const auto& part : parts)
+        for_host_chunks_read(*part.second, src, n, [&](const float* p, std::int64_t, std::int64_t c) {
+          const auto bytes = static_cast<std::size_t>(c) * sizeof(float);
+          st::io::pwrite_all(fd, p, bytes, pos, shard_path);
+          shard_crc = st::crc32(p, bytes, shard_crc);
+          pos += bytes;
+        });
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    st::io::sync_close(fd, shard_path);
+  }
+  {
+    const int fd = st::io::open_write(model_path, false);
+    try {
+      for_host_chunks_read(opt.master(), src, n, [&](const float* p, std::int64_t first, std::int64_t c) {
+        st::io::pwrite_all(fd, p, static_cast<std::size_t>(c) * sizeof(float),
+                           model_header.size() + 4 * static_cast<std::uint64_t>(first - src + wb), model_path);
+      });
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    st::io::sync_close(fd, model_path);
+  }
+  comm.barrier();
+  // Every shard's CRC-32 to every rank (a 32-bit value is exact in a double).
+  std::vector<std::uint32_t> crcs(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r)
+    crcs[static_cast<std::size_t>(r)] =
+        static_cast<std::uint32_t>(comm.all_reduce_sum(r == rank ? static_cast<double>(shard_crc) : 0.0));
+
+  // ---- 3. rank 0: state.json, rename into place, then `latest`, then pruning ----
+  SaveResult result;
+  result.dir = final_dir.string();
+  if (rank == 0) {
+    nlohmann::json files = nlohmann::json::object();
+    const auto [model_crc, model_bytes] = st::file_crc32(model_path);
+    files[kModelFile] = {{"bytes", model_bytes}, {"crc32", model_crc}};
+    nlohmann::json shards = nlohmann::json::array();
+    std::uint64_t total = model_bytes;
+    for (int r = 0; r < world; ++r) {
+      const std::string f = shard_name(r);
+      const auto bytes = static_cast<std::uint64_t>(fs::file_size(tmp / f));
+      files[f] = {{"bytes", bytes}, {"crc32", crcs[static_cast<std::size_t>(r)]}};
+      total += bytes;
+      shards.push_back({{"file", f},
+                        {"rank", r},
+                        {"flat_begin", std::min<std::int64_t>(numel, r * P)},
+                        {"flat_end", std::min<std::int64_t>(numel, (r + 1) * P)}});
+    }
+    nlohmann::json params = nlohmann::json::array();
+    for (const ParamRange& p : layout.params())
+      params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
+    const optim::LossScaler::State ls = opt.loss_scaler().state();
+    nlohmann::json state = extra.is_object() ? extra : nlohmann::json::object();
+    state["format"] = "zero.cpp checkpoint";
+    state["version"] = kCheckpointVersion;
+    state["step"] = step;
+    state["world_size"] = world;
+    state["zero_stage"] = zo.stage;
+    state["dtype"] = std::string(dtype_name(zo.dtype));
+    state["numel"] = numel;
+    state["params"] = params;
+    state["optimizer"] = {{"steps", opt.steps()},
+                          {"skipped_steps", opt.skipped_steps()},
+                          {"lr", opt.lr()},
+                          {"loss_scaler",
+                           {{"scale", ls.scale},
+                            {"hysteresis_left", ls.hysteresis_left},
+                            {"iter", ls.iter},
+                            {"last_overflow_iter", ls.last_overflow_iter}}}};
+    state["shards"] = shards;
+    state["files"] = files;
+    const std::string text = state.dump(1) + "\n";
+    st::io::write_text_synced((tmp / kStateFile).string(), text);
+    total += text.size();
+    st::io::sync_dir(tmp.string());
+    if (fs::exists(final_dir)) remove_dir(final_dir);
+    fs::rename(tmp, final_dir);
+    st::io::sync_dir(root.string());
+    const fs::path latest_tmp = root / ".tmp-latest";
+    st::io::write_text_synced(latest_tmp.string(), name + "\n");
+    fs::rename(latest_tmp, root / "latest");
+    st::io::sync_dir(root.string());
+    // Step directories beyond this one belong to a future this run abandoned (it resumed from an
+    // earlier checkpoint): the save directory holds one trajectory, so a later resume cannot pick them.
+    for (const std::string& d : step_dirs(root))
+      if (d > name) remove_dir(root / d);
+    if (keep > 0) {
+      const std::vector<std::string> dirs = step_dirs(root);
+      for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < dirs.size(); ++i)
+        if (dirs[i] != name) remove_dir(root / dirs[i]);
+    }
+    result.bytes = total;
+  }
+  comm.barrier();  // the checkpoint is complete on every rank's return
+  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return result;
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  ZERO_CHECK(fs::exists(path), "checkpoint '{}' does not exist", path);
+  ZERO_CHECK(fs::is_directory(path), "checkpoint '{}' is not a directory (give a checkpoint or save directory)",
+             path);
+  if (fs::exists(fs::path(path) / kStateFile)) return path;
+  // A save directory: the newest complete step directory. Directories get their step_ name only by
+  // the rename after all their files are on disk, so every one of them is complete.
+  std::string best;
+  std::ifstream latest(fs::path(path) / "latest");
+  std::string named;
+  if (latest >> named && is_step_dir(named) && fs::exists(fs::path(path) / named / kStateFile)) best = named;
+  for (const std::string& d : step_dirs(path))
+    if (d > best && fs::exists(fs::path(path) / d / kStateFile)) best = d;
+  ZERO_CHECK(!best.empty(), "'{}' holds no checkpoint (no state.json, no complete step_* directory)", path);
+  return (fs::path(path) / best).string();
+}
+
+Checkpoint open_checkpoint(const std::string& dir, Communicator* comm) {
+  Checkpoint c;
+  c.dir = dir;
+  const fs::path state_path = fs::path(dir) / kStateFile;
+  ZERO_CHECK(fs::exists(state_path), "checkpoint '{}': state.json is missing", dir);
+  {
+    std::ifstream in(state_path);
+    ZERO_CHECK(in.good(), "checkpoint '{}': cannot read state.json", dir);
+    try {
+      c.state = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception&) {
+      throw Error(fmt::format("checkpoint '{}': state.json is corrupt (not valid JSON)", dir));
+    }
+  }
+  ZERO_CHECK(c.state.is_object() && c.state.contains("version") && c.state["version"].is_number_integer(),
+             "checkpoint '{}': state.json has no format version", dir);
+  const int version = c.state["version"].get<int>();
+  ZERO_CHECK(version == kCheckpointVersion, "checkpoint '{}' has format version {}; this build reads version {}", dir,
+             version, kCheckpointVersion);
+  const auto files = get<nlohmann::json>(c.state, "files", dir);
+  ZERO_CHECK(files.is_object() && files.contains(kModelFile), "checkpoint '{}': state.json lists no {}", dir,
+             kModelFile);
+  for (const ShardRange& s : shard_ranges(c))
+    ZERO_CHECK(files.contains(s.file), "checkpoint '{}': state.json has no checksum for '{}'", dir, s.file);
+  // Presence and size on every rank (cheap), CRC-32 split over the ranks.
+  std::vector<std::string> names;
+  for (const auto& [f, info] : files.items()) {
+    names.push_back(f);
+    const fs::path p = fs::path(dir) / f;
+    ZERO_CHECK(fs::exists(p), "checkpoint '{}': '{}' is missing", dir, f);
+    const auto want = get<std::uint64_t>(info, "bytes", dir);
+    const auto have = static_cast<std::uint64_t>(fs::file_size(p));
+    ZERO_CHECK(have == want, "checkpoint '{}': '{}' is truncated or damaged ({} bytes, state.json says {})", dir, f,
+               have, want);
+  }
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->world_size() : 1;
+  double bad = 0.0;  // 1 + index of the first corrupt file this rank found
+  for (std::size_t i = 0; i < names.size() && bad == 0.0; ++i) {
+    if (static_cast<int>(i % static_cast<std::size_t>(world)) != rank) continue;
+    const auto want = get<std::uint32_t>(files[names[i]], "crc32", dir);
+    if (st::file_crc32((fs::path(dir) / names[i]).string()).first != want) bad = static_cast<double>(i + 1);
+  }
+  if (comm) bad = comm->all_reduce_max(bad == 0.0 ? 0.0 : static_cast<double>(names.size()) + 1.0 - bad);
+  if (comm && bad > 0.0) bad = static_cast<double>(names.size()) + 1.0 - bad;  // back to the lowest index
+  ZERO_CHECK(bad == 0.0, "checkpoint '{}': '{}' is corrupt (its CRC-32 differs from state.json's)", dir,
+             names[static_cast<std::size_t>(bad) - 1]);
+  return c;
+}
+
+void check_parameters(const Checkpoint& c, const std::vector<nn::NamedParameter>& params) {
+  std::vector<const nn::NamedParameter*> mine;
+  for (const nn::NamedParameter& p : params)
+    if (p.tensor.requires_grad()) mine.push_back(&p);
+  const auto theirs = get<nlohmann::json>(c.state, "params", c.dir);
+  ZERO_CHECK(theirs.is_array(), "checkpoint '{}': state.json \"params\" is not a list", c.dir);
+  for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
+    ZERO_CHECK(i < theirs.size(), "checkpoint '{}' has no parameter '{}' (it holds {} parameters, this model {})",
+               c.dir, mine[i]->name, theirs.size(), mine.size());
+    const auto name = get<std::string>(theirs[i], "name", c.dir);
+    ZERO_CHECK(i < mine.size(), "checkpoint '{}' has parameter '{}', which this model lacks", c.dir, name);
+    ZERO_CHECK(name == mine[i]->name, "checkpoint '{}': parameter {} is '{}' there but '{}' in this model", c.dir, i,
+               name, mine[i]->name);
+    const auto shape = get<Shape>(theirs[i], "shape", c.dir);
+    ZERO_CHECK(shape == mine[i]->tensor.shape(),
+               "checkpoint '{}': parameter '{}' has shape {} in the checkpoint but {} in this model", c.dir, name,
+               shape_str(shape), shape_str(mine[i]->tensor.shape()));
+  }
+  // The model file must hold exactly these, as F32, back to back (Note [Checkpoint ranges]).
+  st::Reader model((fs::path(c.dir) / kModelFile).string());
+  std::uint64_t offset = 0;
+  ZERO_CHECK(model.tensors().size() == mine.size(), "checkpoint '{}': {} holds {} tensors, expected {}", c.dir,
+             kModelFile, model.tensors().size(), mine.size());
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    const st::TensorInfo& t = model.tensors()[i];
+    ZERO_CHECK(t.name == mine[i]->name && t.dtype == DType::f32 && t.shape == mine[i]->tensor.shape() &&
+                   t.begin == offset,
+               "checkpoint '{}': {} entry '{}' does not match state.json", c.dir, kModelFile, t.name);
+    offset = t.end;
+  }
+}
+
+void load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm) {
+  const FlatLayout& layout = opt.layout();
+  const std::int64_t numel = layout.numel();
+  ZERO_CHECK(get<std::int64_t>(c.state, "numel", c.dir) == numel, "checkpoint '{}' holds {} parameter elements, "
+             "this model {}", c.dir, get<std::int64_t>(c.state, "numel", c.dir), numel);
+  const DType saved = parse_float_dtype(get<std::string>(c.state, "dtype", c.dir));
+  const std::vector<ShardRange> shards = shard_ranges(c);
+  // This rank's region, cut at Ψ (Note [Checkpoint ranges]).
+  const std::int64_t rb = opt.region_begin();
+  const std::int64_t re = std::min(numel, rb + opt.region_size());
+
+  // The shards must tile [0, Ψ): checked before anything is written.
+  {
+    std::vector<ShardRange> sorted = shards;
+    std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+    std::int64_t expect = 0;
+    for (const ShardRange& s : sorted) {
+      if (s.begin == s.end) continue;
+      ZERO_CHECK(s.begin == expect && s.end > s.begin, "checkpoint '{}': shard '{}' covers [{}, {}), expected it to "
+                 "start at {}", c.dir, s.file, s.begin, s.end, expect);
+      expect = s.end;
+    }
+    ZERO_CHECK(expect == numel, "checkpoint '{}': the shards cover [0, {}) of {} elements", c.dir, expect, numel);
+  }
+  struct Source {
+    std::unique_ptr<st::Reader> reader;
+    const ShardRange* range;
+  };
+  std::vector<Source> sources;
+  for (const ShardRange& s : shards) {
+    if (std::max(rb, s.begin) >= std::min(re, s.end)) continue;  // no overlap: never opened
+    auto r = std::make_unique<st::Reader>((fs::path(c.dir) / s.file).string());
+    for (const char* t : {"exp_avg", "exp_avg_sq"}) {
+      const st::TensorInfo* info = r->find(t);
+      ZERO_CHECK(info && info->numel() == s.end - s.begin, "checkpoint '{}': shard '{}' lacks a {}-element '{}'",
+                 c.dir, s.file, s.end - s.begin, t);
+    }
+    if (saved != DType::f32) {
+      const st::TensorInfo* info = r->find("master");
+      ZERO_CHECK(info && info->numel() == s.end - s.begin, "checkpoint '{}': shard '{}' lacks a {}-element 'master'",
+                 c.dir, s.file, s.end - s.begin);
+    }
+    sources.push_back({std::move(r), &s});
+  }
+  st::Reader model((fs::path(c.dir) / kModelFile).string());
+
+  // Copies flat elements [lo, hi) of shard tensor `tname` into `dst` (fp32, [region_size]).
+  auto copy_overlap = [&](const Tensor& dst, const char* tname) {
+    for (const Source& s : sources) {
+      const std::int64_t lo = std::max(rb, s.range->begin), hi = std::min(re, s.range->end);
+      const st::TensorInfo& info = *s.reader->find(tname);
+      for_host_chunks_write(dst, lo - rb, hi - lo, [&](float* p, std::int64_t first, std::int64_t n) {
+        s.reader->read_f32(info, first + rb - s.range->begin, n, p);
+      });
+    }
+  };
+  copy_overlap(opt.exp_avg(), "exp_avg");
+  copy_overlap(opt.exp_avg_sq(), "exp_avg_sq");
+  if (saved != DType::f32) {
+    copy_overlap(opt.master(), "master");
+  } else {
+    // An fp32 run's master is its weights: model.safetensors' data section is [0, Ψ) of it.
+    for_host_chunks_write(opt.master(), 0, re - rb, [&](float* p, std::int64_t first, std::int64_t n) {
+      model.read_data(4 * static_cast<std::uint64_t>(first + rb), static_cast<std::size_t>(n) * sizeof(float), p);
+    });
+  }
+  const auto& o = get<nlohmann::json>(c.state, "optimizer", c.dir);
+  const auto& ls = get<nlohmann::json>(o, "loss_scaler", c.dir);
+  const optim::LossScaler::State scaler{get<float>(ls, "scale", c.dir), get<int>(ls, "hysteresis_left", c.dir),
+                                        get<std::int64_t>(ls, "iter", c.dir),
+                                        get<std::int64_t>(ls, "last_overflow_iter", c.dir)};
+  opt.restore_counters(get<std::int64_t>(o, "steps", c.dir), get<std::int64_t>(o, "skipped_steps", c.dir),
+                       saved == DType::f16 ? &scaler : nullptr);
+  opt.sync_params_from_master();
+  (void)comm;
+}
+
+void load_weights(const std::string& path, const std::vector<nn::NamedParameter>& params) {
+  ZERO_CHECK(fs::exists(path), "weights file '{}' does not exist", path);
+  st::Reader r(path);
+  for (const nn::NamedParameter& p : params) {
+    if (!p.tensor.requires_grad()) continue;
+    const st::TensorInfo* t = r.find(p.name);
+    ZERO_CHECK(t != nullptr, "'{}' has no tensor '{}'", path, p.name);
+    ZERO_CHECK(t->dtype == DType::f32, "'{}': tensor '{}' is {}, expected F32", path, p.name, st::dtype_code(t->dtype));
+    ZERO_CHECK(t->shape == p.tensor.shape(), "'{}': tensor '{}' has shape {} in the file but {} in this model", path,
+               p.name, shape_str(t->shape), shape_str(p.tensor.shape()));
+  }
+  for (const nn::NamedParameter& p : params) {
+    if (!p.tensor.requires_grad()) continue;
+    const st::TensorInfo* t = r.find(p.name);
+    std::vector<float> host(static_cast<std::size_t>(t->numel()));
+    r.read_f32(*t, 0, t->numel(), host.data());
+    Tensor dst = p.tensor;
+    dst.copy_(Tensor::from_vector(host, p.tensor.shape()));
+  }
+}
+
+}  // namespace zero::dist

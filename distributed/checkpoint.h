@@ -1,0 +1,93 @@
+// Checkpoints of a ZeroOptimizer run: crash-safe, written by every rank in parallel, and loadable at
+// any world size, ZeRO stage and model dtype by range arithmetic over the flat layout. The files, what
+// each holds, the resharding rule with a worked example, and the guarantees are in docs/checkpoint.md.
+//
+//   DIR/step_00000020/model.safetensors              every trainable parameter in fp32, under its
+//                                                    named_parameters() name (the exact fp32 master)
+//   DIR/step_00000020/optimizer_rank00003.safetensors  rank 3's slice of the flat layout: fp32 master
+//                                                    (16-bit runs), AdamW exp_avg and exp_avg_sq
+//   DIR/step_00000020/state.json                     version, step, counters, loss scaler, the
+//                                                    caller's extra state, CRC-32 of every other file
+//   DIR/latest                                       the newest complete checkpoint's name
+//
+// Saving never gathers anything: rank r writes the flat range [r·P, min((r+1)·P, Ψ)) of the master,
+// m and v (P = partition size of the saving run, Ψ the unpadded parameter count) into its own shard
+// and into model.safetensors at that range's byte offset, since the safetensors data section of a
+// file written in named_parameters() order is exactly the unpadded flat buffer. Loading: each rank
+// reads, from every old shard, only the part overlapping the region it now steps.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "distributed/communicator.h"
+#include "distributed/zero_optimizer.h"
+#include "nn/module.h"
+
+namespace zero::dist {
+
+/// The state.json "version" this build writes and the only one it reads.
+inline constexpr int kCheckpointVersion = 1;
+
+/// "step_00000020": the directory name of the checkpoint after `step` optimizer steps.
+std::string checkpoint_name(std::int64_t step);
+
+struct SaveResult {
+  std::string dir;          // the checkpoint directory written
+  double seconds = 0;       // wall time of the whole save, on this rank
+  std::uint64_t bytes = 0;  // bytes of every file in it (state.json included)
+};
+
+/// Writes DIR/step_XXXXXXXX for `opt` after `step` steps, then points DIR/latest at it, deletes step
+/// directories of later steps (left by a run this one resumed from an earlier point: the directory
+/// holds one trajectory) and, if keep > 0, all but the `keep` newest step directories. `extra` is merged into state.json (keys the
+/// library writes win). Crash safety: everything is written under DIR/.tmp-step_XXXXXXXX, fsynced,
+/// renamed into place, then `latest` is written to a temporary name, fsynced and renamed; a process
+/// killed at any instant leaves every earlier checkpoint intact and loadable. An existing directory
+/// of the same step is replaced. Memory: no buffer beyond a 1 Mi-element staging chunk (cuda only).
+/// Collective. Throws zero::Error naming the path on an I/O error.
+SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
+                           Communicator& comm, const nlohmann::json& extra, int keep);
+
+/// A checkpoint whose files were all found and verified.
+struct Checkpoint {
+  std::string dir;
+  nlohmann::json state;  // state.json
+};
+
+/// `path` is a checkpoint directory (it holds state.json) or a save directory: then the newest
+/// complete checkpoint in it (the one DIR/latest names, or a newer step directory if a crash came
+/// between that directory's rename and latest's update). Throws zero::Error if there is none.
+std::string resolve_checkpoint(const std::string& path);
+
+/// Reads state.json and verifies every file it lists: present, of the recorded size (else
+/// "truncated"), with the recorded CRC-32 (else "corrupt"); the CRC work is split over the ranks of
+/// `comm` (nullptr: this process checks everything). Reads only. Collective when comm is given.
+/// Throws zero::Error with one line naming the checkpoint and the culprit: a missing or unparsable
+/// state.json, an unknown format version, a missing / truncated / corrupt file.
+Checkpoint open_checkpoint(const std::string& dir, Communicator* comm);
+
+/// Throws zero::Error naming the first difference between the checkpoint's parameters and the
+/// trainable ones of `params` (in order): a name missing on either side, or a shape (both shapes).
+void check_parameters(const Checkpoint& ckpt, const std::vector<nn::NamedParameter>& params);
+
+/// Restores `opt` from `ckpt` (after check_parameters): this rank's region of the fp32 master (from
+/// the shards for 16-bit checkpoints, from model.safetensors for fp32 ones), AdamW m and v, the step
+/// counters and, when both runs are fp16, the loss scaler; then rounds and all-gathers the
+/// parameters. Any world size, stage and dtype. Collective. Throws zero::Error on an I/O error.
+void load_checkpoint(const Checkpoint& ckpt, ZeroOptimizer& opt, Communicator& comm);
+
+/// Copies the F32 tensors of safetensors file `path` into the parameters of the same names (before a
+/// ZeroOptimizer takes them over). Every trainable parameter must be present with its shape and F32;
+/// checked for all before any is written. Throws zero::Error naming the file and the culprit.
+void load_weights(const std::string& path, const std::vector<nn::NamedParameter>& params);
+
+/// A Generator's full state as text, and back (mt19937_64's standard stream format). set_ throws
+/// zero::Error for a string that is not such a state.
+std::string generator_state(Generator& gen);
+void set_generator_state(Generator& gen, const std::string& state);
+
+}  // namespace zero::dist

@@ -1,0 +1,408 @@
+// Checkpoints end to end through the real binaries (build/bin/train_gpt, sample_gpt; mpirun for several
+// ranks), on a tiny model so every run takes a fraction of a second. The reference in every test is
+// an uninterrupted run: resumed runs must reproduce its per-step log bitwise (same world size) or to
+// fp32 summation noise (another world size / stage), whatever instant a kill -9 came at.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code;
+  std::string output;
+};
+
+Result run(const std::string& cmd) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+std::string bin(const char* name) { return std::string(ZERO_BIN_DIR) + "/" + name; }
+std::string mpirun(int np) { return fmt::format("{} {} -np {} ", ZERO_MPIEXEC, ZERO_MPIRUN_FLAGS, np); }
+
+// Per-step log lines keyed by step (evaluation lines left out).
+std::map<std::int64_t, nlohmann::json> read_log(const fs::path& path) {
+  std::map<std::int64_t, nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) {
+      EXPECT_FALSE(out.count(j["step"].get<std::int64_t>())) << "step logged twice: " << line;
+      out[j["step"].get<std::int64_t>()] = j;
+    }
+  }
+  return out;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Every file under `dir` with its contents: a failed load must leave this unchanged.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[fs::relative(e.path(), dir).string()] = slurp(e.path());
+  return out;
+}
+
+class CheckpointCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("zero_ckpt_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::string text;
+    for (int i = 0; i < 60; ++i) text += "To be, or not to be, that is the question: whether 'tis nobler " + std::to_string(i) + "\n";
+    std::ofstream(dir_ / "text.txt") << text;
+  }
+  void TearDown() override {
+    fs::remove_all(dir_);
+    if (!scratch_.empty()) fs::remove_all(scratch_);
+  }
+
+  std::string p(const std::string& name) const { return (dir_ / name).string(); }
+  // The tiny model and schedule every run here shares (batch 24 splits over 1, 2, 3, 4 and 8 ranks);
+  // `args` adds flags or overrides these ("--eval-every 4" replaces "--eval-every 0").
+  std::string tiny(const std::string& args = "") const {
+    std::map<std::string, std::string> f{{"--data", p("text.txt")}, {"--n-layer", "1"}, {"--n-head", "2"},
+                                         {"--n-embd", "16"},        {"--block", "16"},  {"--batch", "24"},
+                                         {"--eval-every", "0"},     {"--eval-iters", "1"}, {"--log-every", "1000"},
+                                         {"--warmup", "2"},         {"--threads", "1"}, {"--sample", "0"}};
+    std::istringstream in(args);
+    std::vector<std::string> words;
+    for (std::string w; in >> w;) words.push_back(w);
+    std::string extra;
+    for (std::size_t i = 0; i < words.size(); ++i) {
+      const bool has_value = i + 1 < words.size() && words[i + 1].rfind("--", 0) != 0;
+      if (f.count(words[i]) && has_value) {
+        f[words[i]] = words[i + 1];
+        ++i;
+      } else {
+        extra += words[i] + " ";
+      }
+    }
+    std::string out;
+    for (const auto& [k, v] : f) out += k + " " + v + " ";
+    return out + extra;
+  }
+  Result train(const std::string& args, int np = 1) {
+    return run((np == 1 ? std::string() : mpirun(np)) + bin("train_gpt") + " " + tiny(args));
+  }
+  // Failure contract: non-zero exit, no crash, one line "error: ..." naming the culprit.
+  void expect_one_line_error(const Result& r, const std::vector<std::string>& culprits) {
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_LT(r.exit_code, 128) << "crashed: " << r.output;
+    EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "expected one line: " << r.output;
+    for (const std::string& c : culprits) EXPECT_NE(r.output.find(c), std::string::npos) << "should name " << c << ": " << r.output;
+  }
+  fs::path dir_, scratch_;
+  double rest_ms_ = 0;
+};
+
+// Same world size: N steps + resume + N steps gives the per-step log of 2N straight steps, bit for bit.
+void expect_bitwise(const std::map<std::int64_t, nlohmann::json>& straight,
+                    const std::map<std::int64_t, nlohmann::json>& resumed, std::int64_t from, std::int64_t to) {
+  ASSERT_EQ(resumed.size(), static_cast<std::size_t>(to - from));
+  for (std::int64_t s = from + 1; s <= to; ++s) {
+    ASSERT_TRUE(resumed.count(s)) << "step " << s;
+    for (const char* key : {"loss", "grad_norm", "lr", "loss_scale", "skipped"})
+      EXPECT_EQ(resumed.at(s)[key], straight.at(s)[key]) << key << " at step " << s;
+  }
+}
+
+TEST_F(CheckpointCli, BitwiseResumeOneRank) {
+  // Dropout on, so the dropout stream must be restored too.
+  const std::string flags = "--steps 12 --dropout 0.1 --eval-every 4 ";
+  ASSERT_EQ(train(flags + "--save-every 6 --save-dir " + p("ck") + " --log-file " + p("a.jsonl")).exit_code, 0);
+  const Result r = train(flags + "--resume " + p("ck/step_00000006") + " --log-file " + p("b.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_bitwise(read_log(p("a.jsonl")), read_log(p("b.jsonl")), 6, 12);
+  // Validation losses too (steps 8 and 12 are after the resume).
+  auto val_lines = [&](const std::string& f) {
+    std::vector<std::string> out;
+    std::ifstream in(p(f));
+    for (std::string l; std::getline(in, l);)
+      if (l.find("val_loss") != std::string::npos && nlohmann::json::parse(l)["step"].get<int>() > 6) out.push_back(l);
+    return out;
+  };
+  EXPECT_EQ(val_lines("a.jsonl"), val_lines("b.jsonl"));
+  EXPECT_EQ(val_lines("b.jsonl").size(), 2u);
+}
+
+TEST_F(CheckpointCli, BitwiseResumeFourRanksStage2Fp16) {
+  // A scaler that moves: overflow at 2^40 halves the scale (after hysteresis), a 3-step window doubles it.
+  std::ofstream(dir_ / "fp16.json") << R"({"fp16": {"enabled": true, "initial_scale_power": 40,
+                                         "loss_scale_window": 3, "hysteresis": 2}})";
+  const std::string flags = "--steps 16 --zero-stage 2 --config " + p("fp16.json") + " ";
+  ASSERT_EQ(train(flags + "--save-every 8 --save-dir " + p("ck") + " --log-file " + p("a.jsonl"), 4).exit_code, 0);
+  const Result r = train(flags + "--resume " + p("ck/step_00000008") + " --log-file " + p("b.jsonl"), 4);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto a = read_log(p("a.jsonl"));
+  expect_bitwise(a, read_log(p("b.jsonl")), 8, 16);
+  int skipped = 0;
+  for (const auto& [s, j] : a) skipped += j["skipped"].get<bool>();
+  EXPECT_GT(skipped, 0) << "the test should exercise overflow steps";
+}
+
+// Resharding: a 4-rank stage-2 fp32 checkpoint continued at 1 (stage 0), 2 (stage 1), 3 and 8 (stage 2);
+// and a 2-rank stage-1 one at 4 ranks (stage 2). 20 continued steps within 1e-5 relative.
+TEST_F(CheckpointCli, ReshardAcrossWorldSizesAndStages) {
+  const std::string flags = "--steps 25 ";
+  ASSERT_EQ(train(flags + "--zero-stage 2 --save-every 5 --save-dir " + p("ck4") + " --log-file " + p("s4.jsonl"), 4)
+                .exit_code,
+            0);
+  ASSERT_EQ(train(flags + "--zero-stage 1 --save-every 5 --save-dir " + p("ck2") + " --log-file " + p("s2.jsonl"), 2)
+                .exit_code,
+            0);
+  struct Case {
+    int np, stage;
+    const char* from;
+    const char* straight;
+  };
+  for (const Case c : {Case{1, 0, "ck4", "s4.jsonl"}, Case{2, 1, "ck4", "s4.jsonl"}, Case{3, 2, "ck4", "s4.jsonl"},
+                       Case{8, 2, "ck4", "s4.jsonl"}, Case{4, 2, "ck2", "s2.jsonl"}}) {
+    const std::string log = fmt::format("r{}_{}.jsonl", c.np, c.from);
+    const Result r = train(flags + fmt::format("--zero-stage {} --resume {} --log-file {}", c.stage,
+                                               p(std::string(c.from) + "/step_00000005"), p(log)),
+                           c.np);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto straight = read_log(p(c.straight)), resumed = read_log(p(log));
+    ASSERT_EQ(resumed.size(), 20u);
+    double worst = 0.0;
+    for (const auto& [s, j] : resumed) {
+      const double want = straight.at(s)["loss"].get<double>(), got = j["loss"].get<double>();
+      worst = std::max(worst, std::abs(got - want) / std::abs(want));
+    }
+    EXPECT_LT(worst, 1e-5) << c.from << " -> " << c.np << " ranks stage " << c.stage;
+    std::printf("reshard %s -> %d ranks (stage %d): max relative loss difference %.3g over 20 steps\n", c.from, c.np,
+                c.stage, worst);
+  }
+}
+
+// kill -9 at random instants of a run that saves every step; --resume of the save dir must always find
+// the newest complete checkpoint and finish with the uninterrupted run's log.
+TEST_F(CheckpointCli, KillNineAtRandomInstantsThenResume) {
+  // On the real disk: every save's fsyncs make it the larger part of a step, so most kills land inside one.
+  scratch_ = dir_ / "scratch";
+  fs::create_directories(scratch_);
+  const std::string flags = "--steps 10 --save-every 1 --keep 2 ";
+  ASSERT_EQ(train(flags + "--save-dir " + p("ref") + " --log-file " + p("ref.jsonl")).exit_code, 0);
+  const auto reference = read_log(p("ref.jsonl"));
+  ASSERT_EQ(reference.size(), 10u);
+  // Starts a saving run; returns its pid once its first checkpoint exists (or it ended).
+  auto start = [&](const fs::path& save, const fs::path& log) {
+    std::vector<std::string> args{bin("train_gpt")};
+    std::istringstream words(tiny(flags + "--save-dir " + save.string() + " --log-file " + log.string()));
+    for (std::string w; words >> w;) args.push_back(w);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::freopen("/dev/null", "w", stdout);
+      std::freopen("/dev/null", "w", stderr);
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    while (pid > 0 && !fs::exists(save / "latest") && waitpid(pid, nullptr, WNOHANG) == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    return pid;
+  };
+  // How long a run lives after its first checkpoint, to spread the kills over that time.
+  {
+    const pid_t pid = start(scratch_ / "timing", dir_ / "timing.jsonl");
+    ASSERT_GT(pid, 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    int status = 0;
+    waitpid(pid, &status, 0);
+    rest_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  std::mt19937 rng(12345);
+  int kills = 0, before_first = 0, in_save = 0;  // before_first: finished or had no checkpoint yet
+  for (int trial = 0; trial < 80 && kills < 20; ++trial) {
+    const fs::path save = scratch_ / fmt::format("kill{}", trial), log = dir_ / fmt::format("kill{}.jsonl", trial);
+    const pid_t pid = start(save, log);
+    ASSERT_GT(pid, 0);
+    const double at_ms = std::uniform_real_distribution<double>(0.0, 0.8)(rng) * rest_ms_;
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(1000 * at_ms)));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFSIGNALED(status)) {
+      ++before_first;  // it finished first: not a kill
+      continue;
+    }
+    // The newest complete checkpoint, found independently: the highest step_ directory (a directory
+    // gets that name only once complete).
+    std::string newest;
+    bool mid_save = false;  // a temporary directory left: the kill came inside a save
+    if (fs::exists(save))
+      for (const auto& e : fs::directory_iterator(save)) {
+        const std::string f = e.path().filename().string();
+        if (std::regex_match(f, std::regex("step_[0-9]{8}"))) newest = std::max(newest, f);
+        mid_save |= f.rfind(".tmp-", 0) == 0 || f.rfind(".trash-", 0) == 0;
+      }
+    in_save += mid_save;
+    const Result r = train(flags + "--save-dir " + save.string() + " --log-file " + log.string() + " --resume " +
+                           save.string());
+    if (newest.empty()) {
+      ++before_first;
+      EXPECT_NE(r.exit_code, 0) << r.output;  // nothing to resume yet: a clean refusal
+      continue;
+    }
+    ++kills;
+    ASSERT_EQ(r.exit_code, 0) << "trial " << trial << " killed at " << at_ms << " ms: " << r.output;
+    EXPECT_NE(r.output.find("resumed from " + (save / newest).string() + " "), std::string::npos)
+        << "newest is " << newest << ": " << r.output;
+    // The log continues cleanly: every step once, with the uninterrupted run's values.
+    const auto got = read_log(log);
+    ASSERT_EQ(got.size(), 10u) << slurp(log);
+    for (const auto& [s, j] : got) EXPECT_EQ(j["loss"], reference.at(s)["loss"]) << "trial " << trial << " step " << s;
+  }
+  std::printf("kill -9: %d kills within %.0f ms after the first checkpoint, %d of them inside a save (all resumed "
+              "and finished), %d other\n", kills, rest_ms_, in_save, before_first);
+  EXPECT_GE(kills, 20);
+}
+
+TEST_F(CheckpointCli, BadCheckpointsGiveOneLine) {
+  ASSERT_EQ(train("--steps 2 --save-dir " + p("ck")).exit_code, 0);
+  const fs::path good = dir_ / "ck" / "step_00000002";
+  auto copy = [&](const std::string& name) {
+    const fs::path d = dir_ / name;
+    fs::copy(good, d, fs::copy_options::recursive);
+    return d;
+  };
+  auto expect_refused = [&](const fs::path& ckpt, const std::string& extra, const std::vector<std::string>& culprits) {
+    const auto before = snapshot(ckpt);
+    const Result r = train("--steps 4 --resume " + ckpt.string() + " --log-file " + p("log.jsonl") + " " + extra);
+    expect_one_line_error(r, culprits);
+    EXPECT_EQ(snapshot(ckpt), before) << "a failed load modified the checkpoint";
+    EXPECT_FALSE(fs::exists(p("log.jsonl")));
+  };
+  {  // one flipped byte in the middle of an optimizer shard
+    const fs::path d = copy("corrupt");
+    std::fstream f(d / "optimizer_rank00000.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(fs::file_size(d / "optimizer_rank00000.safetensors") / 2));
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(d / "optimizer_rank00000.safetensors") / 2));
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+    f.close();
+    expect_refused(d, "", {"optimizer_rank00000.safetensors", "corrupt"});
+  }
+  {  // model.safetensors cut short
+    const fs::path d = copy("truncated");
+    fs::resize_file(d / "model.safetensors", fs::file_size(d / "model.safetensors") - 100);
+    expect_refused(d, "", {"model.safetensors", "truncated"});
+  }
+  {  // a shard gone
+    const fs::path d = copy("missing");
+    fs::remove(d / "optimizer_rank00000.safetensors");
+    expect_refused(d, "", {"optimizer_rank00000.safetensors", "missing"});
+  }
+  {  // state.json damaged
+    const fs::path d = copy("badstate");
+    std::ofstream(d / "state.json") << "{\"version\": 1, \"step\": ";
+    expect_refused(d, "", {"state.json", "corrupt"});
+  }
+  {  // a format version this build does not know
+    const fs::path d = copy("version");
+    std::string s = slurp(d / "state.json");
+    s = std::regex_replace(s, std::regex("\"version\": 1"), "\"version\": 99");
+    std::ofstream(d / "state.json") << s;
+    expect_refused(d, "", {"format version 99", "version 1"});
+  }
+  // Mismatched model or data, on the intact checkpoint.
+  expect_refused(good, "--n-embd 32", {"wte.weight", "16]", "32]"});
+  expect_refused(good, "--n-layer 2", {"blocks.1."});
+  std::ofstream(dir_ / "other.txt") << std::string(3000, 'x') + "yz\n";
+  const auto before = snapshot(good);
+  const Result r = train("--steps 4 --data " + p("other.txt") + " --resume " + good.string());
+  expect_one_line_error(r, {"character set"});
+  EXPECT_EQ(snapshot(good), before);
+  expect_one_line_error(train("--steps 4 --resume " + p("nowhere")), {"nowhere", "does not exist"});
+  expect_one_line_error(train("--steps 4 --resume " + p("text.txt")), {"not a directory"});
+  fs::create_directories(dir_ / "emptysave");
+  expect_one_line_error(train("--steps 4 --resume " + p("emptysave")), {"emptysave", "no checkpoint"});
+}
+
+TEST_F(CheckpointCli, SampleGptPrintsTrainGptsSample) {
+  // fp16, so sample_gpt must round the fp32 weights as train_gpt's model holds them.
+  const Result t = train("--sample 120 --steps 6 --dtype fp16 --seed 7 --save-dir " + p("ck"));
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  const std::string begin = "---- sample ----\n", end = "\n----------------";
+  const auto b = t.output.find(begin), e = t.output.find(end);
+  ASSERT_NE(b, std::string::npos) << t.output;
+  const std::string expected = t.output.substr(b + begin.size(), e - b - begin.size());
+  ASSERT_EQ(expected.size(), 120u);
+  const Result s = run(bin("sample_gpt") + " --checkpoint " + p("ck") + " --tokens 120 --seed 7");
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_EQ(s.output, expected + "\n");
+  // Another seed, a prompt, temperature and top-k: the prompt comes first, then 50 characters.
+  const Result q = run(bin("sample_gpt") + " --checkpoint " + p("ck") +
+                       " --prompt 'To be' --tokens 50 --temperature 0.8 --top-k 5 --seed 1");
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  EXPECT_EQ(q.output.rfind("To be", 0), 0u) << q.output;
+  EXPECT_EQ(q.output.size(), 5u + 50u + 1u) << q.output;
+  expect_one_line_error(run(bin("sample_gpt") + " --checkpoint " + p("ck") + " --prompt 'To beZ'"), {"'Z'"});
+  expect_one_line_error(run(bin("sample_gpt") + " --checkpoint " + p("nothing")), {"nothing"});
+}
+
+TEST_F(CheckpointCli, InitFromStartsFromTheWeights) {
+  ASSERT_EQ(train("--steps 30 --save-dir " + p("a")).exit_code, 0);
+  // A learning rate so small that one step cannot move any weight measurably: the saved weights must
+  // then be the file's.
+  const std::string weights = p("a/step_00000030/model.safetensors");
+  ASSERT_EQ(train("--steps 1 --lr 1e-30 --min-lr 0 --warmup 0 --seed 99 --init-from " + weights + " --save-dir " +
+                  p("b"))
+                .exit_code,
+            0);
+  const zero::safetensors::Reader ra(weights), rb(p("b/step_00000001/model.safetensors"));
+  ASSERT_EQ(ra.tensors().size(), rb.tensors().size());
+  double worst = 0.0;
+  for (const auto& t : ra.tensors()) {
+    std::vector<float> x(static_cast<std::size_t>(t.numel())), y(x.size());
+    ra.read_f32(t, 0, t.numel(), x.data());
+    rb.read_f32(*rb.find(t.name), 0, t.numel(), y.data());
+    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(double{x[i]} - y[i]) / (std::abs(x[i]) + 1e-6));
+  }
+  EXPECT_LT(worst, 1e-5);
+  // A file that does not fit the model names the tensor.
+  expect_one_line_error(train("--steps 1 --n-embd 32 --init-from " + weights), {"wte.weight"});
+}
+
+}  // namespace
