@@ -56,9 +56,7 @@ bool enabled() {
   return s.enabled;
 }
 
-double now_us() {
-  return std::chrono::duration<double, std::micro>(Clock::now() - state().origin).count();
-}
+double now_us() { return std::chrono::duration<double, std::micro>(Clock::now() - state().origin).count(); }
 
 void add(Event e) {
   if (!active()) return;

@@ -23,11 +23,11 @@ inline constexpr int kCommThread = 1;
 
 struct Event {
   std::string name;
-  std::string cat;           // category: "forward", "backward", "hook", "bucket", "step", "comm", ...
-  char ph = 'X';             // 'X' complete, 'i' instant
-  double ts = 0, dur = 0;    // microseconds since the trace clock's origin
+  std::string cat;         // category: "forward", "backward", "hook", "bucket", "step", "comm", ...
+  char ph = 'X';           // 'X' complete, 'i' instant
+  double ts = 0, dur = 0;  // microseconds since the trace clock's origin
   int tid = kComputeThread;
-  nlohmann::json args;       // null when none
+  nlohmann::json args;  // null when none
 };
 
 namespace detail {

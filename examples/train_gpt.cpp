@@ -309,17 +309,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const Device device = device_of(a);
   model.to(device);  // before the optimizer builds its flat buffers (on the same device)
 
-  dist::ZeroOptions zo;
-  zo.stage = tc.zero_optimization.stage;
-  zo.dtype = tc.model_dtype();
-  zo.reduce_bucket_size = tc.zero_optimization.reduce_bucket_size;
-  zo.allgather_bucket_size = tc.zero_optimization.allgather_bucket_size;
-  zo.reduce_scatter = tc.zero_optimization.reduce_scatter;
-  zo.overlap_comm = tc.zero_optimization.overlap_comm;
-  zo.contiguous_gradients = tc.zero_optimization.contiguous_gradients;
-  zo.gradient_accumulation_steps = gas;
-  zo.gradient_clipping = static_cast<float>(tc.gradient_clipping);
-  zo.fp16 = tc.loss_scaler_config();
+  dist::ZeroOptions zo = tc.zero_options();
   zo.adam = optim::AdamWOptions{a.lr, a.beta1, a.beta2, 1e-8f};
   zo.weight_decay = a.weight_decay;
   dist::ZeroOptimizer opt(model.named_parameters(), std::shared_ptr<dist::Communicator>(&comm, [](auto*) {}), zo);

@@ -12,13 +12,13 @@
 // numbers come from distributed/zero_plan.h: layout arithmetic, checked by the tests against what a
 // real ZeroOptimizer allocates and its ledger counts. The bucket order and the stage-2 pool follow the
 // real hook order, recorded from one backward of the model on a dummy batch (no optimizer step).
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -73,8 +73,8 @@ std::string shape_str(const Shape& s) {
 
 // The ZeRO options train_gpt would run with: the --config file (or defaults), then the flags given.
 dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
-  dist::TrainingConfig tc = a.config.empty() ? dist::TrainingConfig::from_json(json::object())
-                                             : dist::TrainingConfig::from_file(a.config);
+  dist::TrainingConfig tc =
+      a.config.empty() ? dist::TrainingConfig::from_json(json::object()) : dist::TrainingConfig::from_file(a.config);
   for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
   if (app.count("--zero-stage")) tc.zero_optimization.stage = a.zero_stage;
   if (app.count("--dtype")) tc.set_model_dtype(parse_float_dtype(a.dtype));
@@ -86,15 +86,7 @@ dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
   if (app.count("--overlap-comm")) tc.zero_optimization.overlap_comm = a.overlap_comm;
   if (app.count("--grad-accum")) tc.gradient_accumulation_steps = a.grad_accum;
   tc.validate();
-  dist::ZeroOptions zo;
-  zo.stage = tc.zero_optimization.stage;
-  zo.dtype = tc.model_dtype();
-  zo.reduce_bucket_size = tc.zero_optimization.reduce_bucket_size;
-  zo.allgather_bucket_size = tc.zero_optimization.allgather_bucket_size;
-  zo.reduce_scatter = tc.zero_optimization.reduce_scatter;
-  zo.overlap_comm = tc.zero_optimization.overlap_comm;
-  zo.gradient_accumulation_steps = static_cast<int>(tc.gradient_accumulation_steps.value_or(1));
-  return zo;
+  return tc.zero_options();
 }
 
 // Parameter indices in the order backward makes their gradients final (Note [Hook order]): one
@@ -104,8 +96,8 @@ std::vector<std::size_t> record_hook_order(nn::GPT& model) {
   std::vector<std::size_t> order;
   std::vector<int> ids;
   for (std::size_t i = 0; i < params.size(); ++i)
-    ids.push_back(autograd::register_post_accumulate_grad_hook(params[i].tensor,
-                                                                [&order, i](Tensor&) { order.push_back(i); }));
+    ids.push_back(
+        autograd::register_post_accumulate_grad_hook(params[i].tensor, [&order, i](Tensor&) { order.push_back(i); }));
   const std::int64_t T = std::min<std::int64_t>(model.config().block_size, 8);
   const Tensor x = Tensor::from_indices(std::vector<std::int64_t>(static_cast<std::size_t>(T), 0), {1, T});
   model.loss(x, x).backward();
@@ -186,13 +178,15 @@ void write_svg(const std::string& path, const dist::ZeroPlan& plan) {
     if (p.numel == 0) continue;
     for (const dist::ParamSlice& sl : p.slices) {
       const double x0 = x_of(sl.flat_offset), x1 = x_of(sl.flat_offset + sl.length);
-      s += fmt::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\" fill-opacity=\"0.55\"/>\n",
-                       x0, bar_y, x1 - x0, bar_h, colours[sl.rank % 8]);
+      s += fmt::format(
+          "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\" fill-opacity=\"0.55\"/>\n", x0, bar_y,
+          x1 - x0, bar_h, colours[sl.rank % 8]);
     }
     const double x0 = x_of(p.offset), x1 = x_of(p.end());
-    s += fmt::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"none\" stroke=\"#333\" "
-                     "stroke-width=\"0.5\"><title>{} {} [{}, {})</title></rect>\n",
-                     x0, bar_y, x1 - x0, bar_h, p.name, shape_str(p.shape), p.offset, p.end());
+    s += fmt::format(
+        "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"none\" stroke=\"#333\" "
+        "stroke-width=\"0.5\"><title>{} {} [{}, {})</title></rect>\n",
+        x0, bar_y, x1 - x0, bar_h, p.name, shape_str(p.shape), p.offset, p.end());
     const double mid = (x0 + x1) / 2;
     if (x1 - x0 > 6 && mid - last_label_end > 12) {
       s += fmt::format("<text transform=\"translate({:.2f},{}) rotate(-50)\" font-size=\"9\">{}</text>\n", mid,
@@ -202,9 +196,10 @@ void write_svg(const std::string& path, const dist::ZeroPlan& plan) {
   }
   if (L.padding() > 0) {
     const double x0 = x_of(L.numel());
-    s += fmt::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"#ccc\"><title>padding {} "
-                     "elements</title></rect>\n",
-                     x0, bar_y, std::max(1.0, x_of(L.padded_numel()) - x0), bar_h, L.padding());
+    s += fmt::format(
+        "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"#ccc\"><title>padding {} "
+        "elements</title></rect>\n",
+        x0, bar_y, std::max(1.0, x_of(L.padded_numel()) - x0), bar_h, L.padding());
   }
   // Bucket boundaries below the bar, with the issue order.
   for (const dist::Bucket& b : plan.buckets) {
@@ -217,10 +212,11 @@ void write_svg(const std::string& path, const dist::ZeroPlan& plan) {
   }
   s += fmt::format("<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"#c00\" stroke-width=\"1.5\"/>\n",
                    x_of(L.padded_numel()), bar_y - 4, x_of(L.padded_numel()), bar_y + bar_h + 30);
-  s += fmt::format("<text x=\"{}\" y=\"{}\">segments: parameters in named_parameters() order, coloured by the rank "
-                   "owning each slice; red lines: bucket boundaries, b0 leaves first (Note [Bucket order]); grey: "
-                   "padding. Hover a segment for its name and range.</text>\n",
-                   left, bar_y + bar_h + 60);
+  s += fmt::format(
+      "<text x=\"{}\" y=\"{}\">segments: parameters in named_parameters() order, coloured by the rank "
+      "owning each slice; red lines: bucket boundaries, b0 leaves first (Note [Bucket order]); grey: "
+      "padding. Hover a segment for its name and range.</text>\n",
+      left, bar_y + bar_h + 60);
   s += "</svg>\n";
   std::ofstream out(path);
   ZERO_CHECK(out.good(), "--svg: cannot write '{}'", path);
@@ -289,10 +285,14 @@ int run(const Args& a, const CLI::App& app) {
     for (const auto& p : L.params()) {
       json owners = json::array();
       for (const auto& s : p.slices)
-        owners.push_back({{"rank", s.rank}, {"flat_offset", s.flat_offset}, {"param_offset", s.param_offset},
-                          {"length", s.length}});
-      params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel},
-                        {"decay", p.decay}, {"owners", owners}});
+        owners.push_back(
+            {{"rank", s.rank}, {"flat_offset", s.flat_offset}, {"param_offset", s.param_offset}, {"length", s.length}});
+      params.push_back({{"name", p.name},
+                        {"shape", p.shape},
+                        {"offset", p.offset},
+                        {"numel", p.numel},
+                        {"decay", p.decay},
+                        {"owners", owners}});
     }
     j["params"] = params;
     json parts = json::array();
@@ -313,8 +313,12 @@ int run(const Args& a, const CLI::App& app) {
       const auto& b = plan.buckets[k];
       json names = json::array();
       for (std::size_t i : b.params) names.push_back(L.params()[i].name);
-      buckets.push_back({{"index", b.index}, {"begin", b.begin}, {"end", b.end}, {"counts", b.counts},
-                         {"params", names}, {"ready_after_hooks", ready_after[k]}});
+      buckets.push_back({{"index", b.index},
+                         {"begin", b.begin},
+                         {"end", b.end},
+                         {"counts", b.counts},
+                         {"params", names},
+                         {"ready_after_hooks", ready_after[k]}});
     }
     j["buckets"] = buckets;
     json hooks = json::array();
@@ -348,10 +352,11 @@ int run(const Args& a, const CLI::App& app) {
   } else {
     fmt::print("model: {} layers, {} heads, {} channels, block {}, vocab {}: Psi = {} parameters ({} tensors)\n",
                cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size, L.numel(), L.params().size());
-    fmt::print("zero: stage {}, {}, {} rank(s), reduce_scatter {}, overlap_comm {}, GAS {}, reduce_bucket_size {}, "
-               "allgather_bucket_size {}\n\n",
-               zo.stage, dtype_name(zo.dtype), N, zo.reduce_scatter, zo.overlap_comm, zo.gradient_accumulation_steps,
-               zo.reduce_bucket_size, zo.allgather_bucket_size);
+    fmt::print(
+        "zero: stage {}, {}, {} rank(s), reduce_scatter {}, overlap_comm {}, GAS {}, reduce_bucket_size {}, "
+        "allgather_bucket_size {}\n\n",
+        zo.stage, dtype_name(zo.dtype), N, zo.reduce_scatter, zo.overlap_comm, zo.gradient_accumulation_steps,
+        zo.reduce_bucket_size, zo.allgather_bucket_size);
 
     fmt::print("== flat layout: {} elements + {} padding = {} (a multiple of 2N = {}) ==\n", L.numel(), L.padding(),
                L.padded_numel(), L.alignment());
@@ -388,17 +393,17 @@ int run(const Args& a, const CLI::App& app) {
       const auto& b = plan.buckets[k];
       std::string counts;
       for (std::size_t r = 0; r < b.counts.size(); ++r) counts += fmt::format("{}{}", r ? ", " : "", b.counts[r]);
-      const std::string covers =
-          b.params.empty() ? "padding only"
-                           : fmt::format("{} .. {} ({} params)", L.params()[b.params.front()].name,
-                                         L.params()[b.params.back()].name, b.params.size());
+      const std::string covers = b.params.empty()
+                                     ? "padding only"
+                                     : fmt::format("{} .. {} ({} params)", L.params()[b.params.front()].name,
+                                                   L.params()[b.params.back()].name, b.params.size());
       fmt::print("bucket {}: [{}, {}) {} elements; {}; per-rank counts [{}]; ready after hook {} of {}\n", b.index,
                  b.begin, b.end, b.size(), covers, counts, ready_after[k], order.size());
     }
     if (zo.stage == 2)
-      fmt::print("stage-2 bucket pool: {} buffer(s) of {} elements{}\n", plan.pool_buffers, plan.pool_buffer_numel,
-                 zo.overlap_comm ? fmt::format(" (up to {} while collectives are in flight)", plan.max_pool_buffers)
-                                 : "");
+      fmt::print(
+          "stage-2 bucket pool: {} buffer(s) of {} elements{}\n", plan.pool_buffers, plan.pool_buffer_numel,
+          zo.overlap_comm ? fmt::format(" (up to {} while collectives are in flight)", plan.max_pool_buffers) : "");
 
     fmt::print("\n== memory per rank (this layout | ZeRO paper formula, Psi = {}, N = {}) ==\n", L.numel(), N);
     for (int stage = 0; stage <= 2; ++stage) {
@@ -418,11 +423,12 @@ int run(const Args& a, const CLI::App& app) {
       const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s), order);
       const auto t = p.traffic();
       const bool chosen = s.stage == zo.stage && (s.stage == 0 || s.reduce_scatter == zo.reduce_scatter);
-      fmt::print("{} {:<30} all_reduce {:>10.0f}  reduce_scatter {:>10.0f}  all_gather {:>10.0f}  total {:>10.0f}  "
-                 "{:.3f}x{}\n",
-                 chosen ? "*" : " ", s.name, t[Collective::all_reduce], t[Collective::reduce_scatter],
-                 t[Collective::all_gather], t.total(), baseline > 0 ? t.total() / baseline : 0.0,
-                 timed ? fmt::format("  ~{}", human_seconds(dist::step_comm_time_s(p, a.bandwidth, a.latency))) : "");
+      fmt::print(
+          "{} {:<30} all_reduce {:>10.0f}  reduce_scatter {:>10.0f}  all_gather {:>10.0f}  total {:>10.0f}  "
+          "{:.3f}x{}\n",
+          chosen ? "*" : " ", s.name, t[Collective::all_reduce], t[Collective::reduce_scatter],
+          t[Collective::all_gather], t.total(), baseline > 0 ? t.total() / baseline : 0.0,
+          timed ? fmt::format("  ~{}", human_seconds(dist::step_comm_time_s(p, a.bandwidth, a.latency))) : "");
     }
     if (N == 1) fmt::print("(one rank sends nothing: every factor has (N-1)/N)\n");
 
@@ -446,8 +452,8 @@ int run(const Args& a, const CLI::App& app) {
             o.reduce_scatter = true;
             const auto m = dist::expected_memory(stage, zo.dtype, P, n);
             mem += fmt::format(" {:>12}", human_bytes(m.model_states()));
-            comm += fmt::format(" {:>10}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, o), a.bandwidth,
-                                                                                 a.latency)));
+            comm += fmt::format(
+                " {:>10}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, o), a.bandwidth, a.latency)));
           }
           fmt::print("  {:>5} {}  {}\n", n, mem, comm);
         }
@@ -462,8 +468,9 @@ int run(const Args& a, const CLI::App& app) {
 
 int main(int argc, char** argv) {
   Args a;
-  CLI::App app{"Explain a ZeRO layout: ownership, buckets, memory and traffic per rank, for train_gpt's model "
-               "(no training, no mpirun)"};
+  CLI::App app{
+      "Explain a ZeRO layout: ownership, buckets, memory and traffic per rank, for train_gpt's model "
+      "(no training, no mpirun)"};
   app.add_option("--data", a.data, "text file whose distinct bytes are the vocabulary");
   app.add_option("--vocab-size", a.vocab_size, "vocabulary size instead of --data (default 65)");
   app.add_option("--block", a.block, "sequence length (T)")->capture_default_str();

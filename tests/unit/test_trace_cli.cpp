@@ -4,43 +4,28 @@
 // bucket's bytes, as zero_explain plans them), forward and backward spans for every block, and only
 // the requested steps. Bad --trace-steps values get one line.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
-#include <sys/wait.h>
-#include <unistd.h>
+
+#include "cli_util.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code;
-  std::string output;
-};
-
-Result run(const std::string& cmd) {
-  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
+using zero::testing::CommandResult;
+using zero::testing::run_command;
 
 class TraceCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("zero_trace_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
+    dir_ = zero::testing::make_test_dir("zero_trace");
     std::string text;
     for (int i = 0; i < 300; ++i) text += "now is the winter of our discontent " + std::to_string(i % 5) + "\n";
     std::ofstream(dir_ / "text.txt") << text;
@@ -55,13 +40,15 @@ TEST_F(TraceCli, TwoRankStage2TraceAccountsForTheSteps) {
   const std::string bin = ZERO_BIN_DIR;
   const std::string data = " --data " + (dir_ / "text.txt").string();
   const fs::path path = dir_ / "trace.json";
-  const Result train = run(std::string(ZERO_MPIRUN) + " -np 2 " + bin + "/train_gpt" + data + kModel +
-                           " --zero-stage 2 --overlap-comm --batch 4 --steps 4 --eval-iters 1 --sample 0 --threads 1 "
-                           "--trace " + path.string() + " --trace-steps 2:3");
+  const CommandResult train =
+      run_command(std::string(ZERO_MPIRUN) + " -np 2 " + bin + "/train_gpt" + data + kModel +
+                  " --zero-stage 2 --overlap-comm --batch 4 --steps 4 --eval-iters 1 --sample 0 --threads 1 "
+                  "--trace " +
+                  path.string() + " --trace-steps 2:3");
   ASSERT_EQ(train.exit_code, 0) << train.output;
   EXPECT_NE(train.output.find("hidden behind compute"), std::string::npos) << train.output;
-  const Result explain =
-      run(bin + "/zero_explain" + data + kModel + " --zero-stage 2 --world-size 2 --format json");
+  const CommandResult explain =
+      run_command(bin + "/zero_explain" + data + kModel + " --zero-stage 2 --world-size 2 --format json");
   ASSERT_EQ(explain.exit_code, 0) << explain.output;
   const nlohmann::json plan = nlohmann::json::parse(explain.output);
   const std::size_t n_params = plan["params"].size();
@@ -119,12 +106,12 @@ TEST_F(TraceCli, TwoRankStage2TraceAccountsForTheSteps) {
 }
 
 TEST_F(TraceCli, BadTraceStepsIsOneLine) {
-  const std::string cmd = std::string(ZERO_BIN_DIR) + "/train_gpt --data " + (dir_ / "text.txt").string() +
-                          kModel + " --steps 2 --sample 0 ";
+  const std::string cmd = std::string(ZERO_BIN_DIR) + "/train_gpt --data " + (dir_ / "text.txt").string() + kModel +
+                          " --steps 2 --sample 0 ";
   for (const std::string& args :
        {std::string("--trace-steps 1:2"), "--trace " + (dir_ / "t.json").string() + " --trace-steps 3:2",
         "--trace " + (dir_ / "t.json").string() + " --trace-steps x", "--trace " + dir_.string()}) {
-    const Result r = run(cmd + args);
+    const CommandResult r = run_command(cmd + args);
     EXPECT_EQ(r.exit_code, 1) << args << ": " << r.output;
     EXPECT_NE(r.output.find("error: "), std::string::npos) << args << ": " << r.output;
     EXPECT_NE(r.output.find("--trace"), std::string::npos) << args << ": " << r.output;
