@@ -1,10 +1,13 @@
 #include "autograd/autograd.h"
 
 #include <atomic>
+#include <mutex>
 #include <queue>
+#include <set>
 #include <unordered_map>
 
 #include "autograd/ops.h"
+#include "core/trace.h"
 
 namespace zero::autograd {
 namespace {
@@ -12,6 +15,15 @@ namespace {
 thread_local bool g_grad_mode = true;
 std::atomic<std::uint64_t> g_next_sequence_nr{0};
 std::atomic<int> g_next_hook_id{0};
+thread_local const char* g_scope = nullptr;  // Note [Traced scopes]
+
+// Labels live as long as the process: graph nodes keep pointers to them.
+const char* intern(const std::string& label) {
+  static std::mutex mutex;
+  static std::set<std::string> labels;
+  std::lock_guard lock(mutex);
+  return labels.insert(label).first->c_str();
+}
 
 AutogradMeta& meta_of(const Tensor& t) {
   auto& m = t.impl()->autograd;
@@ -83,7 +95,47 @@ Tensor sum_gradients(const Tensor& a, const Tensor& b) {
   return add(a.to(DType::f32), b.to(DType::f32)).to(a.dtype());
 }
 
+// One "backward <label>" trace span per run of nodes with the same label (Note [Traced scopes]); the
+// last run is closed on destruction, also when a node throws.
+class BackwardSpans {
+ public:
+  void enter(const char* scope) {
+    if (!trace::active() || scope == nullptr || scope == current_) return;
+    close();
+    current_ = scope;
+    start_us_ = trace::now_us();
+  }
+  ~BackwardSpans() { close(); }
+
+ private:
+  void close() {
+    if (current_ == nullptr) return;
+    trace::add({std::string("backward ") + current_, "backward", 'X', start_us_, trace::now_us() - start_us_,
+                trace::kComputeThread, nullptr});
+    current_ = nullptr;
+  }
+  const char* current_ = nullptr;
+  double start_us_ = 0;
+};
+
 }  // namespace
+
+bool tracing() { return trace::active(); }
+
+ScopeGuard::ScopeGuard(std::string_view label) {
+  if (!trace::active()) return;
+  on_ = true;
+  previous_ = g_scope;
+  g_scope = intern(std::string(label));
+  start_us_ = trace::now_us();
+}
+
+ScopeGuard::~ScopeGuard() {
+  if (!on_) return;
+  trace::add({std::string("forward ") + g_scope, "forward", 'X', start_us_, trace::now_us() - start_us_,
+              trace::kComputeThread, nullptr});
+  g_scope = previous_;
+}
 
 bool grad_mode_enabled() { return g_grad_mode; }
 NoGradGuard::NoGradGuard() : previous_(g_grad_mode) { g_grad_mode = false; }
@@ -101,6 +153,7 @@ void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output,
   if (!any) return;
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
   node->sequence_nr_ = g_next_sequence_nr++;
+  node->scope_ = g_scope;
   node->next_.reserve(inputs.size());
   for (const auto& t : inputs) {
     node->next_.push_back(gradient_edge(t));
@@ -157,9 +210,11 @@ void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) 
   std::unordered_map<Node*, Tensor> buffers;
   buffers[root_node.get()] = seed;
   ready.push(root_node);
+  BackwardSpans spans;
   while (!ready.empty()) {
     auto node = ready.top();
     ready.pop();
+    spans.enter(node->scope_);
     Tensor g = std::move(buffers[node.get()]);
     buffers.erase(node.get());
     std::vector<Tensor> grads;

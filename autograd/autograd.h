@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -36,6 +37,7 @@ class Node {
   std::vector<std::shared_ptr<Node>> next_;  // one per input; null where the input needs no gradient
   std::vector<Shape> input_shapes_;          // one per input: the shape apply() must return for it
   std::uint64_t sequence_nr_ = 0;
+  const char* scope_ = nullptr;  // the ScopeGuard label active when it was recorded (tracing only)
 };
 
 using HookFn = std::function<void(Tensor& param)>;
@@ -59,6 +61,30 @@ class NoGradGuard {
 
  private:
   bool previous_;
+};
+
+// Note [Traced scopes]
+// A traced step shows forward and backward per block (core/trace.h). A layer opens a ScopeGuard around
+// its forward; while tracing is active the guard emits a "forward <label>" span and labels every node
+// recorded inside it. The engine then emits one "backward <label>" span per run of consecutive nodes
+// with the same label (nodes without one, like gradient accumulation into leaves, continue the run).
+// With tracing off the guard does nothing but one atomic load.
+
+/// True while a trace is being collected (core/trace.h): build dynamic ScopeGuard labels only then.
+bool tracing();
+
+/// Labels the forward code in its scope (this thread; nests) for the trace. See Note [Traced scopes].
+class ScopeGuard {
+ public:
+  explicit ScopeGuard(std::string_view label);
+  ~ScopeGuard();
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+
+ private:
+  bool on_ = false;
+  const char* previous_ = nullptr;
+  double start_us_ = 0;
 };
 
 using BackwardFn = std::function<std::vector<Tensor>(const Tensor& grad_output)>;

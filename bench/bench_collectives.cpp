@@ -1,6 +1,7 @@
 // Times the communicator's collectives on N ranks (fp32), beside a plain ring baseline and MPI's own.
 //
 //   mpirun --allow-run-as-root --oversubscribe -np 4 build/bin/bench_collectives [--mb 100] [--iters 5]
+//          [--bandwidth B --latency L]   (adds the alpha-beta ring model's prediction, zero_explain's model)
 //
 // Every timed call starts after a barrier; its time is the slowest rank's. Rows run round-robin, one
 // call each per round; each row reports the best and the median over --iters rounds (after one
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "distributed/mpi_communicator.h"
+#include "distributed/zero_plan.h"
 
 using zero::DType;
 using namespace zero::dist;
@@ -63,11 +65,18 @@ int main(int argc, char** argv) {
   int iters = 5;
   std::size_t segment_kb = 0;
   bool skip_mpi = false;
+  double bandwidth = 0, latency = 0;
   app.add_option("--mb", mb, "full buffer size S in MB (10^6 bytes), fp32")->check(CLI::PositiveNumber);
   app.add_option("--iters", iters, "timed rounds, one call of each collective per round (after a warm-up)")
       ->check(CLI::PositiveNumber);
   app.add_option("--segment-kb", segment_kb, "ring pipelining segment in KiB (0: the default)");
   app.add_flag("--skip-mpi", skip_mpi, "skip MPI_Allreduce / MPI_Reduce_scatter_block (slow)");
+  app.add_option("--bandwidth", bandwidth,
+                 "bytes/s per rank's link: adds the alpha-beta ring model's time beside each of our collectives "
+                 "(distributed/zero_plan.h)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--latency", latency, "seconds per message for the model (with --bandwidth)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   auto comm = mpi_world();
@@ -138,11 +147,21 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     fmt::print("{} ranks, fp32, S = {:.1f} MB, {} timed rounds (+1 warm-up), segment {} KiB\n", n,
                full_bytes / 1e6, iters, mpi->segment_bytes() / 1024);
-    fmt::print("{:<30} {:>10} {:>10} {:>12}\n", "collective", "best ms", "median ms", "busbw GB/s");
+    fmt::print("{:<30} {:>10} {:>10} {:>12}{}\n", "collective", "best ms", "median ms", "busbw GB/s",
+               bandwidth > 0 ? fmt::format(" {:>10} {:>14}", "model ms", "median/model") : "");
     for (const Row& row : rows) {
       const double best = *std::min_element(row.ms.begin(), row.ms.end());
-      fmt::print("{:<30} {:>10.3f} {:>10.3f} {:>12.2f}\n", row.name, best, median(row.ms),
-                 Ledger::bus_bytes(row.kind, full_bytes, n) / (best * 1e-3) / 1e9);
+      const double bus = Ledger::bus_bytes(row.kind, full_bytes, n);
+      std::string model;
+      // The ring model applies to our ring collectives; reduce and broadcast use other algorithms.
+      const bool ring = row.kind == Collective::all_reduce || row.kind == Collective::reduce_scatter ||
+                        row.kind == Collective::all_gather;
+      if (bandwidth > 0 && ring && row.name.rfind("ours", 0) == 0) {
+        const double predicted = 1e3 * ring_time_s(row.kind, bus, n, bandwidth, latency);
+        model = fmt::format(" {:>10.3f} {:>14.2f}", predicted, median(row.ms) / predicted);
+      }
+      fmt::print("{:<30} {:>10.3f} {:>10.3f} {:>12.2f}{}\n", row.name, best, median(row.ms), bus / (best * 1e-3) / 1e9,
+                 model);
     }
     auto find = [&](const std::string& name) -> const std::vector<double>& {
       return std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.name == name; })->ms;

@@ -505,6 +505,21 @@ void TrainingConfig::set_model_dtype(DType t) {
   bf16.enabled = t == DType::bf16;
 }
 
+ZeroOptions TrainingConfig::zero_options() const {
+  ZeroOptions zo;
+  zo.stage = zero_optimization.stage;
+  zo.dtype = model_dtype();
+  zo.reduce_bucket_size = zero_optimization.reduce_bucket_size;
+  zo.allgather_bucket_size = zero_optimization.allgather_bucket_size;
+  zo.reduce_scatter = zero_optimization.reduce_scatter;
+  zo.overlap_comm = zero_optimization.overlap_comm;
+  zo.contiguous_gradients = zero_optimization.contiguous_gradients;
+  zo.gradient_accumulation_steps = static_cast<int>(gradient_accumulation_steps.value_or(1));
+  zo.gradient_clipping = static_cast<float>(gradient_clipping);
+  zo.fp16 = loss_scaler_config();
+  return zo;
+}
+
 optim::LossScalerConfig TrainingConfig::loss_scaler_config() const {
   optim::LossScalerConfig s;
   s.loss_scale = static_cast<float>(fp16.loss_scale);

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "distributed/zero_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 
@@ -149,6 +150,12 @@ struct TrainingConfig {
   /// Sets fp16.enabled / bf16.enabled for `t` (f32 turns both off), for a --dtype override. Throws
   /// zero::Error for a non-floating dtype.
   void set_model_dtype(DType t);
+
+  /// The ZeroOptimizer options this config describes: stage, model dtype, bucket sizes, reduce_scatter,
+  /// overlap_comm, contiguous_gradients, gradient_accumulation_steps (1 before resolve_batch when it
+  /// was not given), gradient_clipping and the loss scaler. The AdamW hyper-parameters and weight decay
+  /// are left at ZeroOptions' defaults for the training program to set.
+  ZeroOptions zero_options() const;
 
   /// The "fp16" section as the loss scaler's config.
   optim::LossScalerConfig loss_scaler_config() const;

@@ -9,6 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <numeric>
+#include <optional>
+
+#include "core/trace.h"
 
 namespace zero::dist {
 
@@ -26,6 +30,9 @@ class CpuWork final : public Work {
  public:
   void wait() override {
     std::unique_lock lock(mutex_);
+    // Time the training thread spends blocked on communication: the exposed part of it in a trace.
+    std::optional<trace::Span> blocked;
+    if (!done_ && trace::active()) blocked.emplace("wait", "wait", trace::kComputeThread);
     done_cv_.wait(lock, [&] { return done_; });
     if (error_) std::rethrow_exception(error_);
   }
@@ -155,7 +162,7 @@ void MpiCommunicator::set_segment_bytes(std::size_t bytes) {
                    sizeof(float);
 }
 
-std::shared_ptr<Work> MpiCommunicator::enqueue(std::function<void()> task) {
+std::shared_ptr<Work> MpiCommunicator::enqueue(std::function<void()> task, const char* name, std::size_t bytes) {
   auto work = std::make_shared<detail::CpuWork>();
   if (world_size_ == 1) {
     ZERO_CHECK(!stopping_, "MpiCommunicator: used after shutdown()");
@@ -171,7 +178,7 @@ std::shared_ptr<Work> MpiCommunicator::enqueue(std::function<void()> task) {
   {
     std::lock_guard lock(mutex_);
     ZERO_CHECK(!stopping_, "MpiCommunicator: used after shutdown()");
-    queue_.push_back(Task{std::move(task), work});
+    queue_.push_back(Task{std::move(task), work, name, bytes});
   }
   wake_.notify_one();
   return work;
@@ -189,10 +196,14 @@ void MpiCommunicator::run_queue() {
       queue_.pop_front();
     }
     std::exception_ptr error;
-    try {
-      task.fn();
-    } catch (...) {
-      error = std::current_exception();
+    {
+      trace::Span span(task.name, "comm", trace::kCommThread);
+      span.arg("bytes", task.bytes);
+      try {
+        task.fn();
+      } catch (...) {
+        error = std::current_exception();
+      }
     }
     task.work->finish(error);
   }
@@ -208,42 +219,49 @@ float* MpiCommunicator::scratch(int which, std::size_t elems) {
 
 std::shared_ptr<Work> MpiCommunicator::issue_all_reduce(void* buf, std::size_t count, DType dtype,
                                                         ReduceOp op) {
-  return enqueue([=, this] { all_reduce_impl(buf, count, dtype, op); });
+  return enqueue([=, this] { all_reduce_impl(buf, count, dtype, op); }, "all_reduce", count * dtype_size(dtype));
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_reduce_scatter(const void* send, void* recv,
                                                             std::span<const std::size_t> counts,
                                                             DType dtype) {
   std::vector<std::size_t> owned(counts.begin(), counts.end());
-  return enqueue([=, this, counts = std::move(owned)] { reduce_scatter_impl(send, recv, counts, dtype); });
+  const std::size_t bytes = std::accumulate(owned.begin(), owned.end(), std::size_t{0}) * dtype_size(dtype);
+  return enqueue([=, this, counts = std::move(owned)] { reduce_scatter_impl(send, recv, counts, dtype); },
+                 "reduce_scatter", bytes);
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_all_gather(const void* send, void* recv,
                                                         std::span<const std::size_t> counts,
                                                         DType dtype) {
   std::vector<std::size_t> owned(counts.begin(), counts.end());
-  return enqueue([=, this, counts = std::move(owned)] {
-    ring_all_gather_bytes(send, recv, counts, prefix_offsets(counts), dtype_size(dtype));
-  });
+  const std::size_t bytes = std::accumulate(owned.begin(), owned.end(), std::size_t{0}) * dtype_size(dtype);
+  return enqueue(
+      [=, this, counts = std::move(owned)] {
+        ring_all_gather_bytes(send, recv, counts, prefix_offsets(counts), dtype_size(dtype));
+      },
+      "all_gather", bytes);
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_reduce(void* buf, std::size_t count, DType dtype,
                                                     int root) {
-  return enqueue([=, this] { reduce_impl(buf, count, dtype, root); });
+  return enqueue([=, this] { reduce_impl(buf, count, dtype, root); }, "reduce", count * dtype_size(dtype));
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_broadcast(void* buf, std::size_t count, DType dtype,
                                                        int root) {
-  return enqueue([=, this] { broadcast_impl(buf, count, dtype, root); });
+  return enqueue([=, this] { broadcast_impl(buf, count, dtype, root); }, "broadcast", count * dtype_size(dtype));
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_barrier() {
-  return enqueue([this] {
-    if (world_size_ == 1) return;
-    MPI_Request request;
-    ZERO_MPI_CHECK(MPI_Ibarrier(comm_, &request));
-    wait_all(1, &request);
-  });
+  return enqueue(
+      [this] {
+        if (world_size_ == 1) return;
+        MPI_Request request;
+        ZERO_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+        wait_all(1, &request);
+      },
+      "barrier");
 }
 
 double MpiCommunicator::control_all_reduce(double value, ReduceOp op) {
@@ -254,7 +272,7 @@ double MpiCommunicator::control_all_reduce(double value, ReduceOp op) {
     ZERO_MPI_CHECK(MPI_Iallreduce(&value, &result, 1, MPI_DOUBLE, op == ReduceOp::sum ? MPI_SUM : MPI_MAX,
                                   comm_, &request));
     wait_all(1, &request);
-  })->wait();
+  }, "control_all_reduce", sizeof(double))->wait();
   return result;
 }
 

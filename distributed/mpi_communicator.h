@@ -93,7 +93,8 @@ class MpiCommunicator final : public Communicator {
  private:
   // Runs `task` on the communication thread after everything queued before it. With one rank there
   // is no traffic to order, so the task runs inline (a local copy costs no thread hand-off).
-  std::shared_ptr<Work> enqueue(std::function<void()> task);
+  /// `name` and `bytes` (this rank's buffer) label the collective's span in a trace (core/trace.h).
+  std::shared_ptr<Work> enqueue(std::function<void()> task, const char* name, std::size_t bytes = 0);
   void run_queue();
 
   // ---- algorithms; run on the communication thread only ----
@@ -126,6 +127,8 @@ class MpiCommunicator final : public Communicator {
   struct Task {
     std::function<void()> fn;
     std::shared_ptr<detail::CpuWork> work;
+    const char* name = "";
+    std::size_t bytes = 0;
   };
   std::deque<Task> queue_;
   bool stopping_ = false;  // set by shutdown(); the queue drains, then the thread ends

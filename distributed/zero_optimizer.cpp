@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <unordered_set>
 
 #include "autograd/autograd.h"
 #include "core/check.h"
+#include "core/trace.h"
 #include "optim/clip.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"
@@ -366,6 +368,7 @@ void ZeroOptimizer::backward(const Tensor& loss) {
   const Tensor seed =
       Tensor::full(loss.shape(), backward_scale_ / static_cast<float>(gas), loss.dtype(), loss.device());
   in_backward_ = true;
+  trace::Span span("backward", "backward");
   try {
     autograd::backward(loss, seed);
     in_backward_ = false;
@@ -407,6 +410,7 @@ void ZeroOptimizer::on_gradient(std::size_t i, Tensor& param) {
              "pass reached it before the first finished)",
              p.name);
   delivered_[i] = 1;
+  if (trace::active()) trace::instant("hook", "hook", trace::kComputeThread, {{"param", p.name}});
   if (p.numel == 0) {
     if (opts_.stage == 2) param.set_grad(Tensor());
     return;
@@ -435,7 +439,9 @@ void ZeroOptimizer::on_gradient(std::size_t i, Tensor& param) {
     param.set_grad(Tensor());
   }
   if (!reducing_) return;  // stages 0/1 before the boundary: autograd accumulated into the flat buffer
-  for (int k = first; k <= last; ++k) --pending_[static_cast<std::size_t>(k)];
+  for (int k = first; k <= last; ++k)
+    if (--pending_[static_cast<std::size_t>(k)] == 0 && trace::active())
+      trace::instant("bucket ready", "bucket", trace::kComputeThread, {{"bucket", k}});
   issue_ready_buckets();
 }
 
@@ -484,6 +490,9 @@ void ZeroOptimizer::issue_bucket(int k) {
 
   std::shared_ptr<Work> work;
   const std::size_t n = static_cast<std::size_t>(b.size());
+  if (trace::active())
+    trace::instant("bucket issued", "bucket", trace::kComputeThread,
+                   {{"bucket", k}, {"elements", n}, {"bytes", n * dtype_size(dt)}});
   if (opts_.stage == 0 || !opts_.reduce_scatter) {
     // Stage 0, or the reduce_scatter=false scheme: everyone gets the whole reduced bucket.
     if (opts_.overlap_comm)
@@ -508,6 +517,7 @@ void ZeroOptimizer::issue_bucket(int k) {
 }
 
 void ZeroOptimizer::finish(const InFlight& f) {
+  if (trace::active()) trace::instant("bucket done", "bucket", trace::kComputeThread, {{"bucket", f.bucket}});
   if (opts_.stage != 2) return;  // stages 0/1 reduced in place in the flat gradient
   // Note [ZeRO-2 gradient ownership]: add this rank's reduced slice into its partition gradient.
   const Bucket& b = buckets_[static_cast<std::size_t>(f.bucket)];
@@ -568,6 +578,7 @@ bool ZeroOptimizer::step() {
 
   // ---- 1. overflow: any rank's inf/NaN skips the step everywhere ----
   if (dt == DType::f16) {
+    trace::Span span("overflow check", "step");
     const double local = optim::has_inf_or_nan(grad) ? 1.0 : 0.0;
     const bool overflow = comm_->all_reduce_max(local) != 0.0;
     if (overflow) {
@@ -580,8 +591,12 @@ bool ZeroOptimizer::step() {
   }
 
   // ---- 2. global norm from the partitions (fp64 partial sums, one all-reduce) ----
-  double sq = optim::grad_sq_norm(grad);
-  if (opts_.stage != 0) sq = comm_->all_reduce_sum(sq);  // stage 0: every rank holds the full gradient
+  double sq = 0.0;
+  {
+    trace::Span span("grad norm", "step");
+    sq = optim::grad_sq_norm(grad);
+    if (opts_.stage != 0) sq = comm_->all_reduce_sum(sq);  // stage 0: every rank holds the full gradient
+  }
   const double scale_used = backward_scale_;
   last_grad_norm_ = std::sqrt(sq) / scale_used;
 
@@ -620,6 +635,8 @@ bool ZeroOptimizer::step() {
     return true;
   }
 #endif
+  std::optional<trace::Span> adamw_span;
+  adamw_span.emplace("adamw", "step");
   std::vector<float> scratch;
   float* master = master_.data<float>();
   float* m = exp_avg_.data<float>();
@@ -644,6 +661,8 @@ bool ZeroOptimizer::step() {
     }
   }
 
+  adamw_span.reset();
+
   // ---- 6. all-gather the partitions so every rank has every parameter (stages 1/2) ----
   if (opts_.stage != 0) all_gather_params();
 
@@ -654,6 +673,7 @@ bool ZeroOptimizer::step() {
 }
 
 void ZeroOptimizer::all_gather_params() {
+  trace::Span span("all_gather params", "step");
   // Chunks are fixed ranges of the flat buffer of allgather_bucket_size elements; each rank sends the
   // part of the chunk in its partition, in place, and receives the whole chunk, in place.
   const std::int64_t padded = layout_.padded_numel();

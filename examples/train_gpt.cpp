@@ -31,9 +31,11 @@
 #include <thread>
 
 #include "core/cpu/kernels.h"
+#include "core/trace.h"
 #include "distributed/checkpoint.h"
 #include "distributed/config.h"
 #include "distributed/mpi_communicator.h"
+#include "distributed/trace_file.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
@@ -58,6 +60,7 @@ struct Args {
   std::uint64_t seed = 1337;
   int threads = 0;
   std::string metrics;
+  std::string trace, trace_steps;  // Chrome trace file; steps A:B (1-based, inclusive) to record
   // Distributed / mixed precision (override the --config file).
   std::string config;
   int zero_stage = 0;
@@ -126,6 +129,35 @@ std::shared_ptr<dist::Communicator> make_communicator(const Args& a, std::shared
 // Finds the default corpus: data/tinyshakespeare.txt relative to the working directory.
 std::string default_data_path() { return "data/tinyshakespeare.txt"; }
 
+// The inclusive 1-based step range of --trace-steps "A:B" (all steps when empty). Throws zero::Error
+// naming the flag for anything else.
+std::pair<std::int64_t, std::int64_t> trace_range(const Args& a) {
+  if (a.trace_steps.empty()) return {1, a.steps};
+  const auto colon = a.trace_steps.find(':');
+  std::int64_t first = 0, last = 0;
+  bool ok = colon != std::string::npos;
+  try {
+    std::size_t used = 0;
+    if (ok) first = std::stoll(a.trace_steps.substr(0, colon), &used);
+    ok = ok && used == colon;
+    if (ok) last = std::stoll(a.trace_steps.substr(colon + 1), &used);
+    ok = ok && used == a.trace_steps.size() - colon - 1;
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  ZERO_CHECK(ok && first >= 1 && last >= first, "--trace-steps must be A:B with 1 <= A <= B (steps counted from 1), "
+             "got '{}'", a.trace_steps);
+  return {first, std::min(last, a.steps)};
+}
+
+// An output path must not be a directory and its directory must exist (checked before any work).
+void check_output_path(const std::string& path, const char* flag) {
+  const auto p = std::filesystem::absolute(path);
+  ZERO_CHECK(!std::filesystem::is_directory(p), "{} '{}' is a directory; give a file path", flag, path);
+  ZERO_CHECK(std::filesystem::is_directory(p.parent_path()), "{}: '{}' is not an existing directory", flag,
+             p.parent_path().string());
+}
+
 void validate(const Args& a) {
   ZERO_CHECK(a.steps > 0, "--steps must be positive, got {}", a.steps);
   ZERO_CHECK(a.batch > 0, "--batch must be positive, got {}", a.batch);
@@ -145,13 +177,11 @@ void validate(const Args& a) {
              "--reduce-bucket-size must be a positive whole number of elements, got {}", a.reduce_bucket_size);
   ZERO_CHECK(a.zero_stage >= 0 && a.zero_stage <= 2, "--zero-stage must be 0, 1 or 2 (stage 3 is not supported), got {}",
              a.zero_stage);
-  for (const auto& [flag, file] : {std::pair{"--metrics", a.metrics}, std::pair{"--log-file", a.log_file}}) {
-    if (file.empty()) continue;
-    const auto path = std::filesystem::absolute(file);
-    ZERO_CHECK(!std::filesystem::is_directory(path), "{} '{}' is a directory; give a file path", flag, file);
-    ZERO_CHECK(std::filesystem::is_directory(path.parent_path()), "{}: '{}' is not an existing directory", flag,
-               path.parent_path().string());
-  }
+  if (!a.metrics.empty()) check_output_path(a.metrics, "--metrics");
+  if (!a.log_file.empty()) check_output_path(a.log_file, "--log-file");
+  if (!a.trace.empty()) check_output_path(a.trace, "--trace");
+  ZERO_CHECK(a.trace_steps.empty() || !a.trace.empty(), "--trace-steps needs --trace PATH");
+  trace_range(a);
   ZERO_CHECK(a.save_every >= 0, "--save-every must be >= 0 (0 = only at the end), got {}", a.save_every);
   ZERO_CHECK(a.keep >= 0, "--keep must be >= 0 (0 = keep every checkpoint), got {}", a.keep);
   if (!a.save_dir.empty()) {
@@ -203,6 +233,7 @@ void check_attention_memory(const Args& a, std::int64_t micro) {
 float evaluate(const nn::GPT& model, const std::vector<std::int64_t>& split, const Args& a, Generator& gen,
                dist::Communicator& comm) {
   autograd::NoGradGuard no_grad;
+  trace::Span span("evaluate", "eval");
   const std::int64_t per_rank = a.batch / comm.world_size();
   double total = 0.0;
   for (std::int64_t i = 0; i < a.eval_iters; ++i) {
@@ -316,17 +347,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const Device device = device_of(a);
   model.to(device);  // before the optimizer builds its flat buffers (on the same device)
 
-  dist::ZeroOptions zo;
-  zo.stage = tc.zero_optimization.stage;
-  zo.dtype = tc.model_dtype();
-  zo.reduce_bucket_size = tc.zero_optimization.reduce_bucket_size;
-  zo.allgather_bucket_size = tc.zero_optimization.allgather_bucket_size;
-  zo.reduce_scatter = tc.zero_optimization.reduce_scatter;
-  zo.overlap_comm = tc.zero_optimization.overlap_comm;
-  zo.contiguous_gradients = tc.zero_optimization.contiguous_gradients;
-  zo.gradient_accumulation_steps = gas;
-  zo.gradient_clipping = static_cast<float>(tc.gradient_clipping);
-  zo.fp16 = tc.loss_scaler_config();
+  dist::ZeroOptions zo = tc.zero_options();
   zo.adam = optim::AdamWOptions{a.lr, a.beta1, a.beta2, 1e-8f};
   zo.weight_decay = a.weight_decay;
   dist::ZeroOptimizer opt(model.named_parameters(), std::shared_ptr<dist::Communicator>(&comm, [](auto*) {}), zo);
@@ -380,6 +401,12 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
       std::fflush(stdout);
     }
   };
+  const auto [trace_first, trace_last] = trace_range(a);
+  if (!a.trace.empty()) {
+    comm.barrier();  // a common clock origin for every rank's events
+    trace::enable();
+    trace::set_active(false);  // the loop turns it on for the traced steps
+  }
 
   if (lead) {
     fmt::print("train_gpt: {} ({} train / {} val tokens, vocab {})\n", a.data, data.train.size(), data.val.size(),
@@ -415,6 +442,10 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   bool evaluated_last = false;
   for (std::int64_t step = first_step; step < a.steps; ++step) {
     synchronize(device);  // the clock measures finished work
+    if (!a.trace.empty()) trace::set_active(step + 1 >= trace_first && step + 1 <= trace_last);
+    std::optional<trace::Span> step_span;
+    step_span.emplace("step", "step");
+    step_span->arg("step", step + 1);
     const auto t0 = Clock::now();
     const float lr = optim::lr_at(step, schedule);
     opt.set_lr(lr);
@@ -424,12 +455,17 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     double loss_sum = 0.0;
     for (int i = 0; i < gas; ++i) {
       const std::int64_t first = (static_cast<std::int64_t>(i) * world + rank) * micro;
-      Tensor loss = model.loss(x.narrow(0, first, micro), y.narrow(0, first, micro));
+      Tensor loss;
+      {
+        trace::Span span("forward", "forward");
+        loss = model.loss(x.narrow(0, first, micro), y.narrow(0, first, micro));
+      }
       opt.backward(loss);
       loss_sum += loss.item();
     }
     const bool applied = opt.step();
     synchronize(device);
+    step_span.reset();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (step - first_step >= warmup_steps) train_seconds += dt;
     window_seconds += dt;
@@ -488,6 +524,17 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
       std::fflush(stdout);
     }
   }
+  // The trace: every rank's events into one file, and how much communication compute hid.
+  dist::OverlapSummary overlap;
+  if (!a.trace.empty()) {
+    trace::set_active(false);
+    const std::vector<trace::Event> events = trace::take();
+    overlap = dist::overlap_summary(events);
+    overlap.comm_us = comm.all_reduce_sum(overlap.comm_us) / world;  // mean over ranks
+    overlap.exposed_us = comm.all_reduce_sum(overlap.exposed_us) / world;
+    dist::write_trace(a.trace, comm, events);
+    trace::disable();
+  }
   const std::int64_t timed_steps = std::max<std::int64_t>(1, steps_run - warmup_steps);
   const double tokens_per_s = train_seconds > 0 ? timed_steps * a.batch * a.block / train_seconds : 0.0;
   const double ms_per_step = 1000.0 * train_seconds / timed_steps;
@@ -521,6 +568,13 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     if (peak > 0.0)
       fmt::print("compute: {:.2f} TFLOP/s per rank, MFU {:.1f}% of {:.0f} TFLOP/s ({} peak)\n", tflops, 100.0 * mfu,
                  peak / 1e12, device_name(device));
+    if (!a.trace.empty()) {
+      const std::int64_t traced =
+          std::max<std::int64_t>(1, trace_last - std::max<std::int64_t>(trace_first, first_step + 1) + 1);
+      fmt::print("trace: {} (steps {}-{}): communication {:.2f} ms/step per rank, {:.0f}% of it hidden behind "
+                 "compute\n",
+                 a.trace, std::max<std::int64_t>(trace_first, first_step + 1), trace_last, overlap.comm_us / 1000.0 / traced, 100.0 * overlap.hidden_fraction());
+    }
     if (zo.dtype == DType::f16)
       fmt::print("fp16: final loss scale {:g}, {} skipped step(s) (a skipped step has no all-gather)\n",
                  opt.loss_scale(), opt.skipped_steps());
@@ -599,6 +653,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
   app.add_option("--threads", a.threads, "CPU threads per rank (0 = this machine's cores / ranks)")->capture_default_str();
   app.add_option("--metrics", a.metrics, "write a JSON summary to this path");
+  app.add_option("--trace", a.trace, "write a Chrome trace (Perfetto, chrome://tracing) of every rank to this path");
+  app.add_option("--trace-steps", a.trace_steps, "with --trace: record only steps A:B (from 1, inclusive)");
   app.add_option("--sample", a.sample, "characters to generate at the end (0 = none)")->capture_default_str();
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
   auto* stage = app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0 (data parallel), 1 or 2")

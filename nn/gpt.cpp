@@ -67,15 +67,25 @@ Tensor GPT::forward(const Tensor& idx) const {
   for (std::int64_t t = 0; t < T; ++t) positions[t] = t;
   // Positions live with the model (wpe's device): cpu -> cuda is one small upload per forward.
   Tensor pos = Tensor::from_indices(positions, {T}).to(wpe->weight.device());
-  Tensor x = drop->forward(add(wte->forward(idx), wpe->forward(pos)));  // [B,T,C] + [T,C]
-  for (const auto& block : blocks) x = block->forward(x);
+  // Each scope is one forward and one backward span in a trace (Note [Traced scopes]).
+  Tensor x;
+  {
+    autograd::ScopeGuard scope("embedding");
+    x = drop->forward(add(wte->forward(idx), wpe->forward(pos)));  // [B,T,C] + [T,C]
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    autograd::ScopeGuard scope(autograd::tracing() ? "block " + std::to_string(i) : std::string());
+    x = blocks[i]->forward(x);
+  }
   // LM head tied to the token embedding: logits = lnf(x) @ wte^T.
+  autograd::ScopeGuard scope("head");
   return linear(lnf->forward(x), wte->forward_weight(), Tensor());
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {
   Tensor logits = forward(idx);
   const std::int64_t V = cfg_.vocab_size;
+  autograd::ScopeGuard scope("loss");
   return cross_entropy(logits.view({-1, V}), targets.reshape({-1}));
 }
 

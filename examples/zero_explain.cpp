@@ -1,0 +1,503 @@
+// zero_explain: shows, without training and without mpirun, what ZeRO does with train_gpt's model on N
+// ranks: who owns which bytes of the flat buffer, how it is cut into buckets and in which order they
+// leave, what each rank holds (beside the ZeRO paper's formulas), what each step sends, and, given a
+// link's bandwidth and latency, what that costs up to 1,024 ranks.
+//
+//   build/bin/zero_explain --data data/tinyshakespeare.txt --world-size 4 --zero-stage 2 --dtype fp16
+//   build/bin/zero_explain --vocab-size 65 --world-size 4 --format json
+//   build/bin/zero_explain --world-size 8 --bandwidth 25e9 --latency 5e-6 --params 124e6 --params 1.5e9
+//   build/bin/zero_explain --world-size 4 --svg layout.svg
+//
+// Model and ZeRO flags have train_gpt's names and defaults (--config, then the flags over it). The
+// numbers come from distributed/zero_plan.h: layout arithmetic, checked by the tests against what a
+// real ZeroOptimizer allocates and its ledger counts. The bucket order and the stage-2 pool follow the
+// real hook order, recorded from one backward of the model on a dummy batch (no optimizer step).
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "distributed/config.h"
+#include "distributed/zero_plan.h"
+#include "examples/text_data.h"
+#include "nn/gpt.h"
+
+namespace {
+
+using namespace zero;
+using dist::Collective;
+using nlohmann::json;
+
+struct Args {
+  std::string data, config, dtype = "fp32", format = "text", svg;
+  std::int64_t vocab_size = 0, block = 64, n_layer = 4, n_head = 4, n_embd = 128;
+  int world_size = 1, zero_stage = 0, grad_accum = 1;
+  double reduce_bucket_size = 0;
+  bool overlap_comm = false;
+  double bandwidth = 0, latency = 0;
+  std::vector<double> params;
+};
+
+std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
+
+// Human units for the scale table (params can reach TB totals at stage 0).
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+std::string human_seconds(double s) {
+  if (s == 0.0) return "0";
+  if (s < 1e-3) return fmt::format("{:.1f} us", s * 1e6);
+  if (s < 1.0) return fmt::format("{:.2f} ms", s * 1e3);
+  return fmt::format("{:.3f} s", s);
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// The ZeRO options train_gpt would run with: the --config file (or defaults), then the flags given.
+dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
+  dist::TrainingConfig tc =
+      a.config.empty() ? dist::TrainingConfig::from_json(json::object()) : dist::TrainingConfig::from_file(a.config);
+  for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
+  if (app.count("--zero-stage")) tc.zero_optimization.stage = a.zero_stage;
+  if (app.count("--dtype")) tc.set_model_dtype(parse_float_dtype(a.dtype));
+  if (app.count("--reduce-bucket-size")) {
+    ZERO_CHECK(a.reduce_bucket_size >= 1 && std::floor(a.reduce_bucket_size) == a.reduce_bucket_size,
+               "--reduce-bucket-size must be a positive whole number of elements, got {}", a.reduce_bucket_size);
+    tc.zero_optimization.reduce_bucket_size = static_cast<std::int64_t>(a.reduce_bucket_size);
+  }
+  if (app.count("--overlap-comm")) tc.zero_optimization.overlap_comm = a.overlap_comm;
+  if (app.count("--grad-accum")) tc.gradient_accumulation_steps = a.grad_accum;
+  tc.validate();
+  return tc.zero_options();
+}
+
+// Parameter indices in the order backward makes their gradients final (Note [Hook order]): one
+// forward + backward of the model on a [1, T] batch of token 0, hooks recording the order.
+std::vector<std::size_t> record_hook_order(nn::GPT& model) {
+  std::vector<nn::NamedParameter> params = model.named_parameters();
+  std::vector<std::size_t> order;
+  std::vector<int> ids;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    ids.push_back(
+        autograd::register_post_accumulate_grad_hook(params[i].tensor, [&order, i](Tensor&) { order.push_back(i); }));
+  const std::int64_t T = std::min<std::int64_t>(model.config().block_size, 8);
+  const Tensor x = Tensor::from_indices(std::vector<std::int64_t>(static_cast<std::size_t>(T), 0), {1, T});
+  model.loss(x, x).backward();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    autograd::remove_post_accumulate_grad_hook(params[i].tensor, ids[i]);
+    params[i].tensor.set_grad(Tensor());
+  }
+  // Parameters that got no gradient (none in this model) reduce last, in reverse list order.
+  std::vector<char> seen(params.size(), 0);
+  for (std::size_t i : order) seen[i] = 1;
+  for (std::size_t i = params.size(); i-- > 0;)
+    if (!seen[i]) order.push_back(i);
+  return order;
+}
+
+json traffic_json(const dist::StepTraffic& t) {
+  json j;
+  for (int c = 0; c < dist::kNumCollectives; ++c)
+    j[std::string(dist::collective_name(static_cast<Collective>(c)))] = t.bytes[c];
+  j["total"] = t.total();
+  return j;
+}
+
+json memory_json(const dist::MemoryBreakdown& m) {
+  return {{"params", m.params},
+          {"grads", m.grads},
+          {"optimizer_states", m.optimizer_states},
+          {"buckets", m.buckets},
+          {"model_states", m.model_states()}};
+}
+
+// The schemes compared side by side: every stage, and the reduce_scatter = false variant of 1 and 2.
+struct Scheme {
+  std::string name;
+  int stage;
+  bool reduce_scatter;
+};
+const std::vector<Scheme> kSchemes = {{"stage 0", 0, true},
+                                      {"stage 1", 1, true},
+                                      {"stage 2", 2, true},
+                                      {"stage 1, reduce_scatter false", 1, false},
+                                      {"stage 2, reduce_scatter false", 2, false}};
+
+dist::ZeroOptions with_scheme(dist::ZeroOptions zo, const Scheme& s) {
+  zo.stage = s.stage;
+  zo.reduce_scatter = s.reduce_scatter;
+  return zo;
+}
+
+// ---- the SVG: the flat buffer as one bar, parameters as segments coloured by the owning rank ----
+void write_svg(const std::string& path, const dist::ZeroPlan& plan) {
+  const dist::FlatLayout& L = plan.layout;
+  const double width = 1400, left = 20, bar_w = width - 2 * left, bar_y = 150, bar_h = 60;
+  const double padded = static_cast<double>(L.padded_numel());
+  auto x_of = [&](std::int64_t e) { return left + bar_w * static_cast<double>(e) / padded; };
+  const char* colours[] = {"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"};
+  const int n = L.world_size();
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+      width, 330);
+  s += fmt::format(
+      "<text x=\"{}\" y=\"20\" font-size=\"14\">flat buffer: {} elements ({} parameters + {} padding), {} ranks x "
+      "partition {}; stage {}, {} bucket(s) of &lt;= {} elements</text>\n",
+      left, L.padded_numel(), L.numel(), L.padding(), n, L.partition_size(), plan.options.stage, plan.buckets.size(),
+      plan.options.reduce_bucket_size);
+  // Partitions as a band above the bar.
+  for (int r = 0; r < n; ++r) {
+    const double x0 = x_of(L.partition_begin(r)), x1 = x_of(L.partition_end(r));
+    s += fmt::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"14\" fill=\"{}\"/>\n", x0, bar_y - 22,
+                     x1 - x0, colours[r % 8]);
+    if (x1 - x0 > 60)
+      s += fmt::format("<text x=\"{:.2f}\" y=\"{}\" fill=\"white\">rank {}</text>\n", x0 + 4, bar_y - 11, r);
+  }
+  // Parameter slices, coloured by owner, outlined per parameter; names of the wider ones above.
+  double last_label_end = -1e9;
+  for (const dist::ParamRange& p : L.params()) {
+    if (p.numel == 0) continue;
+    for (const dist::ParamSlice& sl : p.slices) {
+      const double x0 = x_of(sl.flat_offset), x1 = x_of(sl.flat_offset + sl.length);
+      s += fmt::format(
+          "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\" fill-opacity=\"0.55\"/>\n", x0, bar_y,
+          x1 - x0, bar_h, colours[sl.rank % 8]);
+    }
+    const double x0 = x_of(p.offset), x1 = x_of(p.end());
+    s += fmt::format(
+        "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"none\" stroke=\"#333\" "
+        "stroke-width=\"0.5\"><title>{} {} [{}, {})</title></rect>\n",
+        x0, bar_y, x1 - x0, bar_h, p.name, shape_str(p.shape), p.offset, p.end());
+    const double mid = (x0 + x1) / 2;
+    if (x1 - x0 > 6 && mid - last_label_end > 12) {
+      s += fmt::format("<text transform=\"translate({:.2f},{}) rotate(-50)\" font-size=\"9\">{}</text>\n", mid,
+                       bar_y - 26, p.name);
+      last_label_end = mid;
+    }
+  }
+  if (L.padding() > 0) {
+    const double x0 = x_of(L.numel());
+    s += fmt::format(
+        "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"#ccc\"><title>padding {} "
+        "elements</title></rect>\n",
+        x0, bar_y, std::max(1.0, x_of(L.padded_numel()) - x0), bar_h, L.padding());
+  }
+  // Bucket boundaries below the bar, with the issue order.
+  for (const dist::Bucket& b : plan.buckets) {
+    const double x0 = x_of(b.begin), x1 = x_of(b.end);
+    s += fmt::format("<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"#c00\" stroke-width=\"1.5\"/>\n",
+                     x0, bar_y - 4, x0, bar_y + bar_h + 30);
+    if (x1 - x0 > 14)
+      s += fmt::format("<text x=\"{:.2f}\" y=\"{}\" fill=\"#c00\" text-anchor=\"middle\">b{}</text>\n", (x0 + x1) / 2,
+                       bar_y + bar_h + 22, b.index);
+  }
+  s += fmt::format("<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"#c00\" stroke-width=\"1.5\"/>\n",
+                   x_of(L.padded_numel()), bar_y - 4, x_of(L.padded_numel()), bar_y + bar_h + 30);
+  s += fmt::format(
+      "<text x=\"{}\" y=\"{}\">segments: parameters in named_parameters() order, coloured by the rank "
+      "owning each slice; red lines: bucket boundaries, b0 leaves first (Note [Bucket order]); grey: "
+      "padding. Hover a segment for its name and range.</text>\n",
+      left, bar_y + bar_h + 60);
+  s += "</svg>\n";
+  std::ofstream out(path);
+  ZERO_CHECK(out.good(), "--svg: cannot write '{}'", path);
+  out << s;
+}
+
+int run(const Args& a, const CLI::App& app) {
+  ZERO_CHECK(a.world_size >= 1, "--world-size must be >= 1, got {}", a.world_size);
+  ZERO_CHECK(a.format == "text" || a.format == "json", "--format must be text or json, got '{}'", a.format);
+  ZERO_CHECK(a.bandwidth >= 0, "--bandwidth must be > 0 bytes/s, got {}", a.bandwidth);
+  ZERO_CHECK(a.latency >= 0, "--latency must be >= 0 seconds, got {}", a.latency);
+  for (double p : a.params) ZERO_CHECK(p >= 1, "--params must be >= 1 parameter, got {}", p);
+  ZERO_CHECK(a.data.empty() || a.vocab_size == 0, "give --data or --vocab-size, not both");
+  nn::GPTConfig cfg;
+  cfg.vocab_size = a.vocab_size > 0 ? a.vocab_size : 65;
+  if (!a.data.empty()) cfg.vocab_size = examples::TextData::load(a.data, a.block).vocab_size();
+  cfg.block_size = a.block;
+  cfg.n_layer = a.n_layer;
+  cfg.n_head = a.n_head;
+  cfg.n_embd = a.n_embd;
+  cfg.validate();
+  const dist::ZeroOptions zo = make_options(a, app);
+
+  Generator gen(1337);
+  nn::GPT model(cfg, gen);
+  const std::vector<nn::NamedParameter> named = model.named_parameters();
+  std::vector<dist::FlatLayout::Entry> entries;
+  for (const auto& p : named)
+    if (p.tensor.requires_grad()) entries.push_back({p.name, p.tensor.shape(), p.decay});
+  const std::vector<std::size_t> order = record_hook_order(model);
+  const int N = a.world_size;
+  const dist::ZeroPlan plan = dist::plan_zero(entries, N, zo, order);
+  const dist::FlatLayout& L = plan.layout;
+  const double psi = static_cast<double>(L.numel());
+  const dist::StepTraffic traffic = plan.traffic();
+  const double baseline = dist::plan_zero(entries, N, with_scheme(zo, kSchemes[0]), order).traffic().total();
+  const bool timed = a.bandwidth > 0;
+
+  // When each bucket can leave: after the hook of the last of its parameters to deliver.
+  std::vector<std::size_t> position(order.size());
+  for (std::size_t j = 0; j < order.size(); ++j) position[order[j]] = j;
+  std::vector<std::size_t> ready_after(plan.buckets.size(), 0);  // hook position (1-based; 0 = at once)
+  std::size_t running = 0;
+  for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
+    for (std::size_t i : plan.buckets[k].params) running = std::max(running, position[i] + 1);
+    ready_after[k] = running;  // a bucket also waits for the ones before it (Note [Bucket order])
+  }
+
+  if (a.format == "json") {
+    json j;
+    j["model"] = {{"vocab_size", cfg.vocab_size}, {"block_size", cfg.block_size}, {"n_layer", cfg.n_layer},
+                  {"n_head", cfg.n_head},         {"n_embd", cfg.n_embd},         {"params", L.numel()}};
+    j["world_size"] = N;
+    j["zero_stage"] = zo.stage;
+    j["dtype"] = std::string(dtype_name(zo.dtype));
+    j["reduce_scatter"] = zo.reduce_scatter;
+    j["overlap_comm"] = zo.overlap_comm;
+    j["gradient_accumulation_steps"] = zo.gradient_accumulation_steps;
+    j["reduce_bucket_size"] = zo.reduce_bucket_size;
+    j["allgather_bucket_size"] = zo.allgather_bucket_size;
+    j["numel"] = L.numel();
+    j["padded_numel"] = L.padded_numel();
+    j["padding"] = L.padding();
+    j["partition_size"] = L.partition_size();
+    json params = json::array();
+    for (const auto& p : L.params()) {
+      json owners = json::array();
+      for (const auto& s : p.slices)
+        owners.push_back(
+            {{"rank", s.rank}, {"flat_offset", s.flat_offset}, {"param_offset", s.param_offset}, {"length", s.length}});
+      params.push_back({{"name", p.name},
+                        {"shape", p.shape},
+                        {"offset", p.offset},
+                        {"numel", p.numel},
+                        {"decay", p.decay},
+                        {"owners", owners}});
+    }
+    j["params"] = params;
+    json parts = json::array();
+    for (int r = 0; r < N; ++r) {
+      json slices = json::array();
+      for (const auto& s : L.owned(r))
+        slices.push_back({{"param", L.params()[s.param].name}, {"flat_offset", s.flat_offset}, {"length", s.length}});
+      parts.push_back({{"rank", r},
+                       {"begin", L.partition_begin(r)},
+                       {"end", L.partition_end(r)},
+                       {"real", L.partition_real_numel(r)},
+                       {"padding", L.partition_size() - L.partition_real_numel(r)},
+                       {"slices", slices}});
+    }
+    j["partitions"] = parts;
+    json buckets = json::array();
+    for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
+      const auto& b = plan.buckets[k];
+      json names = json::array();
+      for (std::size_t i : b.params) names.push_back(L.params()[i].name);
+      buckets.push_back({{"index", b.index},
+                         {"begin", b.begin},
+                         {"end", b.end},
+                         {"counts", b.counts},
+                         {"params", names},
+                         {"ready_after_hooks", ready_after[k]}});
+    }
+    j["buckets"] = buckets;
+    json hooks = json::array();
+    for (std::size_t i : order) hooks.push_back(L.params()[i].name);
+    j["hook_order"] = hooks;
+    j["pool_buffers"] = plan.pool_buffers;
+    j["max_pool_buffers"] = plan.max_pool_buffers;
+    j["memory_bytes"] = memory_json(plan.memory());
+    j["memory_formula_bytes"] = memory_json(dist::expected_memory(zo.stage, zo.dtype, psi, N));
+    j["traffic_bytes_per_step"] = traffic_json(traffic);
+    j["baseline_bytes_per_step"] = baseline;
+    json schemes = json::array();
+    for (const Scheme& s : kSchemes) {
+      const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s), order);
+      json e = {{"scheme", s.name},
+                {"zero_stage", s.stage},
+                {"reduce_scatter", s.reduce_scatter},
+                {"memory_bytes", memory_json(p.memory())},
+                {"memory_formula_bytes", memory_json(dist::expected_memory(s.stage, zo.dtype, psi, N))},
+                {"traffic_bytes_per_step", traffic_json(p.traffic())}};
+      if (timed) e["comm_time_s_per_step"] = dist::step_comm_time_s(p, a.bandwidth, a.latency);
+      schemes.push_back(e);
+    }
+    j["schemes"] = schemes;
+    if (timed) {
+      j["bandwidth"] = a.bandwidth;
+      j["latency"] = a.latency;
+      j["comm_time_s_per_step"] = dist::step_comm_time_s(plan, a.bandwidth, a.latency);
+    }
+    std::cout << j.dump(2) << "\n";
+  } else {
+    fmt::print("model: {} layers, {} heads, {} channels, block {}, vocab {}: Psi = {} parameters ({} tensors)\n",
+               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size, L.numel(), L.params().size());
+    fmt::print(
+        "zero: stage {}, {}, {} rank(s), reduce_scatter {}, overlap_comm {}, GAS {}, reduce_bucket_size {}, "
+        "allgather_bucket_size {}\n\n",
+        zo.stage, dtype_name(zo.dtype), N, zo.reduce_scatter, zo.overlap_comm, zo.gradient_accumulation_steps,
+        zo.reduce_bucket_size, zo.allgather_bucket_size);
+
+    fmt::print("== flat layout: {} elements + {} padding = {} (a multiple of 2N = {}) ==\n", L.numel(), L.padding(),
+               L.padded_numel(), L.alignment());
+    fmt::print("{:>3}  {:<22} {:<12} {:>21}  owners (rank: elements)\n", "#", "parameter", "shape", "flat range");
+    for (std::size_t i = 0; i < L.params().size(); ++i) {
+      const auto& p = L.params()[i];
+      std::string owners;
+      for (const auto& s : p.slices) owners += fmt::format("{}{}: {}", owners.empty() ? "" : ", ", s.rank, s.length);
+      fmt::print("{:>3}  {:<22} {:<12} {:>21}  {}\n", i, p.name, shape_str(p.shape),
+                 fmt::format("[{}, {})", p.offset, p.end()), owners.empty() ? "-" : owners);
+    }
+
+    fmt::print("\n== partitions: P = {} elements per rank ==\n", L.partition_size());
+    for (int r = 0; r < N; ++r) {
+      const auto& owned = L.owned(r);
+      std::string names;
+      if (!owned.empty()) {
+        const auto& f = L.params()[owned.front().param];
+        const auto& l = L.params()[owned.back().param];
+        names = fmt::format("{} slice(s): {} .. {}", owned.size(), f.name, l.name);
+      } else {
+        names = "no slices (padding only)";
+      }
+      fmt::print("rank {}: [{}, {}), {} real + {} padding; {}\n", r, L.partition_begin(r), L.partition_end(r),
+                 L.partition_real_numel(r), L.partition_size() - L.partition_real_numel(r), names);
+    }
+
+    fmt::print("\n== buckets: {} of <= {} elements, cut from the end; issued 0, 1, 2, ... on every rank ==\n",
+               plan.buckets.size(), zo.reduce_bucket_size);
+    fmt::print("reductions: {} per optimizer step ({}), by {}\n", zo.stage == 2 ? zo.gradient_accumulation_steps : 1,
+               zo.stage == 2 ? "every micro-step" : "at the accumulation boundary",
+               zo.stage == 0 || !zo.reduce_scatter ? "all_reduce" : "reduce_scatter");
+    for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
+      const auto& b = plan.buckets[k];
+      std::string counts;
+      for (std::size_t r = 0; r < b.counts.size(); ++r) counts += fmt::format("{}{}", r ? ", " : "", b.counts[r]);
+      const std::string covers = b.params.empty()
+                                     ? "padding only"
+                                     : fmt::format("{} .. {} ({} params)", L.params()[b.params.front()].name,
+                                                   L.params()[b.params.back()].name, b.params.size());
+      fmt::print("bucket {}: [{}, {}) {} elements; {}; per-rank counts [{}]; ready after hook {} of {}\n", b.index,
+                 b.begin, b.end, b.size(), covers, counts, ready_after[k], order.size());
+    }
+    if (zo.stage == 2)
+      fmt::print(
+          "stage-2 bucket pool: {} buffer(s) of {} elements{}\n", plan.pool_buffers, plan.pool_buffer_numel,
+          zo.overlap_comm ? fmt::format(" (up to {} while collectives are in flight)", plan.max_pool_buffers) : "");
+
+    fmt::print("\n== memory per rank (this layout | ZeRO paper formula, Psi = {}, N = {}) ==\n", L.numel(), N);
+    for (int stage = 0; stage <= 2; ++stage) {
+      dist::ZeroOptions o = zo;
+      o.stage = stage;
+      const auto have = dist::plan_zero(entries, N, o, order).memory();
+      const auto want = dist::expected_memory(stage, zo.dtype, psi, N);
+      fmt::print("{} stage {}: params {} | {}, grads {} | {}, optimizer {} | {}, model states {} | {}, buckets {}\n",
+                 stage == zo.stage ? "*" : " ", stage, mib(have.params), mib(want.params), mib(have.grads),
+                 mib(want.grads), mib(have.optimizer_states), mib(want.optimizer_states), mib(have.model_states()),
+                 mib(want.model_states()), mib(have.buckets));
+    }
+
+    fmt::print("\n== traffic per optimizer step per rank (bus bytes; baseline = stage 0 = {:.0f} bytes) ==\n",
+               baseline);
+    for (const Scheme& s : kSchemes) {
+      const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s), order);
+      const auto t = p.traffic();
+      const bool chosen = s.stage == zo.stage && (s.stage == 0 || s.reduce_scatter == zo.reduce_scatter);
+      fmt::print(
+          "{} {:<30} all_reduce {:>10.0f}  reduce_scatter {:>10.0f}  all_gather {:>10.0f}  total {:>10.0f}  "
+          "{:.3f}x{}\n",
+          chosen ? "*" : " ", s.name, t[Collective::all_reduce], t[Collective::reduce_scatter],
+          t[Collective::all_gather], t.total(), baseline > 0 ? t.total() / baseline : 0.0,
+          timed ? fmt::format("  ~{}", human_seconds(dist::step_comm_time_s(p, a.bandwidth, a.latency))) : "");
+    }
+    if (N == 1) fmt::print("(one rank sends nothing: every factor has (N-1)/N)\n");
+
+    if (timed) {
+      fmt::print("\n== at scale: alpha-beta ring model, {:.3g} bytes/s per link, latency {:.3g} s ==\n", a.bandwidth,
+                 a.latency);
+      std::vector<double> sizes{psi};
+      sizes.insert(sizes.end(), a.params.begin(), a.params.end());
+      const double b = static_cast<double>(dtype_size(zo.dtype));
+      for (double P : sizes) {
+        // A model of P parameters as one tensor: padding and bucket edges matter little at scale.
+        const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
+        fmt::print("Psi = {:.4g} ({} of {} weights):\n", P, human_bytes(b * P), dtype_name(zo.dtype));
+        fmt::print("  {:>5}  {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10}\n", "N", "mem stage 0", "stage 1", "stage 2",
+                   "comm s0", "s1", "s2");
+        for (int n = 1; n <= 1024; n *= 2) {
+          std::string mem, comm;
+          for (int stage = 0; stage <= 2; ++stage) {
+            dist::ZeroOptions o = zo;
+            o.stage = stage;
+            o.reduce_scatter = true;
+            const auto m = dist::expected_memory(stage, zo.dtype, P, n);
+            mem += fmt::format(" {:>12}", human_bytes(m.model_states()));
+            comm += fmt::format(
+                " {:>10}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, o), a.bandwidth, a.latency)));
+          }
+          fmt::print("  {:>5} {}  {}\n", n, mem, comm);
+        }
+      }
+    }
+  }
+  if (!a.svg.empty()) write_svg(a.svg, plan);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  CLI::App app{
+      "Explain a ZeRO layout: ownership, buckets, memory and traffic per rank, for train_gpt's model "
+      "(no training, no mpirun)"};
+  app.add_option("--data", a.data, "text file whose distinct bytes are the vocabulary");
+  app.add_option("--vocab-size", a.vocab_size, "vocabulary size instead of --data (default 65)");
+  app.add_option("--block", a.block, "sequence length (T)")->capture_default_str();
+  app.add_option("--n-layer", a.n_layer, "transformer blocks (L)")->capture_default_str();
+  app.add_option("--n-head", a.n_head, "attention heads (H)")->capture_default_str();
+  app.add_option("--n-embd", a.n_embd, "channels (C)")->capture_default_str();
+  app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
+  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0, 1 or 2")->capture_default_str();
+  app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 or bf16")->capture_default_str();
+  app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
+  app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
+  app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
+  app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
+  app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
+  app.add_option("--latency", a.latency, "per-message latency in seconds for the time model")->capture_default_str();
+  app.add_option("--params", a.params, "more model sizes (parameters) for the scale table, e.g. 124e6 1.5e9");
+  app.add_option("--format", a.format, "text or json")->capture_default_str();
+  app.add_option("--svg", a.svg, "draw the flat buffer, partitions and buckets into this SVG file");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return run(a, app);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}
