@@ -307,7 +307,7 @@ void MpiCommunicator::control_all_reduce(std::span<double> values, ReduceOp op) 
 // collective fails at once. Ending the job cleanly, with one line, is fail_job's work (below).
 namespace {
 constexpr int kNoticeTag = 77;
-constexpr double kGoneGraceSeconds = 2.0;
+constexpr double kGoneGraceSeconds = 1.0;
 std::string rank_list(const std::vector<int>& ranks);
 // The first rank that has posted a notice (or -1) and whether it left without failing.
 std::pair<int, bool> gone_peer();
@@ -804,8 +804,9 @@ void fail_job(const std::exception& error, bool verbose) {
     state.stop_comm(true);
     state.finalised = true;  // this function finalises (or aborts); the exit-time finaliser must not
   }
+  // Long enough for a peer waiting in a collective to see the notice, sit out its grace and answer.
   const std::vector<int> silent =
-      post_and_wait(caused_here ? kFailed : kFailedAfter, std::min(state.timeout_s, 3.0));
+      post_and_wait(caused_here ? kFailed : kFailedAfter, kGoneGraceSeconds + std::min(state.timeout_s, 3.0));
   if (caused_here) {
     bool lowest = true, everyone = true;
     for (int r = 0; r < c.size; ++r) {

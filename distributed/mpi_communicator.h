@@ -173,7 +173,7 @@ void finalize_mpi();
 /// A CollectiveTimeout's message names the ranks that sent no notice within a short grace (the ones
 /// that did not arrive). `verbose` appends the C++ source location of a zero::Error. The rank posts a
 /// "failed" notice on the control channel (so peers waiting for it stop at once), waits up to
-/// min(timeout, 3 s) for every rank to fail or leave, then finalises MPI and exits with code 1; a rank
+/// 1 s + min(timeout, 3 s) for every rank to fail or leave, then finalises MPI and exits with code 1; a rank
 /// that never answers (stuck) is ended by MPI_Abort instead. Without MPI (or with one rank) it prints
 /// the line (on the launcher's rank 0 only, for errors found before MPI started) and exits with 1.
 [[noreturn]] void fail_job(const std::exception& error, bool verbose = false);
