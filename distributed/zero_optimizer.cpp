@@ -608,10 +608,17 @@ void ZeroOptimizer::complete(const InFlight& f) {
 }
 
 void ZeroOptimizer::finish_completed() {
+  // Called at moments that depend on timing (when a buffer is needed), so a failure found here is kept
+  // for wait_all to rethrow at the end of backward: every rank then fails at the same point
+  // (Note [Exception safety]), whichever of them happened to notice first.
   while (!in_flight_.empty() && in_flight_.front().work->is_completed()) {
     const InFlight f = in_flight_.front();
     in_flight_.erase(in_flight_.begin());
-    complete(f);
+    try {
+      complete(f);
+    } catch (...) {
+      if (!deferred_error_) deferred_error_ = std::current_exception();
+    }
   }
 }
 
@@ -620,7 +627,8 @@ void ZeroOptimizer::wait_all() {
   // the communicator may still write into our buffers.
   std::vector<InFlight> pending;
   pending.swap(in_flight_);
-  std::exception_ptr first;
+  std::exception_ptr first = deferred_error_;
+  deferred_error_ = nullptr;
   for (const InFlight& f : pending) {
     try {
       complete(f);

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <vector>
 
@@ -204,6 +205,7 @@ class ZeroOptimizer {
   std::vector<int> pending_;         // per bucket: overlapping parameters not yet delivered
   int next_bucket_ = 0;              // lowest bucket not yet issued
   std::vector<InFlight> in_flight_;  // issued and not finished, in issue order
+  std::exception_ptr deferred_error_;  // a failed collective noticed early; wait_all rethrows it
 
   // Stage 2 bucket pool (Note [ZeRO-2 gradient ownership]).
   std::vector<Tensor> pool_;  // each [reduce_bucket_size] model dtype
