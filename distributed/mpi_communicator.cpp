@@ -774,7 +774,13 @@ int launcher_rank() {
   return 0;
 }
 
-void fail_job(const std::exception& error, bool verbose) {
+int launcher_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"})
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  return 1;
+}
+
+void fail_job(const std::exception& error, bool verbose, int exit_code) {
   std::string message = error.what();
   const auto* zero_error = dynamic_cast<const Error*>(&error);
   if (verbose && zero_error && !zero_error->location().empty()) message += " (" + zero_error->location() + ")";
@@ -786,18 +792,28 @@ void fail_job(const std::exception& error, bool verbose) {
   int initialised = 0;
   int finalised = 0;
   MPI_Initialized(&initialised);
+  // An error found before MPI started, in a job of several ranks: start MPI now, so the ranks can agree
+  // on who prints (otherwise the launcher may end rank 0 before it has said anything).
+  if (!initialised && launcher_size() > 1) {
+    try {
+      mpi_world();
+    } catch (const std::exception&) {
+    }
+    MPI_Initialized(&initialised);
+  }
   MPI_Finalized(&finalised);
   Control& c = control();
   if (!initialised || finalised || c.comm == MPI_COMM_NULL || c.size == 1) {
-    // One process, or an error found before MPI started: every rank hits it, rank 0 says it.
+    // One process (or MPI could not start under a launcher: then the launcher's rank 0 says it).
     if (launcher_rank() == 0 || (initialised && !finalised)) std::fprintf(stderr, "error: %s\n", message.c_str());
     std::fflush(stderr);
     if (initialised && !finalised) {
       state.stop_comm(true);
+      state.finalised = true;
       close_control();
       MPI_Finalize();
     }
-    std::exit(1);
+    std::exit(exit_code);
   }
   {
     std::lock_guard lock(state.mutex);
@@ -826,10 +842,10 @@ void fail_job(const std::exception& error, bool verbose) {
     }
   }
   std::fflush(stderr);
-  if (!silent.empty()) MPI_Abort(MPI_COMM_WORLD, 1);  // a rank that never answered: stuck
+  if (!silent.empty()) MPI_Abort(MPI_COMM_WORLD, exit_code);  // a rank that never answered: stuck
   close_control();
   MPI_Finalize();
-  std::exit(1);
+  std::exit(exit_code);
 }
 
 void abort_job(const std::string& message) {

@@ -173,14 +173,17 @@ void finalize_mpi();
 /// A CollectiveTimeout's message names the ranks that sent no notice within a short grace (the ones
 /// that did not arrive). `verbose` appends the C++ source location of a zero::Error. The rank posts a
 /// "failed" notice on the control channel (so peers waiting for it stop at once), waits up to
-/// 1 s + min(timeout, 3 s) for every rank to fail or leave, then finalises MPI and exits with code 1; a rank
-/// that never answers (stuck) is ended by MPI_Abort instead. Without MPI (or with one rank) it prints
-/// the line (on the launcher's rank 0 only, for errors found before MPI started) and exits with 1.
-[[noreturn]] void fail_job(const std::exception& error, bool verbose = false);
+/// 1 s + min(timeout, 3 s) for every rank to fail or leave, then finalises MPI and exits with
+/// `exit_code`; a rank that never answers (stuck) is ended by MPI_Abort instead. An error found before
+/// MPI started, in a job of several ranks (launcher_size() > 1), starts MPI first so the ranks can
+/// agree on who prints; a single process prints the line and exits.
+[[noreturn]] void fail_job(const std::exception& error, bool verbose = false, int exit_code = 1);
 
 /// This process's rank as the launcher (mpirun) numbered it, read from the environment without
 /// calling MPI (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK); 0 when not started by a launcher.
 int launcher_rank();
+/// The number of ranks the launcher started (OMPI_COMM_WORLD_SIZE, PMIX_SIZE, PMI_SIZE); 1 without one.
+int launcher_size();
 
 /// Prints "rank R: message" to stderr and ends the whole job: MPI_Abort(MPI_COMM_WORLD, 1) when MPI
 /// is initialised, std::exit(1) otherwise. The last resort; programs report errors with fail_job.

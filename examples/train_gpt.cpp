@@ -269,7 +269,6 @@ std::size_t peak_rss_bytes() {
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
 
 int run(Args a, const Given& given, dist::Communicator& comm) {
-  validate(a, given);
   const int rank = comm.rank(), world = comm.world_size();
   const bool lead = rank == 0;
   const dist::TrainingConfig tc = make_config(a, given, world);
@@ -497,7 +496,9 @@ int main(int argc, char** argv) {
   app.add_option("--beta1", a.beta1, "AdamW beta1")->capture_default_str();
   app.add_option("--beta2", a.beta2, "AdamW beta2")->capture_default_str();
   auto* clip = app.add_option("--clip", a.clip, "max global gradient norm (0 = off)")->capture_default_str();
-  app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")->capture_default_str();
+  app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--eval-every", a.eval_every, "validate every N steps (0 = only at the end)")->capture_default_str();
   app.add_option("--eval-iters", a.eval_iters, "validation batches per evaluation")->capture_default_str();
   app.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
@@ -532,9 +533,12 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help
-    // Every rank parses the same arguments: the launcher's rank 0 reports for all (MPI is not started).
-    if (dist::launcher_rank() == 0) std::cerr << "error: " << e.what() << " (see --help)\n";
-    return 2;
+    // Every rank parses the same arguments; under mpirun fail_job agrees on one rank to say so.
+    if (dist::launcher_size() <= 1) {
+      std::cerr << "error: " << e.what() << " (see --help)\n";
+      return 2;
+    }
+    dist::fail_job(Error(std::string(e.what()) + " (see --help)"), false, 2);
   }
   const Given given{batch->count() > 0, clip->count() > 0,     stage->count() > 0,   dtype->count() > 0,
                     gas->count() > 0,   rbs->count() > 0,      overlap->count() > 0, timeout->count() > 0,
@@ -545,7 +549,9 @@ int main(int argc, char** argv) {
   if (a.data.empty()) {
     a.data = default_data_path();
     if (!std::filesystem::exists(a.data)) {
-      if (dist::launcher_rank() != 0) return 1;
+      if (dist::launcher_size() > 1)
+        dist::fail_job(Error(fmt::format("no --data given and {} not found (see README.md for where to get Tiny "
+                                         "Shakespeare)", a.data)));
       std::cerr << "error: no --data given and " << a.data << " not found. Get Tiny Shakespeare with:\n"
                 << "  mkdir -p data && curl -o data/tinyshakespeare.txt "
                    "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt\n";
@@ -553,6 +559,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    validate(a, given);  // before MPI starts: every rank finds the same problem, rank 0 reports it
     auto world = dist::mpi_world();
     const std::shared_ptr<dist::Communicator> comm = make_communicator(a, world);
     return run(a, given, *comm);
