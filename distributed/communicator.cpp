@@ -191,7 +191,7 @@ double Communicator::all_reduce_sum(double value) {
 
 void Communicator::all_reduce_sum(std::span<double> values) {
   if (values.empty()) return;
-  control_all_reduce(values, ReduceOp::sum);
+  control_all_reduce_values(values, ReduceOp::sum);
   ledger_.record_control(static_cast<double>(values.size() * sizeof(double)), world_size());
 }
 

@@ -201,7 +201,7 @@ class Communicator {
   /// Blocking all-reduce of one double, ordered after everything issued before it.
   virtual double control_all_reduce(double value, ReduceOp op) = 0;
   /// The same over a few doubles, in place. The default runs the scalar hook once per value.
-  virtual void control_all_reduce(std::span<double> values, ReduceOp op) {
+  virtual void control_all_reduce_values(std::span<double> values, ReduceOp op) {
     for (double& v : values) v = control_all_reduce(v, op);
   }
 

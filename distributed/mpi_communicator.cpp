@@ -268,7 +268,7 @@ double MpiCommunicator::control_all_reduce(double value, ReduceOp op) {
   return result;
 }
 
-void MpiCommunicator::control_all_reduce(std::span<double> values, ReduceOp op) {
+void MpiCommunicator::control_all_reduce_values(std::span<double> values, ReduceOp op) {
   enqueue("control all_reduce", [&, this] {
     if (world_size_ == 1) return;
     MPI_Request request;

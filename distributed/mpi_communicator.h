@@ -96,7 +96,7 @@ class MpiCommunicator final : public Communicator {
                                         int root) override;
   std::shared_ptr<Work> issue_barrier() override;
   double control_all_reduce(double value, ReduceOp op) override;
-  void control_all_reduce(std::span<double> values, ReduceOp op) override;
+  void control_all_reduce_values(std::span<double> values, ReduceOp op) override;
 
  private:
   // Runs `task` on the communication thread after everything queued before it. With one rank there

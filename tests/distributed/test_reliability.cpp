@@ -122,7 +122,7 @@ class FaultyCommunicator final : public Communicator {
     if (fail_after) throw Error(std::string(kInjected) + " at collective_wait");
     return r;
   }
-  void control_all_reduce(std::span<double> values, ReduceOp op) override {
+  void control_all_reduce_values(std::span<double> values, ReduceOp op) override {
     fault_->maybe_throw("collective");
     const bool fail_after = fault_->select("collective_wait");
     if (op == ReduceOp::sum)
