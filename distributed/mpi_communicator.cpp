@@ -2,8 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -302,7 +306,8 @@ void MpiCommunicator::control_all_reduce_values(std::span<double> values, Reduce
 //     not ordered) and then fails with PeerGone, so the others stop in about a second instead of
 //     waiting out the timeout;
 //   - a rank that crashes or is killed is Open MPI's to handle: its runtime ends the whole job as soon
-//     as a process exits without finalising.
+//     as a process dies without finalising. A crashing rank (SIGSEGV, SIGABRT, ...) first prints one
+//     line of ours from a signal handler; a killed one (SIGKILL) cannot, and mpirun reports it.
 // After any failure the communicator is "broken": the ranks are out of step, so every later
 // collective fails at once. Ending the job cleanly, with one line, is fail_job's work (below).
 namespace {
@@ -320,11 +325,13 @@ void MpiCommunicator::wait_all(int count, MPI_Request* requests, const int* peer
   double deadline = start + current_.timeout_s;
   double next_probe = start + 1e-3;
   std::pair<int, bool> gone{-1, false};
-  std::vector<int> indices(static_cast<std::size_t>(count));
+  int small[4];  // exchange() waits on two requests: no allocation on the hot path
+  std::vector<int> large(count > 4 ? static_cast<std::size_t>(count) : 0);
+  int* indices = count > 4 ? large.data() : small;
   int remaining = count;
   for (;;) {
     int completed = 0;
-    ZERO_MPI_CHECK(MPI_Testsome(count, requests, &completed, indices.data(), MPI_STATUSES_IGNORE));
+    ZERO_MPI_CHECK(MPI_Testsome(count, requests, &completed, indices, MPI_STATUSES_IGNORE));
     if (completed != MPI_UNDEFINED) remaining -= completed;
     if (completed == MPI_UNDEFINED || remaining <= 0) return;
     const double now = MPI_Wtime();
@@ -602,9 +609,11 @@ struct Control {
   std::vector<MPI_Request> sends;
 };
 
+// Never destroyed: the exit-time finaliser (WorldState's destructor) still needs it, and it is
+// created after WorldState, so as a plain static it would be destroyed first.
 Control& control() {
-  static Control c;
-  return c;
+  static Control* c = new Control;
+  return *c;
 }
 
 // Receives every notice that has arrived. Caller holds control().mutex.
@@ -738,6 +747,35 @@ WorldState& world_state() {
   return state;
 }
 
+// A rank that crashes is ended by Open MPI, which then ends the others; before that it says so in one
+// line of ours (the others are killed and print nothing). Async-signal-safe: write(2) and raise only.
+char g_crash_prefix[64];
+std::size_t g_crash_prefix_length = 0;
+
+void on_crash(int signal) {
+  char digits[8];
+  std::size_t n = 0;
+  for (int v = signal; v > 0 && n < sizeof digits; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
+  char line[96];
+  std::size_t len = 0;
+  for (std::size_t i = 0; i < g_crash_prefix_length; ++i) line[len++] = g_crash_prefix[i];
+  while (n > 0) line[len++] = digits[--n];
+  line[len++] = ')';
+  line[len++] = '\n';
+  [[maybe_unused]] const auto written = ::write(2, line, len);
+  std::raise(signal);  // SA_RESETHAND: the default action now (core dump / termination)
+}
+
+void install_crash_handlers(int rank) {
+  const int len = std::snprintf(g_crash_prefix, sizeof g_crash_prefix, "error: rank %d: crashed (signal ", rank);
+  g_crash_prefix_length = len > 0 ? static_cast<std::size_t>(len) : 0;
+  struct sigaction action {};
+  action.sa_handler = on_crash;
+  action.sa_flags = SA_RESETHAND;
+  sigemptyset(&action.sa_mask);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigaction(sig, &action, nullptr);
+}
+
 }  // namespace
 
 std::shared_ptr<Communicator> mpi_world() {
@@ -762,6 +800,7 @@ std::shared_ptr<Communicator> mpi_world() {
     }
     state.comm = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD);
     g_world_rank = state.comm->rank();
+    if (state.comm->world_size() > 1) install_crash_handlers(state.comm->rank());
   }
   return state.comm;
 }

@@ -154,6 +154,9 @@ class MpiCommunicator final : public Communicator {
 
 /// The communicator over MPI_COMM_WORLD, created on first use. Initialises MPI (MPI_Init_thread,
 /// MPI_THREAD_SERIALIZED) unless it already is; a program started without mpirun gets world_size 1.
+/// With several ranks it also creates the control channel (Note [No hang]) and installs handlers for
+/// SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT that print "error: rank R: crashed (signal N)" before
+/// the default action (Open MPI then ends the job).
 /// MPI is finalised at exit (after the communication thread is joined), or earlier by finalize_mpi().
 /// Throws zero::Error if MPI cannot give MPI_THREAD_SERIALIZED or was already finalised.
 std::shared_ptr<Communicator> mpi_world();

@@ -260,7 +260,7 @@ TEST_F(TrainGptCli, AnErrorEveryRankHitsIsPrintedOnceUnderMpirun) {
 
 struct EarlyLeave {
   std::string mode;
-  std::vector<std::string> expect;  // in the one error line; empty: Open MPI reports it, not us
+  std::vector<std::string> expect;  // in the one error line; empty: Open MPI reports it (SIGKILL), not us
 };
 
 TEST_F(TrainGptCli, EveryWayOfLeavingEarlyEndsTheJobWithinTheTimeout) {
@@ -270,7 +270,7 @@ TEST_F(TrainGptCli, EveryWayOfLeavingEarlyEndsTheJobWithinTheTimeout) {
       {"exit", {"all_reduce at step 3", "rank 3 left the job"}},
       {"throw", {"rank 3: injected failure"}},
       {"stuck", {"all_reduce at step 3 timed out after 2 s", "rank(s) 3 did not arrive"}},
-      {"crash", {}},
+      {"crash", {"rank 3: crashed (signal 6)"}},
       {"kill", {}},
   };
   for (const EarlyLeave& m : modes) {
