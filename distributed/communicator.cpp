@@ -1,6 +1,9 @@
 #include "distributed/communicator.h"
 
+#include <cmath>
+#include <cstdlib>
 #include <numeric>
+#include <string>
 
 #include "core/check.h"
 
@@ -15,6 +18,34 @@ std::string_view collective_name(Collective c) {
     case Collective::broadcast: return "broadcast";
   }
   return "?";
+}
+
+// ---- failures and deadlines ------------------------------------------------------------------------
+
+CollectiveTimeout::CollectiveTimeout(std::string collective, std::int64_t step, double seconds, std::string peers)
+    : Error(fmt::format("{} at step {} timed out after {:g} s waiting for rank(s) {}", collective, step, seconds,
+                        peers)),
+      collective_(std::move(collective)),
+      step_(step),
+      seconds_(seconds) {}
+
+void check_collective_timeout(double seconds, const std::string& what) {
+  ZERO_CHECK(std::isfinite(seconds) && seconds > 0, "{} must be a number of seconds > 0, got {}", what, seconds);
+}
+
+double default_collective_timeout_s() {
+  const char* env = std::getenv("ZERO_COLLECTIVE_TIMEOUT_S");
+  if (env == nullptr || *env == '\0') return 300.0;
+  char* end = nullptr;
+  const double s = std::strtod(env, &end);
+  ZERO_CHECK(end != env && *end == '\0' && std::isfinite(s) && s > 0,
+             "ZERO_COLLECTIVE_TIMEOUT_S must be a number of seconds > 0, got '{}'", env);
+  return s;
+}
+
+void Communicator::set_timeout(double seconds) {
+  check_collective_timeout(seconds, "collective timeout");
+  timeout_s_ = seconds;
 }
 
 // ---- Ledger ---------------------------------------------------------------------------------------
@@ -156,6 +187,12 @@ double Communicator::all_reduce_sum(double value) {
   const double result = control_all_reduce(value, ReduceOp::sum);
   ledger_.record_control(sizeof(double), world_size());
   return result;
+}
+
+void Communicator::all_reduce_sum(std::span<double> values) {
+  if (values.empty()) return;
+  control_all_reduce_values(values, ReduceOp::sum);
+  ledger_.record_control(static_cast<double>(values.size() * sizeof(double)), world_size());
 }
 
 double Communicator::all_reduce_max(double value) {

@@ -20,9 +20,48 @@
 #include <span>
 #include <string_view>
 
+#include "core/check.h"
 #include "core/dtype.h"
 
 namespace zero::dist {
+
+// ---- failures of the job, not of one call (Note [No hang] in mpi_communicator.cpp) ----------------------
+
+/// A collective could not finish within the communicator's timeout. what() names the collective, the
+/// optimizer step (set_step) and the peer ranks whose messages never arrived.
+class CollectiveTimeout : public Error {
+ public:
+  CollectiveTimeout(std::string collective, std::int64_t step, double seconds, std::string peers);
+  const std::string& collective() const { return collective_; }
+  std::int64_t step() const { return step_; }
+  double seconds() const { return seconds_; }
+
+ private:
+  std::string collective_;
+  std::int64_t step_;
+  double seconds_;
+};
+
+/// A collective could not finish because another rank left the job: it finalised MPI (returned from
+/// main) or reported a failure of its own on the control channel. rank() is that rank; departed() is
+/// true when it left without failing (so this rank's error is the one to report).
+class PeerGone : public Error {
+ public:
+  PeerGone(const std::string& message, int rank, bool departed) : Error(message), rank_(rank), departed_(departed) {}
+  int rank() const { return rank_; }
+  bool departed() const { return departed_; }
+
+ private:
+  int rank_;
+  bool departed_;
+};
+
+/// The collective timeout a new communicator starts with, in seconds: $ZERO_COLLECTIVE_TIMEOUT_S if
+/// set, else 300. Throws zero::Error naming the variable when it is not a number > 0.
+double default_collective_timeout_s();
+
+/// Checks a collective timeout (finite and > 0); `what` names the culprit in the message.
+void check_collective_timeout(double seconds, const std::string& what);
 
 enum class ReduceOp { sum, max };
 enum class Collective { all_reduce, reduce_scatter, all_gather, reduce, broadcast };
@@ -125,8 +164,22 @@ class Communicator {
   double all_reduce_sum(double value);
   double all_reduce_max(double value);
 
+  /// Control vector: values[i] = sum over ranks of values[i], in place (per-parameter "used" flags,
+  /// norm partials). Blocking; counted in ledger().control_bytes as one all-reduce of 8·n bytes.
+  void all_reduce_sum(std::span<double> values);
+
   Ledger& ledger() { return ledger_; }
   const Ledger& ledger() const { return ledger_; }
+
+  // ---- deadlines -------------------------------------------------------------------------------
+  /// Every collective issued after this call must finish within `seconds` (> 0) of starting, or it
+  /// throws CollectiveTimeout (the job cannot go on; see abort_job / fail_job). Every rank should use
+  /// the same value. Throws zero::Error for a value that is not finite and > 0.
+  virtual void set_timeout(double seconds);
+  double timeout() const { return timeout_s_; }
+  /// The optimizer step in progress (1-based; 0 = before the first), named in timeout messages.
+  virtual void set_step(std::int64_t step) { step_ = step; }
+  std::int64_t step() const { return step_; }
 
  protected:
   // Backend hooks, called after the arguments are validated (dtype is f32/f16/bf16, counts.size() ==
@@ -147,6 +200,10 @@ class Communicator {
   virtual std::shared_ptr<Work> issue_barrier() = 0;
   /// Blocking all-reduce of one double, ordered after everything issued before it.
   virtual double control_all_reduce(double value, ReduceOp op) = 0;
+  /// The same over a few doubles, in place. The default runs the scalar hook once per value.
+  virtual void control_all_reduce_values(std::span<double> values, ReduceOp op) {
+    for (double& v : values) v = control_all_reduce(v, op);
+  }
 
  private:
   void check_dtype(DType dtype, const char* what) const;
@@ -154,6 +211,8 @@ class Communicator {
   void check_root(int root, const char* what) const;
 
   Ledger ledger_;
+  double timeout_s_ = default_collective_timeout_s();
+  std::int64_t step_ = 0;
 };
 
 }  // namespace zero::dist

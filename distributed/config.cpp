@@ -258,6 +258,11 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
   if (!(c.gradient_clipping >= 0.0) || !std::isfinite(c.gradient_clipping))
     fail(src, "gradient_clipping", fmt::format("must be >= 0 (0 turns clipping off), got {}", c.gradient_clipping));
 
+  if (c.collective_timeout_s && !(std::isfinite(*c.collective_timeout_s) && *c.collective_timeout_s > 0))
+    fail(src, "collective_timeout_s", fmt::format("must be a number of seconds > 0, got {}", *c.collective_timeout_s));
+  if (c.nonfinite_grads != "error" && c.nonfinite_grads != "skip")
+    fail(src, "nonfinite_grads", fmt::format("must be \"error\" or \"skip\", got \"{}\"", c.nonfinite_grads));
+
   const Fp16Config& f = c.fp16;
   if (!(f.loss_scale >= 0.0) || !std::isfinite(f.loss_scale))
     fail(src, "fp16.loss_scale", fmt::format("must be >= 0 (0 = dynamic), got {}", f.loss_scale));
@@ -318,6 +323,14 @@ TrainingConfig parse(const json& j, const std::string& src) {
   root.read("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
   root.read("gradient_accumulation_steps", c.gradient_accumulation_steps);
   root.read("gradient_clipping", c.gradient_clipping);
+  if (root.has("collective_timeout_s")) {
+    double t = 0;
+    root.read("collective_timeout_s", t);
+    c.collective_timeout_s = t;
+  } else {
+    root.find("collective_timeout_s");  // a null is known too
+  }
+  root.read("nonfinite_grads", c.nonfinite_grads);
   if (auto s = root.section("fp16")) parse_fp16(*s, c.fp16);
 
   // "bfloat16" is DeepSpeed's old name for "bf16" (runtime/config.py, get_bfloat16_config).
@@ -410,6 +423,8 @@ nlohmann::json TrainingConfig::to_json() const {
       {"train_micro_batch_size_per_gpu", opt(train_micro_batch_size_per_gpu)},
       {"gradient_accumulation_steps", opt(gradient_accumulation_steps)},
       {"gradient_clipping", gradient_clipping},
+      {"collective_timeout_s", collective_timeout_s ? json(*collective_timeout_s) : json(nullptr)},
+      {"nonfinite_grads", nonfinite_grads},
       {"fp16",
        {{"enabled", fp16.enabled},
         {"loss_scale", fp16.loss_scale},

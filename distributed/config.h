@@ -100,6 +100,15 @@ struct TrainingConfig {
   // (it was 0.0, off, before v0.19.3).
   double gradient_clipping = 1.0;
 
+  // Seconds any one collective may take before the job is ended with a message naming it (not a
+  // DeepSpeed key; DeepSpeed's equivalent is torch.distributed's timeout). Unset: the communicator's
+  // default, $ZERO_COLLECTIVE_TIMEOUT_S or 300 s. > 0.
+  std::optional<double> collective_timeout_s;
+  // fp32/bf16: what a step with a non-finite (inf/NaN) gradient does: "error" stops the run naming the
+  // step, "skip" skips the step like an fp16 overflow. fp16 always skips (loss scaling). Not a
+  // DeepSpeed key (DeepSpeed applies such a step).
+  std::string nonfinite_grads = "error";
+
   Fp16Config fp16;
   Bf16Config bf16;
   ZeroConfig zero_optimization;

@@ -15,13 +15,17 @@
 //   reduce          ring reduce-scatter + each rank sends its reduced slice to root.
 //   broadcast       pipelined chain from root.
 // Waiting ranks poll, then sleep, instead of busy-polling (Note [Waiting without spinning] in the .cpp):
-// with more ranks than cores, spinning steals the CPU of the rank being waited for.
+// with more ranks than cores, spinning steals the CPU of the rank being waited for. The same loop
+// enforces each collective's deadline (Communicator::set_timeout) and watches a control channel on
+// which a rank that fails or leaves posts a notice, so no rank is left waiting for it (Note [No hang]).
 // fp16/bf16 buffers are widened to fp32 for every reduction and narrowed once at the end.
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -69,6 +73,9 @@ class MpiCommunicator final : public Communicator {
   /// Runs what is still queued, joins the communication thread and frees the duplicated MPI
   /// communicator. Idempotent; must happen before MPI_Finalize. Later calls throw zero::Error.
   void shutdown();
+  /// Makes the collective in progress and everything queued fail at once (PeerGone) instead of
+  /// waiting for peers: for a rank that is leaving the job after an error (fail_job). Thread-safe.
+  void abandon() { abandon_ = true; }
 
   /// Size of the pipelining segments of the ring reduce-scatter, ring all-gather and chain broadcast,
   /// in bytes (default 4 MiB, the best measured on one node; rounded down to whole fp32 elements, at
@@ -89,16 +96,21 @@ class MpiCommunicator final : public Communicator {
                                         int root) override;
   std::shared_ptr<Work> issue_barrier() override;
   double control_all_reduce(double value, ReduceOp op) override;
+  void control_all_reduce_values(std::span<double> values, ReduceOp op) override;
 
  private:
   // Runs `task` on the communication thread after everything queued before it. With one rank there
   // is no traffic to order, so the task runs inline (a local copy costs no thread hand-off).
-  /// `name` and `bytes` (this rank's buffer) label the collective's span in a trace (core/trace.h).
-  std::shared_ptr<Work> enqueue(std::function<void()> task, const char* name, std::size_t bytes = 0);
+  // `name` labels the collective in timeout messages; the step and timeout in force are captured.
+  // `bytes` (this rank's buffer) labels the collective's span in a trace (core/trace.h).
+  std::shared_ptr<Work> enqueue(const char* name, std::function<void()> task, std::size_t bytes = 0);
   void run_queue();
 
   // ---- algorithms; run on the communication thread only ----
-  void wait_all(int count, MPI_Request* requests);
+  // Waits for every request. peers[i] is the rank requests[i] talks to (nullptr: unknown). Throws
+  // CollectiveTimeout past the deadline, PeerGone when a peer's notice arrived and the requests did not
+  // finish within a short grace, after cancelling what is still pending (Note [No hang]).
+  void wait_all(int count, MPI_Request* requests, const int* peers = nullptr);
   void exchange(const void* send, std::size_t send_count, MPI_Datatype type, int dest, void* recv,
                 std::size_t recv_count, int source, int tag);
   // Offsets are prefix sums of counts (elements); `send` is never written.
@@ -128,26 +140,58 @@ class MpiCommunicator final : public Communicator {
     std::function<void()> fn;
     std::shared_ptr<detail::CpuWork> work;
     const char* name = "";
+    std::int64_t step = 0;
+    double timeout_s = 0;
     std::size_t bytes = 0;
   };
   std::deque<Task> queue_;
   bool stopping_ = false;  // set by shutdown(); the queue drains, then the thread ends
   std::thread thread_;
+  // Communication thread only: the task being run, and the failure that ended the job's collectives
+  // (every later task fails with it at once: the ranks are no longer in step).
+  Task current_;
+  std::exception_ptr broken_;
+  std::atomic<bool> abandon_{false};
 };
 
 /// The communicator over MPI_COMM_WORLD, created on first use. Initialises MPI (MPI_Init_thread,
 /// MPI_THREAD_SERIALIZED) unless it already is; a program started without mpirun gets world_size 1.
+/// With several ranks it also creates the control channel (Note [No hang]) and installs handlers for
+/// SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT that print "error: rank R: crashed (signal N)" before
+/// the default action (Open MPI then ends the job).
 /// MPI is finalised at exit (after the communication thread is joined), or earlier by finalize_mpi().
 /// Throws zero::Error if MPI cannot give MPI_THREAD_SERIALIZED or was already finalised.
 std::shared_ptr<Communicator> mpi_world();
 
 /// Shuts down the world communicator (joins its thread) and calls MPI_Finalize if mpi_world()
-/// initialised MPI. Collective: every rank must call it. Idempotent; runs automatically at exit.
+/// initialised MPI. Collective: every rank must call it. Idempotent; runs automatically at exit, so a
+/// rank that returns from main early also passes here: it posts a "leaving" notice on the control
+/// channel first, so ranks still waiting for it in a collective fail at once (PeerGone) instead of
+/// waiting out their timeout, and it waits (up to the collective timeout) for every other rank to
+/// leave or fail before finalising (Note [No hang]).
 void finalize_mpi();
 
+/// Ends this rank after `error`, and with it the job, printing ONE line for the whole job:
+///   - every rank hit an error: rank 0 prints "error: <message>";
+///   - some ranks did: the lowest-numbered of them prints "error: rank R: <message>";
+///   - a rank that fails only because another one did (PeerGone from a failed peer) prints nothing.
+/// A CollectiveTimeout's message names the ranks that sent no notice within a short grace (the ones
+/// that did not arrive). `verbose` appends the C++ source location of a zero::Error. The rank posts a
+/// "failed" notice on the control channel (so peers waiting for it stop at once), waits up to
+/// 1 s + min(timeout, 3 s) for every rank to fail or leave, then finalises MPI and exits with
+/// `exit_code`; a rank that never answers (stuck) is ended by MPI_Abort instead. An error found before
+/// MPI started, in a job of several ranks (launcher_size() > 1), starts MPI first so the ranks can
+/// agree on who prints; a single process prints the line and exits.
+[[noreturn]] void fail_job(const std::exception& error, bool verbose = false, int exit_code = 1);
+
+/// This process's rank as the launcher (mpirun) numbered it, read from the environment without
+/// calling MPI (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK); 0 when not started by a launcher.
+int launcher_rank();
+/// The number of ranks the launcher started (OMPI_COMM_WORLD_SIZE, PMIX_SIZE, PMI_SIZE); 1 without one.
+int launcher_size();
+
 /// Prints "rank R: message" to stderr and ends the whole job: MPI_Abort(MPI_COMM_WORLD, 1) when MPI
-/// is initialised, std::exit(1) otherwise. A rank that cannot go on must end the job, never leave the
-/// others waiting in a collective.
+/// is initialised, std::exit(1) otherwise. The last resort; programs report errors with fail_job.
 [[noreturn]] void abort_job(const std::string& message);
 
 }  // namespace zero::dist

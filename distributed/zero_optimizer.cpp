@@ -64,6 +64,60 @@ namespace zero::dist {
 // of bucket order (a bucket is filled but must wait for a lower-numbered one), or while async
 // collectives are in flight (overlap_comm). memory().buckets reports what the pool has allocated.
 
+// Note [Exception safety]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Anything can throw inside backward(): a user hook, an op's backward (a shape error), a collective,
+// our own checks. The promise: the call leaves the accumulated gradients, parameters, optimizer state
+// and loss scaler as they were before it, and the optimizer usable. How:
+//   - stages 0/1 let autograd accumulate straight into flat_grads_ (param.grad views), and at the
+//     accumulation boundary reduce buckets IN PLACE there, so a failure mid-backward leaves a mix of
+//     old, new and averaged values. backward() therefore keeps a restore point: with micro_step_ == 0
+//     the state before the call is all zeros (restored by zeroing, no copy); with micro_step_ > 0 it
+//     copies flat_grads_ into grad_backup_ first (stage 2: partition_grads_, which finish() adds into).
+//     Cost: only with GAS > 1, one copy of Ψ model-dtype elements per micro-step after the first
+//     (a memcpy, ~0.1 ms for the 0.8 M-parameter example; stage 2 copies Ψ/N), and a buffer of that
+//     size (memory().recovery). Letting autograd write each micro-step into a separate buffer and
+//     adding it in afterwards would cost the same memory plus an add pass per micro-step, and would
+//     still need a copy at the boundary, where the in-place reduction destroys the local sum;
+//   - on failure every in-flight collective is waited for (its buffer is ours until it finishes),
+//     then the restore point is put back, pool buffers returned and micro_step_ left unchanged;
+//   - module parameters carry no grad() outside backward(): the views into flat_grads_ are attached
+//     at its start and detached at its end. A plain loss.backward() then makes autograd allocate
+//     fresh gradients, and the hook that refuses it drops them, so nothing reaches our buffers;
+//   - step() does all its fallible communication (the control all-reduce) before it changes
+//     anything, and an error there (or the non-finite error) leaves micro_step_ == GAS, so step() can
+//     be called again. Only the final all-gather comes after the update: rolling it back would need
+//     a copy of the whole optimizer state every step, so instead the update is committed (moments,
+//     step counts, loss scale, cleared gradients) before it, and if it fails the gather is simply
+//     redone (it is idempotent: every rank re-sends its own updated partition) at the start of the
+//     next step() or backward().
+// Recovery is consistent across ranks when every rank saw the same failure (a deterministic error, an
+// injected fault: tests/distributed/test_reliability.cpp). An error on some ranks only leaves the
+// others waiting in a collective; that ends the job instead (Note [No hang] in mpi_communicator.cpp).
+
+// Note [Unused parameters]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// PyTorch's rule, which optim::AdamW follows: a parameter whose grad is None is not stepped at all (no
+// weight decay, no moment decay, its step count does not advance). Under data parallelism "None" must
+// be agreed on: a parameter is unused only if NO rank produced a gradient for it during the whole
+// accumulation; a parameter used on some ranks only is a normal parameter (the others contribute
+// zeros). Each rank records which hooks fired (used_, OR over micro-steps); step() sums these flags
+// over ranks in the same control all-reduce that carries the norm's partial sums (one call of
+// (1 + #parameters) doubles, counted as control bytes), and skips the slices of parameters nobody
+// used. Bias correction then needs each parameter's own step count (param_steps_), as PyTorch keeps in
+// state['step']: a parameter that sat out k steps is corrected with steps() - k.
+
+// Note [Non-finite gradients]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// One NaN in one rank's batch reaches every rank through the reduction and, applied, turns every
+// parameter into NaN. step() already makes one pass over its gradient for the global norm (sum of
+// squares in fp64); that sum is finite exactly when every element is (an fp32 element's square is at
+// most ~1.2e77), and the summed partials are non-finite on every rank if they are on one. So the check
+// costs no extra sweep and no extra collective. f16 treats it as overflow (skip, lower the scale: the
+// loss scaler's rule); f32/bf16 throw by default, naming the step and, found by a second sweep that
+// runs only on this error path, the first parameter with a non-finite gradient (agreed by a min
+// all-reduce over the owners); nonfinite_grads = skip skips the step as fp16 does.
+
 namespace {
 
 // ---- raw model-dtype loops (hot paths; Tensor::copy_ is generic but slow across dtypes) ----
@@ -237,13 +291,11 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   if (world_ > 1) comm_->broadcast(flat_params_.raw_data(), static_cast<std::size_t>(padded), opts_.dtype, 0);
 
   // ---- gradient storage ----
-  if (opts_.stage < 2) {
+  if (opts_.stage < 2)
     flat_grads_ = Tensor::zeros({padded}, opts_.dtype, device_);
-    point_grads_at_flat();
-  } else {
+  else
     partition_grads_ = Tensor::zeros({part}, opts_.dtype, device_);
-    for (Tensor& p : params_) p.set_grad(Tensor());
-  }
+  detach_grads();  // Note [Exception safety]: attached only during backward()
 
   // ---- what this rank steps, and its fp32 optimizer state ----
   if (opts_.stage == 0) {
@@ -272,6 +324,8 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
 
   // ---- bucket bookkeeping and hooks ----
   delivered_.assign(params_.size(), 0);
+  used_.assign(params_.size(), 0);
+  param_steps_.assign(params_.size(), 0);
   pending_.assign(buckets_.size(), 0);
   bucket_buffer_.assign(buckets_.size(), -1);
   for (std::size_t i = 0; i < params_.size(); ++i)
@@ -306,7 +360,29 @@ MemoryBreakdown ZeroOptimizer::memory() const {
   const double region = static_cast<double>(region_size_);
   m.optimizer_states = 4.0 * region * (opts_.dtype == DType::f32 ? 2.0 : 3.0);
   for (const Tensor& t : pool_) m.buckets += static_cast<double>(t.nbytes());
+  if (grad_backup_.defined()) m.recovery = static_cast<double>(grad_backup_.nbytes());
   return m;
+}
+
+void ZeroOptimizer::set_param_steps(std::vector<std::int64_t> steps) {
+  ZERO_CHECK(steps.size() == params_.size(), "ZeRO: set_param_steps got {} counts for {} parameters", steps.size(),
+             params_.size());
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    ZERO_CHECK(steps[i] >= 0 && steps[i] <= step_count_, "ZeRO: step count {} of parameter '{}' is outside [0, {}]",
+               steps[i], layout_.params()[i].name, step_count_);
+  param_steps_ = std::move(steps);
+}
+
+void ZeroOptimizer::detach_grads() {
+  for (Tensor& p : params_) p.set_grad(Tensor());
+}
+
+Tensor& ZeroOptimizer::gradient_store() { return opts_.stage < 2 ? flat_grads_ : partition_grads_; }
+
+void ZeroOptimizer::finish_pending_gather() {
+  if (!gather_pending_) return;
+  all_gather_params();
+  gather_pending_ = false;
 }
 
 void ZeroOptimizer::restore_counters(std::int64_t steps, std::int64_t skipped_steps,
@@ -315,6 +391,8 @@ void ZeroOptimizer::restore_counters(std::int64_t steps, std::int64_t skipped_st
   ZERO_CHECK(micro_step_ == 0, "ZeRO: restore_counters() between backward() and step()");
   step_count_ = steps;
   skipped_steps_ = skipped_steps;
+  // Every parameter stepped every step unless the checkpoint says otherwise (set_param_steps).
+  std::fill(param_steps_.begin(), param_steps_.end(), steps);
   if (scaler != nullptr && opts_.dtype == DType::f16) scaler_.set_state(*scaler);
 }
 
@@ -353,16 +431,23 @@ void ZeroOptimizer::backward(const Tensor& loss) {
              micro_step_ + 1, gas, gas);
   ZERO_CHECK(loss.defined() && loss.numel() == 1, "ZeRO: backward() needs a one-element loss tensor");
   ZERO_CHECK(is_floating(loss.dtype()), "ZeRO: the loss must be a float tensor, got {}", dtype_name(loss.dtype()));
+  finish_pending_gather();  // Note [Exception safety]
   // The scale is fixed for a whole accumulation: step() unscales with the scale backward used, not the
   // one the scaler moves to afterwards (reference/deepspeed_zero.md §6, "Scale ordering").
-  if (micro_step_ == 0) backward_scale_ = scaler_.scale();
+  if (micro_step_ == 0) {
+    backward_scale_ = scaler_.scale();
+    comm_->set_step(step_count_ + skipped_steps_ + 1);
+  }
   reducing_ = opts_.stage == 2 || micro_step_ + 1 == gas;
   reset_backward_state();
-  if (opts_.stage < 2) {
-    point_grads_at_flat();
-  } else {
-    for (Tensor& p : params_) p.set_grad(Tensor());
+  // Note [Exception safety]: the restore point (zeros when nothing has been accumulated yet).
+  const bool keep = micro_step_ > 0;
+  Tensor& store = gradient_store();
+  if (keep) {
+    if (!grad_backup_.defined()) grad_backup_ = Tensor::empty({store.numel()}, opts_.dtype, device_);
+    copy_bytes(device_, grad_backup_.raw_data(), store.raw_data(), store.nbytes());
   }
+  if (opts_.stage < 2) point_grads_at_flat();
 
   // Seeding backward with scale/GAS is the same as backward of loss·scale/GAS, without a graph node.
   const Tensor seed =
@@ -379,7 +464,8 @@ void ZeroOptimizer::backward(const Tensor& loss) {
       wait_all();
     }
   } catch (...) {
-    // Leave a clean state: finish what was issued, drop this accumulation's gradients.
+    // Note [Exception safety]: let every issued collective finish (its buffer is in use until then),
+    // then put the restore point back.
     in_backward_ = false;
     try {
       wait_all();
@@ -390,17 +476,23 @@ void ZeroOptimizer::backward(const Tensor& loss) {
         free_buffers_.push_back(bucket_buffer_[k]);
         bucket_buffer_[k] = -1;
       }
-    if (opts_.stage == 2)
-      for (Tensor& p : params_) p.set_grad(Tensor());
-    zero_gradients();
-    micro_step_ = 0;
+    detach_grads();
+    if (keep)
+      copy_bytes(device_, store.raw_data(), grad_backup_.raw_data(), store.nbytes());
+    else
+      zero_gradients();
     throw;
   }
+  detach_grads();
+  for (std::size_t i = 0; i < params_.size(); ++i) used_[i] = used_[i] || delivered_[i];
   ++micro_step_;
 }
 
 void ZeroOptimizer::on_gradient(std::size_t i, Tensor& param) {
   const ParamRange& p = layout_.params()[i];
+  // A plain loss.backward(): drop the gradient autograd just allocated, so nothing of it stays
+  // (Note [Exception safety]), and refuse.
+  if (!in_backward_) param.set_grad(Tensor());
   ZERO_CHECK(in_backward_,
              "ZeRO: parameter '{}' received a gradient outside ZeroOptimizer::backward(); call "
              "optimizer.backward(loss) instead of loss.backward()",
@@ -530,25 +622,52 @@ void ZeroOptimizer::finish(const InFlight& f) {
   bucket_buffer_[static_cast<std::size_t>(f.bucket)] = -1;
 }
 
-void ZeroOptimizer::finish_completed() {
-  std::size_t done = 0;
-  while (done < in_flight_.size() && in_flight_[done].work->is_completed()) {
-    in_flight_[done].work->wait();  // rethrows a failure
-    finish(in_flight_[done]);
-    ++done;
+void ZeroOptimizer::release_buffer(const InFlight& f) {
+  if (f.buffer < 0) return;
+  free_buffers_.push_back(f.buffer);
+  bucket_buffer_[static_cast<std::size_t>(f.bucket)] = -1;
+}
+
+void ZeroOptimizer::complete(const InFlight& f) {
+  try {
+    f.work->wait();  // rethrows a failure
+  } catch (...) {
+    release_buffer(f);
+    throw;
   }
-  in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
+  finish(f);
+}
+
+void ZeroOptimizer::finish_completed() {
+  // Called at moments that depend on timing (when a buffer is needed), so a failure found here is kept
+  // for wait_all to rethrow at the end of backward: every rank then fails at the same point
+  // (Note [Exception safety]), whichever of them happened to notice first.
+  while (!in_flight_.empty() && in_flight_.front().work->is_completed()) {
+    const InFlight f = in_flight_.front();
+    in_flight_.erase(in_flight_.begin());
+    try {
+      complete(f);
+    } catch (...) {
+      if (!deferred_error_) deferred_error_ = std::current_exception();
+    }
+  }
 }
 
 void ZeroOptimizer::wait_all() {
-  // Finish in issue order; on a failure drop the rest (their buffers are lost to the pool, which is
-  // harmless) and rethrow.
+  // Finish in issue order. A failure is rethrown only once every collective has finished: until then
+  // the communicator may still write into our buffers.
   std::vector<InFlight> pending;
   pending.swap(in_flight_);
+  std::exception_ptr first = deferred_error_;
+  deferred_error_ = nullptr;
   for (const InFlight& f : pending) {
-    f.work->wait();
-    finish(f);
+    try {
+      complete(f);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
   }
+  if (first) std::rethrow_exception(first);
 }
 
 void ZeroOptimizer::zero_gradients() {
@@ -559,13 +678,19 @@ void ZeroOptimizer::zero_gradients() {
 }
 
 bool ZeroOptimizer::step() {
+  // Note [Exception safety]: the previous step's all-gather failed; completing it finishes that step.
+  if (gather_pending_ && micro_step_ == 0) {
+    finish_pending_gather();
+    return true;
+  }
   const int gas = opts_.gradient_accumulation_steps;
   ZERO_CHECK(micro_step_ == gas,
              "ZeRO: step() after {} backward() calls; gradient_accumulation_steps = {} needs {} backward() calls "
              "before each step()",
              micro_step_, gas, gas);
-  micro_step_ = 0;
   const DType dt = opts_.dtype;
+  const std::int64_t this_step = step_count_ + skipped_steps_ + 1;  // 1-based, counting skipped steps
+  comm_->set_step(this_step);
 
   // This rank's reduced gradient: the whole flat gradient (stage 0), its partition of the flat gradient
   // (stage 1), or its partition gradient (stage 2).
@@ -576,31 +701,35 @@ bool ZeroOptimizer::step() {
     grad = range(flat_grads_, region_begin_, region_size_);
   auto grad_at = [&](std::int64_t flat) { return at(grad, flat - region_begin_); };
 
-  // ---- 1. overflow: any rank's inf/NaN skips the step everywhere ----
-  if (dt == DType::f16) {
-    trace::Span span("overflow check", "step");
-    const double local = optim::has_inf_or_nan(grad) ? 1.0 : 0.0;
-    const bool overflow = comm_->all_reduce_max(local) != 0.0;
-    if (overflow) {
-      last_grad_norm_ = std::numeric_limits<double>::infinity();
-      zero_gradients();
-      scaler_.update(true);
-      ++skipped_steps_;
-      return false;
-    }
-  }
+  // ---- 1. one pass: fp64 sum of squares, non-finite iff an element is (Note [Non-finite gradients]) ----
+  std::optional<trace::Span> norm_span;
+  norm_span.emplace("grad norm", "step");
+  const double local_sq = optim::grad_sq_norm(grad);
 
-  // ---- 2. global norm from the partitions (fp64 partial sums, one all-reduce) ----
-  double sq = 0.0;
-  {
-    trace::Span span("grad norm", "step");
-    sq = optim::grad_sq_norm(grad);
-    if (opts_.stage != 0) sq = comm_->all_reduce_sum(sq);  // stage 0: every rank holds the full gradient
+  // ---- 2. one control all-reduce: the norm's partial sums + who used each parameter ----
+  // (Note [Unused parameters]; stage 0: every rank holds the full gradient, so its sum is already global.)
+  std::vector<double> control(1 + params_.size());
+  control[0] = opts_.stage == 0 ? 0.0 : local_sq;
+  for (std::size_t i = 0; i < params_.size(); ++i) control[1 + i] = used_[i] ? 1.0 : 0.0;
+  if (world_ > 1) comm_->all_reduce_sum(control);
+  const double sq = opts_.stage == 0 ? local_sq : control[0];
+  norm_span.reset();
+
+  // ---- 3. a non-finite gradient on any rank: skip (fp16 overflow, or nonfinite_grads = skip) or stop ----
+  if (!std::isfinite(sq)) {
+    if (dt != DType::f16 && opts_.nonfinite_grads == NonfiniteGrads::error) throw_nonfinite(grad, this_step);
+    last_grad_norm_ = std::numeric_limits<double>::infinity();
+    zero_gradients();
+    std::fill(used_.begin(), used_.end(), 0);
+    if (dt == DType::f16) scaler_.update(true);
+    ++skipped_steps_;
+    micro_step_ = 0;
+    return false;
   }
   const double scale_used = backward_scale_;
   last_grad_norm_ = std::sqrt(sq) / scale_used;
 
-  // ---- 3. unscale by the scale backward used, and clip (torch.nn.utils.clip_grad_norm_'s rule) ----
+  // ---- 4. unscale by the scale backward used, and clip (torch.nn.utils.clip_grad_norm_'s rule) ----
   double factor = 1.0 / scale_used;
   if (opts_.gradient_clipping > 0.0f && std::isfinite(last_grad_norm_)) {
     const double clip_coef = static_cast<double>(opts_.gradient_clipping) / (last_grad_norm_ + 1e-6);
@@ -608,68 +737,92 @@ bool ZeroOptimizer::step() {
   }
   const float f = static_cast<float>(factor);
 
-  // ---- 4. AdamW on this rank's fp32 master region, slice by slice (decay per slice) ----
+  // From here on nothing can fail before the all-gather (Note [Exception safety]).
+  micro_step_ = 0;
   ++step_count_;
+  std::vector<char> stepped(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    stepped[i] = control[1 + i] > 0.0 || (world_ == 1 && used_[i]);
+    if (stepped[i]) ++param_steps_[i];
+  }
+
+  // ---- 5. AdamW on this rank's fp32 master region, slice by slice (decay and step count per slice) ----
   const optim::AdamWHyper with_decay{lr_, opts_.adam.beta1, opts_.adam.beta2, opts_.adam.eps, opts_.weight_decay};
   optim::AdamWHyper no_decay = with_decay;
   no_decay.weight_decay = 0.0f;
+  float* master = master_.data<float>();
+  float* m = exp_avg_.data<float>();
+  float* v = exp_avg_sq_.data<float>();
 #ifdef ZERO_HAS_CUDA
   if (device_ == Device::cuda) {
     // One fused kernel per slice: unscale/clip, AdamW on the fp32 master, cast back into the flat
     // buffer (skipped for f32, whose master is the flat buffer's region).
     const optim::AdamWHyper& a = with_decay;
-    const cuda::AdamWScalars sd = cuda::adamw_scalars(a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, step_count_);
-    const cuda::AdamWScalars sn = cuda::adamw_scalars(a.lr, a.beta1, a.beta2, a.eps, 0.0f, step_count_);
-    float* master = master_.data<float>();
-    float* m = exp_avg_.data<float>();
-    float* v = exp_avg_sq_.data<float>();
     for (const ParamSlice& s : update_slices_) {
+      if (!stepped[s.param]) continue;
+      const std::int64_t t = param_steps_[s.param];
+      const cuda::AdamWScalars sc =
+          cuda::adamw_scalars(a.lr, a.beta1, a.beta2, a.eps, s.decay ? a.weight_decay : 0.0f, t);
       const std::int64_t j = s.flat_offset - region_begin_;
       cuda::adamw_update_mixed(master + j, grad_at(s.flat_offset), dt, f, m + j, v + j,
-                               dt == DType::f32 ? nullptr : at(flat_params_, s.flat_offset), dt, s.length,
-                               s.decay ? sd : sn);
+                               dt == DType::f32 ? nullptr : at(flat_params_, s.flat_offset), dt, s.length, sc);
     }
-    if (opts_.stage != 0) all_gather_params();
-    zero_gradients();
-    scaler_.update(false);
-    return true;
-  }
+  } else
 #endif
-  std::optional<trace::Span> adamw_span;
-  adamw_span.emplace("adamw", "step");
-  std::vector<float> scratch;
-  float* master = master_.data<float>();
-  float* m = exp_avg_.data<float>();
-  float* v = exp_avg_sq_.data<float>();
-  for (const ParamSlice& s : update_slices_) {
-    const optim::AdamWHyper& h = s.decay ? with_decay : no_decay;
-    for (std::int64_t done = 0; done < s.length; done += kStepChunk) {
-      const std::int64_t n = std::min(kStepChunk, s.length - done);
-      const std::int64_t flat = s.flat_offset + done;
-      const std::int64_t j = flat - region_begin_;
-      const float* g32 = nullptr;
-      if (dt == DType::f32 && f == 1.0f) {
-        g32 = reinterpret_cast<const float*>(grad_at(flat));
-      } else {
-        scratch.resize(static_cast<std::size_t>(n));
-        to_f32_scaled(grad_at(flat), dt, scratch.data(), n, f);
-        g32 = scratch.data();
+  {
+    trace::Span adamw_span("adamw", "step");
+    std::vector<float> scratch;
+    for (const ParamSlice& s : update_slices_) {
+      if (!stepped[s.param]) continue;  // Note [Unused parameters]
+      const optim::AdamWHyper& h = s.decay ? with_decay : no_decay;
+      for (std::int64_t done = 0; done < s.length; done += kStepChunk) {
+        const std::int64_t n = std::min(kStepChunk, s.length - done);
+        const std::int64_t flat = s.flat_offset + done;
+        const std::int64_t j = flat - region_begin_;
+        const float* g32 = nullptr;
+        if (dt == DType::f32 && f == 1.0f) {
+          g32 = reinterpret_cast<const float*>(grad_at(flat));
+        } else {
+          scratch.resize(static_cast<std::size_t>(n));
+          to_f32_scaled(grad_at(flat), dt, scratch.data(), n, f);
+          g32 = scratch.data();
+        }
+        optim::adamw_update(master + j, g32, m + j, v + j, n, h, param_steps_[s.param]);
+        // ---- 6. cast the updated master back into the model-dtype flat buffer (f32: it already is) ----
+        if (dt != DType::f32) from_f32(master + j, at(flat_params_, flat), dt, n);
       }
-      optim::adamw_update(master + j, g32, m + j, v + j, n, h, step_count_);
-      // ---- 5. cast the updated master back into the model-dtype flat buffer (f32: it already is) ----
-      if (dt != DType::f32) from_f32(master + j, at(flat_params_, flat), dt, n);
     }
   }
 
-  adamw_span.reset();
-
-  // ---- 6. all-gather the partitions so every rank has every parameter (stages 1/2) ----
-  if (opts_.stage != 0) all_gather_params();
-
-  // ---- 7. clear gradients, move the loss scale ----
+  // ---- 7. clear gradients, move the loss scale: the step is committed ----
   zero_gradients();
+  std::fill(used_.begin(), used_.end(), 0);
   scaler_.update(false);
+
+  // ---- 8. all-gather the partitions so every rank has every parameter (stages 1/2) ----
+  if (opts_.stage != 0) {
+    gather_pending_ = true;
+    finish_pending_gather();
+  }
   return true;
+}
+
+void ZeroOptimizer::throw_nonfinite(const Tensor& grad, std::int64_t step) {
+  // Error path only (Note [Non-finite gradients]): find the first parameter whose slice on this rank
+  // is non-finite, agree on the lowest over ranks, and report. Nothing has been changed.
+  double first = static_cast<double>(params_.size());
+  for (const ParamSlice& s : update_slices_) {
+    if (static_cast<double>(s.param) >= first) continue;
+    const Tensor slice = range(grad, s.flat_offset - region_begin_, s.length);
+    if (!std::isfinite(optim::grad_sq_norm(slice))) first = static_cast<double>(s.param);
+  }
+  if (world_ > 1) first = -comm_->all_reduce_max(-first);
+  const auto index = static_cast<std::size_t>(first);
+  const std::string where =
+      index < params_.size() ? fmt::format(", first in parameter '{}'", layout_.params()[index].name) : "";
+  throw Error(fmt::format("step {}: non-finite gradient (inf or NaN){}; the step was not applied (set "
+                          "nonfinite_grads to \"skip\" to skip such steps)",
+                          step, where));
 }
 
 void ZeroOptimizer::all_gather_params() {
@@ -691,7 +844,16 @@ void ZeroOptimizer::all_gather_params() {
     else
       comm_->all_gather(send, recv, counts, opts_.dtype);
   }
-  for (auto& w : works) w->wait();
+  // Every chunk must finish before a failure is rethrown: until then they write into flat_params_.
+  std::exception_ptr first;
+  for (auto& w : works) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace zero::dist

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <vector>
 
@@ -39,6 +40,11 @@
 #include "optim/loss_scaler.h"
 
 namespace zero::dist {
+
+/// What step() does with a non-finite (inf/NaN) gradient in f32/bf16 (f16 always skips the step and
+/// lowers the loss scale): throw zero::Error naming the step (the default; nothing is changed, so the
+/// run stops at that step), or skip the step like an fp16 overflow (counted in skipped_steps()).
+enum class NonfiniteGrads { error, skip };
 
 /// DeepSpeed's "zero_optimization" section plus the top-level keys ZeRO needs. Bucket sizes are in
 /// ELEMENTS of the model dtype.
@@ -55,6 +61,7 @@ struct ZeroOptions {
   optim::LossScalerConfig fp16;         // used only when dtype == f16
   optim::AdamWOptions adam;
   float weight_decay = 0.0f;  // AdamW decay, for parameters whose decay flag is set
+  NonfiniteGrads nonfinite_grads = NonfiniteGrads::error;  // f32/bf16 only (Note [Non-finite gradients])
 };
 
 /// Bytes of persistent buffers held by one rank (see ZeroOptimizer::memory()).
@@ -63,6 +70,7 @@ struct MemoryBreakdown {
   double grads = 0;             // gradient storage kept across a step
   double optimizer_states = 0;  // fp32 master + AdamW m + v
   double buckets = 0;           // IPG bucket buffers (stage 2), reported apart from the model states
+  double recovery = 0;          // restore point of a failed backward (GAS > 1 only; Note [Exception safety])
   /// params + grads + optimizer_states (the ZeRO paper's "model states"; buckets excluded).
   double model_states() const { return params + grads + optimizer_states; }
 };
@@ -93,13 +101,24 @@ class ZeroOptimizer {
   /// tensor), lets the hooks fill and reduce buckets, then flushes every remaining bucket and waits
   /// for in-flight collectives. Collective. Throws zero::Error if called more than GAS times before
   /// step(), if a parameter's gradient is computed twice in one backward, or if a hook fires outside
-  /// this call (a plain loss.backward() on the model).
+  /// this call (a plain loss.backward() on the model). Whatever throws inside (a hook, the model's
+  /// backward, a collective) leaves the gradients accumulated so far exactly as before the call and
+  /// the optimizer usable: when every rank saw the error, calling backward() again behaves as if the
+  /// failed call never happened (Note [Exception safety]). Module parameters have no grad() outside
+  /// this call: gradients live in the optimizer's buffers.
   void backward(const Tensor& loss);
 
-  /// Applies the accumulated gradients: overflow check (fp16), global norm, unscale + clip, AdamW on
-  /// this rank's partition, cast back, all-gather. Returns false (parameters untouched, gradients
-  /// cleared, loss scale lowered) if any rank's gradients overflowed. Collective. Throws zero::Error if
-  /// fewer than gradient_accumulation_steps backward() calls preceded it.
+  /// Applies the accumulated gradients: one pass over this rank's gradient for the global norm (which
+  /// also detects inf/NaN), one control all-reduce (norm + which parameters received a gradient),
+  /// unscale + clip, AdamW on this rank's partition (parameters no rank produced a gradient for are
+  /// left alone: Note [Unused parameters]), cast back, all-gather. Returns false (parameters untouched,
+  /// gradients cleared) if the gradient is non-finite on any rank and the step is skipped: always for
+  /// f16 (the loss scale is lowered), for f32/bf16 with nonfinite_grads = skip. Collective. Throws
+  /// zero::Error if fewer than gradient_accumulation_steps backward() calls preceded it, and for a
+  /// non-finite f32/bf16 gradient with nonfinite_grads = error, naming the step and the first
+  /// parameter whose gradient is non-finite. An error before the update changes nothing (step() may be
+  /// called again); if the final all-gather fails the step is applied locally and the all-gather is
+  /// completed by the next step() or backward() (Note [Exception safety]).
   bool step();
 
   /// Learning rate for the next step(). Throws zero::Error if lr < 0.
@@ -143,6 +162,13 @@ class ZeroOptimizer {
   /// Rounds the master region into the model-dtype flat buffer (f16/bf16; f32 shares it) and
   /// all-gathers it (stages 1/2), as the end of step() does. Collective.
   void sync_params_from_master();
+  /// Per-parameter AdamW step counts, parallel to layout().params(): the steps that updated it, used
+  /// for its bias correction. A parameter that no rank produced a gradient for during a whole
+  /// accumulation is not stepped, so its count stays behind steps() (Note [Unused parameters]).
+  const std::vector<std::int64_t>& param_steps() const { return param_steps_; }
+  /// Restores the counts (loading a checkpoint). Throws zero::Error unless there is one count per
+  /// layout parameter, each in [0, steps()].
+  void set_param_steps(std::vector<std::int64_t> steps);
 
  private:
   struct InFlight {
@@ -153,6 +179,12 @@ class ZeroOptimizer {
 
   void on_gradient(std::size_t i, Tensor& param);
   void reset_backward_state();
+  void complete(const InFlight& f);
+  void release_buffer(const InFlight& f);
+  void detach_grads();
+  Tensor& gradient_store();
+  void finish_pending_gather();
+  [[noreturn]] void throw_nonfinite(const Tensor& grad, std::int64_t step);
   void issue_ready_buckets();
   void issue_bucket(int k);
   void finish(const InFlight& f);
@@ -190,6 +222,7 @@ class ZeroOptimizer {
   std::vector<int> pending_;         // per bucket: overlapping parameters not yet delivered
   int next_bucket_ = 0;              // lowest bucket not yet issued
   std::vector<InFlight> in_flight_;  // issued and not finished, in issue order
+  std::exception_ptr deferred_error_;  // a failed collective noticed early; wait_all rethrows it
 
   // Stage 2 bucket pool (Note [ZeRO-2 gradient ownership]).
   std::vector<Tensor> pool_;  // each [reduce_bucket_size] model dtype
@@ -203,6 +236,12 @@ class ZeroOptimizer {
   std::int64_t step_count_ = 0;
   std::int64_t skipped_steps_ = 0;
   double last_grad_norm_ = 0.0;
+
+  // Note [Unused parameters] and Note [Exception safety].
+  std::vector<char> used_;                 // per parameter: this rank delivered a gradient this accumulation
+  std::vector<std::int64_t> param_steps_;  // per parameter: AdamW step count
+  Tensor grad_backup_;                     // copy of gradient_store() taken by backward() when micro_step_ > 0
+  bool gather_pending_ = false;            // the last step's all-gather failed; finish it before going on
 };
 
 }  // namespace zero::dist

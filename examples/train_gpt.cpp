@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -75,11 +76,16 @@ struct Args {
   // Checkpoints and the per-step log.
   std::string save_dir, resume, init_from, log_file;
   std::int64_t save_every = 0, keep = 0;
+  // Reliability and error reports.
+  double collective_timeout = 0;  // seconds; given or not (Given)
+  std::string nonfinite_grads = "error";
+  bool verbose = false;
 };
 
 // Which flags were given explicitly (they override the --config file).
 struct Given {
-  bool batch, clip, zero_stage, dtype, grad_accum, reduce_bucket_size, overlap_comm;
+  bool batch, clip, zero_stage, dtype, grad_accum, reduce_bucket_size, overlap_comm, collective_timeout,
+      nonfinite_grads;
 };
 
 Device device_of(const Args& a) { return a.device == "cuda" ? Device::cuda : Device::cpu; }
@@ -158,8 +164,12 @@ void check_output_path(const std::string& path, const char* flag) {
              p.parent_path().string());
 }
 
-void validate(const Args& a) {
+// Every flag by the rule of the config key it overrides (distributed/config.cpp), naming the flag.
+void validate(const Args& a, const Given& given) {
   ZERO_CHECK(a.steps > 0, "--steps must be positive, got {}", a.steps);
+  ZERO_CHECK(a.n_layer > 0, "--n-layer must be positive, got {}", a.n_layer);
+  ZERO_CHECK(a.n_head > 0, "--n-head must be positive, got {}", a.n_head);
+  ZERO_CHECK(a.n_embd > 0, "--n-embd must be positive, got {}", a.n_embd);
   ZERO_CHECK(a.batch > 0, "--batch must be positive, got {}", a.batch);
   ZERO_CHECK(a.block > 0, "--block must be positive, got {}", a.block);
   ZERO_CHECK(a.warmup >= 0, "--warmup must be >= 0, got {}", a.warmup);
@@ -168,13 +178,24 @@ void validate(const Args& a) {
   ZERO_CHECK(a.log_every > 0, "--log-every must be positive, got {}", a.log_every);
   ZERO_CHECK(a.sample >= 0, "--sample must be >= 0, got {}", a.sample);
   ZERO_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = all cores), got {}", a.threads);
-  ZERO_CHECK(a.lr > 0 && a.min_lr >= 0 && a.min_lr <= a.lr, "--lr must be positive and --min-lr in [0, lr], got {} and {}",
-             a.lr, a.min_lr);
-  ZERO_CHECK(a.weight_decay >= 0, "--weight-decay must be >= 0, got {}", a.weight_decay);
+  ZERO_CHECK(std::isfinite(a.lr) && a.lr > 0, "--lr must be positive, got {}", a.lr);
+  ZERO_CHECK(a.min_lr >= 0 && a.min_lr <= a.lr, "--min-lr must be in [0, --lr = {}], got {}", a.lr, a.min_lr);
+  ZERO_CHECK(std::isfinite(a.weight_decay) && a.weight_decay >= 0, "--weight-decay must be >= 0, got {}",
+             a.weight_decay);
+  ZERO_CHECK(a.beta1 >= 0 && a.beta1 < 1, "--beta1 must be in [0, 1), got {}", a.beta1);
+  ZERO_CHECK(a.beta2 >= 0 && a.beta2 < 1, "--beta2 must be in [0, 1), got {}", a.beta2);
+  ZERO_CHECK(std::isfinite(a.clip) && a.clip >= 0, "--clip must be >= 0 (0 turns clipping off), got {}", a.clip);
+  ZERO_CHECK(a.dtype == "fp32" || a.dtype == "fp16" || a.dtype == "bf16", "--dtype must be fp32, fp16 or bf16, got '{}'",
+             a.dtype);
+  if (given.collective_timeout) dist::check_collective_timeout(a.collective_timeout, "--collective-timeout");
+  ZERO_CHECK(a.nonfinite_grads == "error" || a.nonfinite_grads == "skip",
+             "--nonfinite-grads must be error or skip, got '{}'", a.nonfinite_grads);
   ZERO_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got {}", a.dropout);
   ZERO_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got {}", a.grad_accum);
-  ZERO_CHECK(a.reduce_bucket_size >= 0 && std::floor(a.reduce_bucket_size) == a.reduce_bucket_size,
-             "--reduce-bucket-size must be a positive whole number of elements, got {}", a.reduce_bucket_size);
+  if (given.reduce_bucket_size)
+    ZERO_CHECK(a.reduce_bucket_size > 0 && a.reduce_bucket_size <= 9.0e15 &&
+                   std::floor(a.reduce_bucket_size) == a.reduce_bucket_size,
+               "--reduce-bucket-size must be a whole number of elements > 0, got {}", a.reduce_bucket_size);
   ZERO_CHECK(a.zero_stage >= 0 && a.zero_stage <= 2, "--zero-stage must be 0, 1 or 2 (stage 3 is not supported), got {}",
              a.zero_stage);
   if (!a.metrics.empty()) check_output_path(a.metrics, "--metrics");
@@ -269,6 +290,7 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
     cfg.gradient_accumulation_steps = a.grad_accum;
     if (cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size) cfg.train_micro_batch_size_per_gpu.reset();
   }
+  if (given.nonfinite_grads) cfg.nonfinite_grads = a.nonfinite_grads;
   cfg.resolve_batch(world_size);
   cfg.validate();
   return cfg;
@@ -300,7 +322,6 @@ std::string eta(double seconds) {
 }
 
 int run(Args a, const Given& given, dist::Communicator& comm) {
-  validate(a);
   const int rank = comm.rank(), world = comm.world_size();
   const bool lead = rank == 0;
   const dist::TrainingConfig tc = make_config(a, given, world);
@@ -308,6 +329,12 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const std::int64_t micro = *tc.train_micro_batch_size_per_gpu;
   check_attention_memory(a, micro);
   const int gas = static_cast<int>(*tc.gradient_accumulation_steps);
+  // Collective timeout: the flag, else $ZERO_COLLECTIVE_TIMEOUT_S (the communicator's default), else
+  // the config key, else 300 s.
+  if (given.collective_timeout)
+    comm.set_timeout(a.collective_timeout);
+  else if (tc.collective_timeout_s && std::getenv("ZERO_COLLECTIVE_TIMEOUT_S") == nullptr)
+    comm.set_timeout(*tc.collective_timeout_s);
   const examples::TextData data = examples::TextData::load(a.data, a.block);
   // A checkpoint to resume: found, verified (files, checksums) and matched before any work.
   std::optional<dist::Checkpoint> resume;
@@ -350,6 +377,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   dist::ZeroOptions zo = tc.zero_options();
   zo.adam = optim::AdamWOptions{a.lr, a.beta1, a.beta2, 1e-8f};
   zo.weight_decay = a.weight_decay;
+  zo.nonfinite_grads = tc.nonfinite_grads == "skip" ? dist::NonfiniteGrads::skip : dist::NonfiniteGrads::error;
   dist::ZeroOptimizer opt(model.named_parameters(), std::shared_ptr<dist::Communicator>(&comm, [](auto*) {}), zo);
   std::int64_t first_step = 0;
   if (resume) {
@@ -647,7 +675,9 @@ int main(int argc, char** argv) {
   app.add_option("--beta1", a.beta1, "AdamW beta1")->capture_default_str();
   app.add_option("--beta2", a.beta2, "AdamW beta2")->capture_default_str();
   auto* clip = app.add_option("--clip", a.clip, "max global gradient norm (0 = off)")->capture_default_str();
-  app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")->capture_default_str();
+  app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--eval-every", a.eval_every, "validate every N steps (0 = only at the end)")->capture_default_str();
   app.add_option("--eval-iters", a.eval_iters, "validation batches per evaluation")->capture_default_str();
   app.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
@@ -679,30 +709,49 @@ int main(int argc, char** argv) {
   app.add_option("--resume", a.resume, "continue from a checkpoint directory, or from a save dir's newest one");
   app.add_option("--init-from", a.init_from, "start from the weights of this model.safetensors (fresh optimizer)");
   app.add_option("--log-file", a.log_file, "write every step's loss, lr, grad norm, ... as JSON lines");
+  auto* timeout = app.add_option("--collective-timeout", a.collective_timeout,
+                                 "seconds one collective may take before the job ends with a message naming it "
+                                 "(default: $ZERO_COLLECTIVE_TIMEOUT_S, else the config's collective_timeout_s, "
+                                 "else 300)");
+  auto* nonfinite = app.add_option("--nonfinite-grads", a.nonfinite_grads,
+                                   "fp32/bf16 step with an inf/NaN gradient: error (stop, naming the step) or skip")
+                        ->capture_default_str();
+  app.add_flag("--verbose", a.verbose, "add the C++ source location to error messages");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help
+    // Every rank parses the same arguments; under mpirun fail_job agrees on one rank to say so.
+    if (dist::launcher_size() <= 1) {
+      std::cerr << "error: " << e.what() << " (see --help)\n";
+      return 2;
+    }
+    dist::fail_job(Error(std::string(e.what()) + " (see --help)"), false, 2);
   }
-  const Given given{batch->count() > 0, clip->count() > 0,    stage->count() > 0,  dtype->count() > 0,
-                    gas->count() > 0,   rbs->count() > 0,     overlap->count() > 0};
+  const Given given{batch->count() > 0, clip->count() > 0,     stage->count() > 0,   dtype->count() > 0,
+                    gas->count() > 0,   rbs->count() > 0,      overlap->count() > 0, timeout->count() > 0,
+                    nonfinite->count() > 0};
+#ifndef NDEBUG
+  a.verbose = true;  // Debug builds always say where an error was raised
+#endif
   if (a.data.empty()) {
     a.data = default_data_path();
     if (!std::filesystem::exists(a.data)) {
-      std::cerr << "error: no --data given and " << a.data
-                << " not found: give --data PATH, or run scripts/train.sh, which downloads Tiny Shakespeare\n";
+      const std::string message = "no --data given and " + a.data +
+                                  " not found: give --data PATH, or run scripts/train.sh, which downloads Tiny "
+                                  "Shakespeare";
+      if (dist::launcher_size() > 1) dist::fail_job(Error(message));
+      std::cerr << "error: " << message << "\n";
       return 1;
     }
   }
-  auto world = dist::mpi_world();
   try {
+    validate(a, given);  // before MPI starts: every rank finds the same problem, rank 0 reports it
+    auto world = dist::mpi_world();
     const std::shared_ptr<dist::Communicator> comm = make_communicator(a, world);
     return run(a, given, *comm);
   } catch (const std::exception& e) {
-    if (world->world_size() == 1) {
-      std::cerr << "error: " << e.what() << "\n";
-      return 1;
-    }
-    dist::abort_job(std::string("error: ") + e.what());  // ends every rank, never leaves them waiting
+    // One line for the whole job, exit code 1; never leaves the other ranks waiting.
+    dist::fail_job(e, a.verbose);
   }
 }

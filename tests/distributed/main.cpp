@@ -3,12 +3,13 @@
 // Every rank runs every test (tests are collective: all ranks issue the same calls). Rank 0 prints with
 // gtest's default printer; the other ranks print only their failures, prefixed with their rank. All
 // ranks then agree on the outcome (max of the failure flags) so mpirun sees one exit code, and MPI is
-// finalised cleanly. An exception escaping the test runner ends the whole job instead of leaving the
-// other ranks waiting in a collective.
+// finalised cleanly. An exception escaping the test runner ends the whole job (fail_job: one line)
+// instead of leaving the other ranks waiting in a collective.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 #include "distributed/mpi_communicator.h"
@@ -57,6 +58,6 @@ int main(int argc, char** argv) {
     zero::dist::finalize_mpi();
     return any_failed ? 1 : 0;
   } catch (const std::exception& e) {
-    zero::dist::abort_job(std::string("distributed tests: ") + e.what());
+    zero::dist::fail_job(std::runtime_error(std::string("distributed tests: ") + e.what()));
   }
 }

@@ -401,7 +401,8 @@ RunResult run_zero(const Task& task, const ZeroOptions& o, int steps, std::int64
 }
 
 // One process, plain AdamW + clip_grad_norm over the whole global batch (N·b·GAS rows). A trainable
-// parameter without a gradient (unused this step) steps with a zero gradient, as ZeRO treats it.
+// parameter without a gradient (unused this step) is not stepped (PyTorch's rule, which ZeRO follows:
+// Note [Unused parameters]).
 RunResult run_reference(const Task& task, const ZeroOptions& o, int steps, std::int64_t rows,
                         const std::function<bool(int)>& skip = {}) {
   auto model = task.make();
@@ -419,8 +420,6 @@ RunResult run_reference(const Task& task, const ZeroOptions& o, int steps, std::
   for (int s = 0; s < steps; ++s) {
     if (skip && skip(s)) continue;
     task.loss(*model, s, 0, rows).backward();
-    for (Tensor& p : trainable)
-      if (!p.grad().defined()) p.set_grad(Tensor::zeros(p.shape(), p.dtype()));
     res.norms.push_back(optim::clip_grad_norm(trainable, o.gradient_clipping));
     adamw.step();
     adamw.zero_grad();

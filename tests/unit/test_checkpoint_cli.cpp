@@ -46,7 +46,7 @@ Result run(const std::string& cmd) {
 }
 
 std::string bin(const char* name) { return std::string(ZERO_BIN_DIR) + "/" + name; }
-std::string mpirun(int np) { return fmt::format("{} {} -np {} ", ZERO_MPIEXEC, ZERO_MPIRUN_FLAGS, np); }
+std::string mpirun(int np) { return fmt::format("{} -np {} ", ZERO_MPIRUN, np); }
 
 // Per-step log lines keyed by step (evaluation lines left out).
 std::map<std::int64_t, nlohmann::json> read_log(const fs::path& path) {

@@ -204,6 +204,11 @@ TEST(ConfigInvalid, EachInvalidValueNamesItsKey) {
   const Case cases[] = {
       {R"({"zero_optimization": {"stage": 3}})", "zero_optimization.stage",
        "stage 3 is not supported (stages 0, 1, 2)"},
+      {R"({"collective_timeout_s": 0})", "collective_timeout_s", "seconds > 0"},
+      {R"({"collective_timeout_s": -1.5})", "collective_timeout_s", "seconds > 0"},
+      {R"({"collective_timeout_s": "300"})", "collective_timeout_s", "expected a number"},
+      {R"({"nonfinite_grads": "warn"})", "nonfinite_grads", "\"error\" or \"skip\""},
+      {R"({"nonfinite_grads": true})", "nonfinite_grads", "expected a string"},
       {R"({"zero_optimization": {"stage": -1}})", "zero_optimization.stage", "not supported"},
       {R"({"zero_optimization": {"stage": "2"}})", "zero_optimization.stage", "expected an integer"},
       {R"({"zero_optimization": {"stage": 2.5}})", "zero_optimization.stage", "whole number"},
@@ -447,6 +452,22 @@ TEST_F(ConfigFileTest, DuplicateKeyIsAnError) {
   // The same key in different objects is fine.
   const std::string ok = write("ok.json", R"({"fp16": {"enabled": false}, "bf16": {"enabled": false}})");
   EXPECT_NO_THROW(TrainingConfig::from_file(ok));
+}
+
+TEST(ConfigParse, ReliabilityKeys) {
+  const TrainingConfig none = TrainingConfig::from_json(json::object());
+  EXPECT_FALSE(none.collective_timeout_s.has_value());  // the communicator's default applies
+  EXPECT_EQ(none.nonfinite_grads, "error");
+  const TrainingConfig c = TrainingConfig::from_json(json::parse(R"({"collective_timeout_s": 12.5,
+                                                                    "nonfinite_grads": "skip"})"));
+  ASSERT_TRUE(c.collective_timeout_s.has_value());
+  EXPECT_EQ(*c.collective_timeout_s, 12.5);
+  EXPECT_EQ(c.nonfinite_grads, "skip");
+  EXPECT_TRUE(c.warnings.empty());
+  const TrainingConfig back = TrainingConfig::from_json(c.to_json());
+  EXPECT_EQ(back.collective_timeout_s, c.collective_timeout_s);
+  EXPECT_EQ(back.nonfinite_grads, "skip");
+  EXPECT_TRUE(TrainingConfig::from_json(json::parse(R"({"collective_timeout_s": null})")).warnings.empty());
 }
 
 }  // namespace

@@ -1,9 +1,15 @@
 // train_gpt's promise on bad input: one line naming the problem, a non-zero exit, no crash, and no
-// metrics file left behind. Runs the real binary (build/bin/train_gpt) on small files made here.
+// metrics file left behind; and the job's promise under mpirun: one line for the whole job, and no
+// hang when a rank leaves early (Note [No hang] in distributed/mpi_communicator.cpp). Runs the real
+// binaries (build/bin/train_gpt, build/bin/zero_leave_early) on small files made here.
 #include <gtest/gtest.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
+#include <map>
+#include <sstream>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -23,8 +29,8 @@ struct Result {
   std::string output;
 };
 
-Result run_train_gpt(const std::string& args) {
-  const std::string cmd = std::string(ZERO_BIN_DIR) + "/train_gpt " + args + " 2>&1";
+Result run_command(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   std::string out;
@@ -32,6 +38,16 @@ Result run_train_gpt(const std::string& args) {
   while (fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+Result run_train_gpt(const std::string& args) { return run_command(std::string(ZERO_BIN_DIR) + "/train_gpt " + args); }
+
+// Lines of `out` that start with "error:" (what our ranks print; mpirun adds banners of its own).
+int error_lines(const std::string& out) {
+  std::istringstream in(out);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.rfind("error:", 0) == 0;
+  return n;
 }
 
 class TrainGptCli : public ::testing::Test {
@@ -118,6 +134,164 @@ TEST_F(TrainGptCli, TinyRunWritesMetrics) {
   EXPECT_NE(json.find("\"tflops\""), std::string::npos) << json;
   EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sample"), std::string::npos) << r.output;
+}
+
+// ---- every flag, by the rules of the config keys ----------------------------------------------------
+
+TEST_F(TrainGptCli, EveryFlagsBadValueIsOneLineNamingTheFlag) {
+  const fs::path metrics = dir_ / "metrics.json";
+  const std::map<std::string, std::string> base = {
+      {"--data", path("text.txt")}, {"--steps", "2"},     {"--sample", "0"},  {"--block", "8"},
+      {"--batch", "2"},             {"--n-layer", "1"},   {"--n-head", "2"},  {"--n-embd", "8"},
+      {"--eval-iters", "1"},        {"--metrics", metrics.string()}};
+  struct Case {
+    std::string flag, value, culprit;
+    int exit_code;  // 1: our checks; 2: CLI11 could not parse it
+  };
+  const std::vector<Case> cases = {
+      {"--data", path("nope.txt"), "nope.txt", 1},
+      {"--steps", "0", "--steps", 1},
+      {"--steps", "abc", "--steps", 2},
+      {"--batch", "0", "--batch", 1},
+      {"--block", "0", "--block", 1},
+      {"--n-layer", "0", "--n-layer", 1},
+      {"--n-head", "0", "--n-head", 1},
+      {"--n-embd", "0", "--n-embd", 1},
+      {"--dropout", "1", "--dropout", 1},
+      {"--lr", "0", "--lr", 1},
+      {"--lr", "nan", "--lr", 1},
+      {"--min-lr", "-1", "--min-lr", 1},
+      {"--warmup", "-1", "--warmup", 1},
+      {"--weight-decay", "-0.5", "--weight-decay", 1},
+      {"--beta1", "1", "--beta1", 1},
+      {"--beta2", "-0.1", "--beta2", 1},
+      {"--clip", "-1", "--clip", 1},
+      {"--clip", "inf", "--clip", 1},
+      {"--seed", "-1", "--seed", 2},
+      {"--eval-every", "-1", "--eval-every", 1},
+      {"--eval-iters", "0", "--eval-iters", 1},
+      {"--log-every", "0", "--log-every", 1},
+      {"--threads", "-1", "--threads", 1},
+      {"--metrics", dir_.string(), "is a directory", 1},
+      {"--sample", "-1", "--sample", 1},
+      {"--config", path("nope.json"), "nope.json", 1},
+      {"--zero-stage", "3", "--zero-stage", 1},
+      {"--dtype", "fp8", "--dtype", 1},
+      {"--grad-accum", "0", "--grad-accum", 1},
+      {"--reduce-bucket-size", "0", "--reduce-bucket-size", 1},
+      {"--reduce-bucket-size", "1.5", "--reduce-bucket-size", 1},
+      {"--overlap-comm=maybe", "", "--overlap-comm", 2},
+      {"--device", "tpu", "--device", 2},
+      {"--comm", "gloo", "--comm", 2},
+      {"--collective-timeout", "0", "--collective-timeout", 1},
+      {"--collective-timeout", "-2", "--collective-timeout", 1},
+      {"--nonfinite-grads", "warn", "--nonfinite-grads", 1},
+      {"--verbose=x", "", "--verbose", 2},
+  };
+  for (const Case& c : cases) {
+    std::map<std::string, std::string> args = base;
+    args[c.flag] = c.value;
+    std::string line;
+    for (const auto& [flag, value] : args) line += " " + flag + (value.empty() ? "" : " " + value);
+    SCOPED_TRACE(line);
+    const Result r = run_train_gpt(line);
+    EXPECT_EQ(r.exit_code, c.exit_code) << r.output;
+    EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << r.output;
+    EXPECT_NE(r.output.find(c.culprit), std::string::npos) << "should name '" << c.culprit << "': " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "expected one line: " << r.output;
+#ifdef NDEBUG  // Debug builds always add the source location
+    EXPECT_EQ(r.output.find(".cpp:"), std::string::npos) << "no source location by default: " << r.output;
+#endif
+    if (c.exit_code == 2) {
+      EXPECT_NE(r.output.find("--help"), std::string::npos) << r.output;
+    }
+    EXPECT_FALSE(fs::exists(metrics));
+  }
+}
+
+TEST_F(TrainGptCli, ParseErrorsAreOneLineWithExitCode2) {
+  for (const std::string args : {"--no-such-flag", "--steps", "--steps 1 --steps 2", "positional"}) {
+    const Result r = run_train_gpt("--data " + path("text.txt") + " " + args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << r.output;
+    EXPECT_NE(r.output.find("(see --help)"), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+  const Result help = run_train_gpt("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.output.find("--collective-timeout"), std::string::npos);
+}
+
+TEST_F(TrainGptCli, SourceLocationOnlyWithVerbose) {
+  const Result quiet = run_train_gpt("--data " + path("text.txt") + " --steps 0");
+  const Result verbose = run_train_gpt("--data " + path("text.txt") + " --steps 0 --verbose");
+  EXPECT_EQ(quiet.exit_code, 1);
+  EXPECT_EQ(verbose.exit_code, 1);
+#ifdef NDEBUG
+  EXPECT_EQ(quiet.output.find(".cpp:"), std::string::npos) << quiet.output;
+#endif
+  EXPECT_NE(verbose.output.find("train_gpt.cpp:"), std::string::npos) << verbose.output;
+  EXPECT_EQ(error_lines(verbose.output), 1) << verbose.output;
+}
+
+TEST_F(TrainGptCli, BadTimeoutInTheEnvironmentNamesTheVariable) {
+  const Result r = run_command("ZERO_COLLECTIVE_TIMEOUT_S=soon " + std::string(ZERO_BIN_DIR) + "/train_gpt --data " +
+                               path("text.txt") + " --steps 1 --sample 0");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("error: ZERO_COLLECTIVE_TIMEOUT_S"), std::string::npos) << r.output;
+}
+
+// ---- under mpirun: one line for the whole job ------------------------------------------------------
+
+std::string mpirun(int np) { return std::string(ZERO_MPIRUN) + " -np " + std::to_string(np) + " "; }
+
+TEST_F(TrainGptCli, AnErrorEveryRankHitsIsPrintedOnceUnderMpirun) {
+  const std::string exe = std::string(ZERO_BIN_DIR) + "/train_gpt --data " + path("text.txt");
+  // Found before MPI starts (flags), and after (the batch does not split over 4 ranks).
+  for (const std::string bad : {" --zero-stage 5", " --steps abc", " --reduce-bucket-size 0", " --batch 10 --block 8"}) {
+    const Result r = run_command(mpirun(4) + exe + bad + " --sample 0");
+    EXPECT_NE(r.exit_code, 0) << bad << ": " << r.output;
+    EXPECT_EQ(error_lines(r.output), 1) << bad << ": " << r.output;
+    EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << bad << ": " << r.output;
+  }
+}
+
+// ---- under mpirun: a rank that leaves early never hangs the job --------------------------------------
+
+struct EarlyLeave {
+  std::string mode;
+  std::vector<std::string> expect;  // in the one error line; empty: Open MPI reports it (SIGKILL), not us
+};
+
+TEST_F(TrainGptCli, EveryWayOfLeavingEarlyEndsTheJobWithinTheTimeout) {
+  constexpr double kTimeout = 2.0;
+  const std::vector<EarlyLeave> modes = {
+      {"return", {"all_reduce at step 3", "rank 3 left the job"}},
+      {"exit", {"all_reduce at step 3", "rank 3 left the job"}},
+      {"throw", {"rank 3: injected failure"}},
+      {"stuck", {"all_reduce at step 3 timed out after 2 s", "rank(s) 3 did not arrive"}},
+      {"crash", {"rank 3: crashed (signal 6)"}},
+      {"kill", {}},
+  };
+  for (const EarlyLeave& m : modes) {
+    const auto start = std::chrono::steady_clock::now();
+    const Result r = run_command("ZERO_COLLECTIVE_TIMEOUT_S=2 " + mpirun(4) + std::string(ZERO_BIN_DIR) +
+                                 "/zero_leave_early " + m.mode);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(r.exit_code, 0) << m.mode << ": " << r.output;
+    EXPECT_LT(seconds, kTimeout + 10.0) << m.mode << ": " << r.output;
+    std::printf("leave early '%s': job ended after %.1f s (timeout %.0f s), exit code %d, %d error line(s)\n",
+                m.mode.c_str(), seconds, kTimeout, r.exit_code, error_lines(r.output));
+    if (m.expect.empty()) {
+      EXPECT_LE(error_lines(r.output), 1) << m.mode << ": " << r.output;
+      continue;
+    }
+    EXPECT_EQ(error_lines(r.output), 1) << m.mode << ": " << r.output;
+    for (const std::string& text : m.expect) EXPECT_NE(r.output.find(text), std::string::npos) << m.mode << ": " << r.output;
+  }
+  const Result ok = run_command(mpirun(4) + std::string(ZERO_BIN_DIR) + "/zero_leave_early none");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("done: 65536"), std::string::npos) << ok.output;
 }
 
 }  // namespace

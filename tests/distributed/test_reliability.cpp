@@ -1,0 +1,524 @@
+// Reliability of the ZeRO optimizer: exception safety under injected faults, non-finite gradients,
+// and PyTorch's rule for parameters without a gradient.
+//
+// Faults are injected consistently on every rank (the same call fails everywhere), by a Communicator
+// wrapper that makes the k-th collective throw (before it starts, or after it finished), by user
+// hooks that throw at the k-th firing, and by an op whose backward throws. After each failure the
+// training loop does what a careful user would: calls backward() again (with a fresh forward) or
+// step() again. The run must end bit-for-bit where a run without the fault ends (the reference:
+// an independent clean run of the same program), and every rank must hold the same parameters.
+// Models are tiny (a 70-parameter MLP) so the few hundred fault runs take seconds on 4 ranks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "autograd/ops.h"
+#include "core/check.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/zero_optimizer.h"
+#include "nn/module.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+
+namespace zero::dist {
+namespace {
+
+constexpr const char* kInjected = "injected fault";
+
+// Where a fault fires: at the `target`-th occurrence (0-based) of `site`, once.
+struct Fault {
+  std::string site = "none";  // collective, collective_wait, hook_before, hook_after, model_backward
+  long target = -1;
+  bool active = false;           // occurrences count only while active (not during construction)
+  std::map<std::string, long> seen;  // occurrences per site so far
+
+  bool select(const std::string& s) {
+    if (!active) return false;
+    const long n = seen[s]++;
+    return s == site && n == target;
+  }
+  void maybe_throw(const std::string& s) {
+    if (select(s)) throw Error(std::string(kInjected) + " at " + s);
+  }
+};
+
+// A Work that finishes its collective, then reports failure (the "failed after it ran" fault).
+class FailAfterWork final : public Work {
+ public:
+  explicit FailAfterWork(std::shared_ptr<Work> inner) : inner_(std::move(inner)) {}
+  void wait() override {
+    inner_->wait();
+    throw Error(std::string(kInjected) + " at collective_wait");
+  }
+  bool is_completed() const override { return inner_->is_completed(); }
+
+ private:
+  std::shared_ptr<Work> inner_;
+};
+
+class DoneWork final : public Work {
+ public:
+  void wait() override {}
+  bool is_completed() const override { return true; }
+};
+
+// Forwards every collective to `inner` (the job's MPI communicator), failing the selected one.
+class FaultyCommunicator final : public Communicator {
+ public:
+  FaultyCommunicator(std::shared_ptr<Communicator> inner, std::shared_ptr<Fault> fault)
+      : inner_(std::move(inner)), fault_(std::move(fault)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string_view backend_name() const override { return "faulty"; }
+  void set_step(std::int64_t step) override {
+    Communicator::set_step(step);
+    inner_->set_step(step);
+  }
+
+ protected:
+  std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    return run([&] { return inner_->all_reduce_async(buf, count, dtype, op); });
+  }
+  std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
+                                             DType dtype) override {
+    return run([&] { return inner_->reduce_scatter_async(send, recv, counts, dtype); });
+  }
+  std::shared_ptr<Work> issue_all_gather(const void* send, void* recv, std::span<const std::size_t> counts,
+                                         DType dtype) override {
+    return run([&] { return inner_->all_gather_async(send, recv, counts, dtype); });
+  }
+  std::shared_ptr<Work> issue_reduce(void* buf, std::size_t count, DType dtype, int root) override {
+    return run([&] {
+      inner_->reduce(buf, count, dtype, root);
+      return std::shared_ptr<Work>(std::make_shared<DoneWork>());
+    });
+  }
+  std::shared_ptr<Work> issue_broadcast(void* buf, std::size_t count, DType dtype, int root) override {
+    return run([&] {
+      inner_->broadcast(buf, count, dtype, root);
+      return std::shared_ptr<Work>(std::make_shared<DoneWork>());
+    });
+  }
+  std::shared_ptr<Work> issue_barrier() override {
+    return run([&] {
+      inner_->barrier();
+      return std::shared_ptr<Work>(std::make_shared<DoneWork>());
+    });
+  }
+  double control_all_reduce(double value, ReduceOp op) override {
+    fault_->maybe_throw("collective");
+    const bool fail_after = fault_->select("collective_wait");
+    const double r = op == ReduceOp::sum ? inner_->all_reduce_sum(value) : inner_->all_reduce_max(value);
+    if (fail_after) throw Error(std::string(kInjected) + " at collective_wait");
+    return r;
+  }
+  void control_all_reduce_values(std::span<double> values, ReduceOp op) override {
+    fault_->maybe_throw("collective");
+    const bool fail_after = fault_->select("collective_wait");
+    if (op == ReduceOp::sum)
+      inner_->all_reduce_sum(values);
+    else
+      for (double& v : values) v = inner_->all_reduce_max(v);
+    if (fail_after) throw Error(std::string(kInjected) + " at collective_wait");
+  }
+
+ private:
+  std::shared_ptr<Work> run(const std::function<std::shared_ptr<Work>()>& issue) {
+    fault_->maybe_throw("collective");
+    const bool fail_after = fault_->select("collective_wait");
+    std::shared_ptr<Work> work = issue();
+    if (fail_after) return std::make_shared<FailAfterWork>(work);
+    return work;
+  }
+
+  std::shared_ptr<Communicator> inner_;
+  std::shared_ptr<Fault> fault_;
+};
+
+bool injected(const Error& e) { return std::string(e.what()).find(kInjected) != std::string::npos; }
+
+// A deterministic pseudo-random number in [0, 1) from a few integers (same on every rank).
+double hash01(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+  std::uint64_t h =
+      a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full ^ c * 0x165667B19E3779F9ull;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return static_cast<double>(h >> 11) / static_cast<double>(1ull << 53);
+}
+
+// Identity whose backward runs fault->maybe_throw("model_backward"): an error inside the model's own
+// backward (a shape error, say), raised after some parameters' hooks have already fired.
+Tensor fragile(const Tensor& x, std::shared_ptr<Fault> fault) {
+  Tensor out = x.detach().clone();
+  autograd::record("fragile", {x}, out, [fault](const Tensor& g) -> std::vector<Tensor> {
+    if (fault) fault->maybe_throw("model_backward");
+    return {g};
+  });
+  return out;
+}
+
+// A two-layer MLP with a branch: Ψ = 35 + 7 + 21 + 7 = 70. `extra` is used when use_extra says so.
+class Net : public nn::Module {
+ public:
+  static constexpr std::int64_t D = 5, H = 7, K = 3;
+  Net() {
+    Generator gen(11);
+    w1 = register_parameter("w1", Tensor::randn({H, D}, gen, 0.0f, 0.5f), true);
+    b1 = register_parameter("b1", Tensor::randn({H}, gen, 0.0f, 0.1f), false);
+    w2 = register_parameter("w2", Tensor::randn({K, H}, gen, 0.0f, 0.5f), true);
+    extra = register_parameter("extra", Tensor::randn({H}, gen, 0.0f, 0.1f), false);
+  }
+  // Rows [row0, row0 + rows) of step `step`'s global batch; row r uses `extra` when use_extra(r).
+  Tensor loss(int step, std::int64_t row0, std::int64_t rows, const std::function<bool(std::int64_t)>& use_extra,
+              std::shared_ptr<Fault> fault = nullptr, std::int64_t nan_row = -1) const {
+    Tensor total;
+    for (std::int64_t r = row0; r < row0 + rows; ++r) {
+      std::vector<float> x(static_cast<std::size_t>(D));
+      for (std::int64_t i = 0; i < D; ++i)
+        x[static_cast<std::size_t>(i)] = static_cast<float>(2.0 * hash01(step, r, i) - 1.0);
+      if (r == nan_row) x[0] = std::numeric_limits<float>::quiet_NaN();
+      const std::vector<std::int64_t> y{static_cast<std::int64_t>(hash01(step, r, 99) * K)};
+      Tensor h = gelu(linear(Tensor::from_vector(x, {1, D}), compute(w1), compute(b1)));
+      h = fragile(h, fault);
+      if (use_extra(r)) h = add(h, compute(extra));
+      Tensor l = cross_entropy(linear(h, compute(w2), Tensor()), Tensor::from_indices(y, {1}));
+      total = total.defined() ? add(total, l) : l;
+    }
+    return mul(total, 1.0f / static_cast<float>(rows));
+  }
+  Tensor w1, b1, w2, extra;
+};
+
+struct RunSetup {
+  int stage = 1;
+  int gas = 2;
+  bool overlap = false;
+  DType dtype = DType::f32;
+};
+
+std::string describe(const RunSetup& s) {
+  return fmt::format("stage {}, GAS {}, overlap {}, {}", s.stage, s.gas, s.overlap, dtype_name(s.dtype));
+}
+
+ZeroOptions options_for(const RunSetup& s) {
+  ZeroOptions o;
+  o.stage = s.stage;
+  o.dtype = s.dtype;
+  o.gradient_accumulation_steps = s.gas;
+  o.overlap_comm = s.overlap;
+  o.reduce_bucket_size = 24;
+  o.allgather_bucket_size = 24;
+  o.adam.lr = 3e-2f;
+  o.weight_decay = 0.1f;
+  o.gradient_clipping = 0.5f;
+  o.fp16.initial_scale_power = 8;
+  return o;
+}
+
+struct Outcome {
+  std::vector<float> params;  // the flat parameter buffer, as float
+  std::vector<std::int64_t> param_steps;
+  float loss_scale = 0;
+  std::int64_t steps = 0, skipped = 0;
+  std::map<std::string, long> seen;  // fault sites reached
+  int faults = 0;                    // injected faults caught and retried
+};
+
+// Trains `steps` steps of Net on every rank with faults from `fault`; each failed backward() is
+// retried with a fresh forward, each failed step() is called again. `extra` is used on even steps.
+// `between(net, step, g)` runs after micro-step g's backward (a user's own calls).
+Outcome train(const RunSetup& s, std::shared_ptr<Fault> fault, int steps = 2,
+              const std::function<void(Net&, int, int)>& between = {}) {
+  auto world = mpi_world();
+  auto comm = std::make_shared<FaultyCommunicator>(world, fault);
+  const int n = comm->world_size(), rank = comm->rank();
+  Net net;
+  for (auto& p : net.named_parameters())
+    autograd::register_post_accumulate_grad_hook(p.tensor, [fault](Tensor&) { fault->maybe_throw("hook_before"); });
+  ZeroOptimizer opt(net.named_parameters(), comm, options_for(s));
+  for (auto& p : net.named_parameters())
+    autograd::register_post_accumulate_grad_hook(p.tensor, [fault](Tensor&) { fault->maybe_throw("hook_after"); });
+  Outcome out;
+  fault->active = true;
+  for (int step = 0; step < steps; ++step) {
+    auto use_extra = [step](std::int64_t) { return step % 2 == 0; };
+    for (int g = 0; g < s.gas; ++g) {
+      for (int attempt = 0;; ++attempt) {
+        ZERO_CHECK(attempt < 3, "backward failed three times");
+        try {
+          opt.backward(net.loss(step, (std::int64_t{g} * n + rank) * 2, 2, use_extra, fault));
+          if (between) between(net, step, g);
+          break;
+        } catch (const Error& e) {
+          if (!injected(e)) throw;
+          ++out.faults;
+        }
+      }
+    }
+    for (int attempt = 0;; ++attempt) {
+      ZERO_CHECK(attempt < 3, "step failed three times");
+      try {
+        opt.step();
+        break;
+      } catch (const Error& e) {
+        if (!injected(e)) throw;
+        ++out.faults;
+      }
+    }
+  }
+  fault->active = false;
+  out.params = opt.flat_params().to(DType::f32).to_vector();
+  out.param_steps = opt.param_steps();
+  out.loss_scale = opt.loss_scale();
+  out.steps = opt.steps();
+  out.skipped = opt.skipped_steps();
+  out.seen = fault->seen;
+  return out;
+}
+
+// Every rank holds rank 0's parameters, bit for bit.
+void expect_replicas_identical(const std::vector<float>& params, const std::string& what) {
+  std::vector<float> root = params;
+  mpi_world()->broadcast(root.data(), root.size(), DType::f32, 0);
+  EXPECT_EQ(params, root) << what << ": rank " << mpi_world()->rank() << " differs from rank 0";
+}
+
+// Max |a - b| over the buffer, against the clean run's scale.
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 1e-3;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return a.size() == b.size() ? diff / scale : std::numeric_limits<double>::infinity();
+}
+
+// =====================================================================================================
+// Exception safety (Note [Exception safety] in distributed/zero_optimizer.cpp)
+// =====================================================================================================
+
+TEST(ZeroFaults, EveryInjectedFaultLeavesTheRunAsWithoutIt) {
+  const std::vector<RunSetup> setups = {{0, 2, false, DType::f32}, {0, 1, true, DType::f32},  {1, 2, true, DType::f32},
+                                     {1, 1, false, DType::bf16}, {2, 2, true, DType::f32}, {2, 2, false, DType::f16}};
+  const std::vector<std::string> sites = {"collective", "collective_wait", "hook_before", "hook_after",
+                                          "model_backward"};
+  int runs = 0, bitwise = 0;
+  for (const RunSetup& s : setups) {
+    const Outcome clean = train(s, std::make_shared<Fault>());
+    expect_replicas_identical(clean.params, "clean, " + describe(s));
+    for (const std::string& site : sites) {
+      const long total = clean.seen.count(site) ? clean.seen.at(site) : 0;
+      ASSERT_GT(total, 0) << site << ", " << describe(s);
+      for (long k = 0; k < total; ++k) {
+        auto fault = std::make_shared<Fault>();
+        fault->site = site;
+        fault->target = k;
+        const Outcome o = train(s, fault);
+        const std::string what = fmt::format("{} #{} of {}, {}", site, k, total, describe(s));
+        EXPECT_EQ(o.faults, 1) << what;
+        EXPECT_LE(max_rel_diff(o.params, clean.params), 1e-6) << what;
+        EXPECT_EQ(o.param_steps, clean.param_steps) << what;
+        EXPECT_EQ(o.loss_scale, clean.loss_scale) << what;
+        EXPECT_EQ(o.steps, clean.steps) << what;
+        EXPECT_EQ(o.skipped, clean.skipped) << what;
+        expect_replicas_identical(o.params, what);
+        ++runs;
+        bitwise += o.params == clean.params;
+      }
+    }
+  }
+  if (mpi_world()->rank() == 0)
+    std::printf("fault injection: %d faulted runs on %d rank(s), %d bitwise identical to the run without the fault\n",
+                runs, mpi_world()->world_size(), bitwise);
+}
+
+TEST(ZeroFaults, PlainBackwardOnTheModelChangesNothing) {
+  // A user calls loss.backward() on a model ZeRO manages (between two micro-steps of an accumulation),
+  // catches the error and goes on: the run must be the one without that call.
+  for (int stage : {0, 1, 2}) {
+    const RunSetup s{stage, 2, false, DType::f32};
+    const Outcome clean = train(s, std::make_shared<Fault>());
+    int refused = 0;
+    const Outcome o = train(s, std::make_shared<Fault>(), 2, [&](Net& net, int step, int g) {
+      if (g != 0) return;
+      try {
+        net.loss(step + 7, 0, 2, [](std::int64_t) { return true; }).backward();
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("outside ZeroOptimizer::backward"), std::string::npos) << e.what();
+        ++refused;
+      }
+      for (const auto& p : net.named_parameters()) EXPECT_FALSE(p.tensor.grad().defined()) << p.name;
+    });
+    EXPECT_EQ(refused, 2) << describe(s);
+    EXPECT_EQ(o.params, clean.params) << describe(s);
+    expect_replicas_identical(o.params, describe(s));
+  }
+}
+
+// =====================================================================================================
+// Non-finite gradients (Note [Non-finite gradients])
+// =====================================================================================================
+
+struct Plain {
+  std::vector<float> params;
+  std::vector<char> applied;
+  std::vector<std::int64_t> param_steps;
+  std::string error;
+  int error_step = -1;
+  std::int64_t skipped = 0, steps = 0;
+};
+
+// Trains Net for `steps` steps (2 rows per rank per micro-step); rows of step `nan_step` on the last
+// rank get a NaN input; step `skip` is left out entirely. Stops at the first error.
+Plain run_plain(const ZeroOptions& o, int steps, const std::function<bool(int, std::int64_t)>& use_extra,
+                int nan_step = -1, int skip = -1) {
+  auto comm = mpi_world();
+  const int n = comm->world_size(), rank = comm->rank();
+  Net net;
+  ZeroOptimizer opt(net.named_parameters(), comm, o);
+  Plain out;
+  for (int step = 0; step < steps; ++step) {
+    if (step == skip) continue;
+    for (int g = 0; g < o.gradient_accumulation_steps; ++g) {
+      const std::int64_t row0 = (std::int64_t{g} * n + rank) * 2;
+      const std::int64_t nan_row = step == nan_step && rank == n - 1 && g == 0 ? row0 : -1;
+      opt.backward(net.loss(step, row0, 2, [&](std::int64_t r) { return use_extra(step, r); }, nullptr, nan_row));
+    }
+    try {
+      out.applied.push_back(opt.step());
+    } catch (const Error& e) {
+      out.error = e.what();
+      out.error_step = step;
+      break;
+    }
+  }
+  out.params = opt.flat_params().to(DType::f32).to_vector();
+  out.param_steps = opt.param_steps();
+  out.skipped = opt.skipped_steps();
+  out.steps = opt.steps();
+  return out;
+}
+
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+TEST(ZeroNonfinite, NanInOneRanksBatchStopsAtThatStep) {
+  const auto always = [](int, std::int64_t) { return true; };
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int stage : {0, 1, 2}) {
+      ZeroOptions o = options_for({stage, 1, false, dt});
+      const std::string what = fmt::format("stage {}, {}", stage, dtype_name(dt));
+      const Plain before = run_plain(o, 2, always);  // steps 1 and 2 (1-based), clean
+      const Plain r = run_plain(o, 5, always, /*nan_step=*/2);
+      EXPECT_EQ(r.error_step, 2) << what;
+      EXPECT_NE(r.error.find("step 3: non-finite gradient"), std::string::npos) << what << ": " << r.error;
+      EXPECT_NE(r.error.find("'w1'"), std::string::npos) << what << ": " << r.error;
+      EXPECT_EQ(r.applied, (std::vector<char>{1, 1})) << what;
+      EXPECT_EQ(r.params, before.params) << what << ": the failed step changed the parameters";
+      EXPECT_TRUE(all_finite(r.params)) << what;
+      expect_replicas_identical(r.params, what);
+    }
+}
+
+TEST(ZeroNonfinite, SkipModeSkipsExactlyThatStep) {
+  const auto always = [](int, std::int64_t) { return true; };
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int stage : {0, 1, 2}) {
+      ZeroOptions o = options_for({stage, 2, stage == 2, dt});
+      o.nonfinite_grads = NonfiniteGrads::skip;
+      const std::string what = fmt::format("stage {}, {}", stage, dtype_name(dt));
+      const Plain r = run_plain(o, 5, always, /*nan_step=*/2);
+      const Plain without = run_plain(o, 5, always, -1, /*skip=*/2);  // never sees step 3's batch
+      EXPECT_TRUE(r.error.empty()) << what << ": " << r.error;
+      EXPECT_EQ(r.applied, (std::vector<char>{1, 1, 0, 1, 1})) << what;
+      EXPECT_EQ(r.skipped, 1) << what;
+      EXPECT_EQ(r.steps, 4) << what;
+      EXPECT_EQ(r.params, without.params) << what;
+      EXPECT_TRUE(all_finite(r.params)) << what;
+      expect_replicas_identical(r.params, what);
+    }
+}
+
+// =====================================================================================================
+// Parameters without a gradient (Note [Unused parameters])
+// =====================================================================================================
+
+// One process: plain AdamW (skips a parameter without a gradient, as PyTorch) + clip_grad_norm over
+// the global batch of N·2·GAS rows.
+std::vector<float> reference(const ZeroOptions& o, int steps, int n, const std::function<bool(int, std::int64_t)>& use) {
+  Net net;
+  std::vector<optim::ParamGroup> groups(2);
+  groups[0].weight_decay = o.weight_decay;
+  std::vector<Tensor> all;
+  for (const auto& p : net.named_parameters()) {
+    groups[p.decay ? 0 : 1].params.push_back(p.tensor);
+    all.push_back(p.tensor);
+  }
+  optim::AdamW adamw(groups, o.adam);
+  const std::int64_t rows = std::int64_t{n} * 2 * o.gradient_accumulation_steps;
+  for (int step = 0; step < steps; ++step) {
+    net.loss(step, 0, rows, [&](std::int64_t r) { return use(step, r); }).backward();
+    optim::clip_grad_norm(all, o.gradient_clipping);
+    adamw.step();
+    adamw.zero_grad();
+  }
+  std::vector<float> flat;
+  for (const Tensor& t : all) {
+    const auto v = t.to_vector();
+    flat.insert(flat.end(), v.begin(), v.end());
+  }
+  return flat;
+}
+
+TEST(ZeroUnusedParameters, MatchOneProcessAdamW) {
+  const int n = mpi_world()->world_size(), steps = 4;
+  // Row r of a micro-step belongs to rank (r / 2) % n: rows [(g·N + rank)·2, +2).
+  const std::vector<std::pair<std::string, std::function<bool(int, std::int64_t)>>> patterns = {
+      {"used on even steps only", [](int step, std::int64_t) { return step % 2 == 0; }},
+      {"used on rank 0 only", [n](int, std::int64_t r) { return (r / 2) % n == 0; }},
+      {"used on the last rank's first micro-step of odd steps only",
+       [n](int step, std::int64_t r) { return step % 2 == 1 && r / 2 == n - 1; }},
+  };
+  const std::vector<std::int64_t> extra_steps = {2, 4, 2};  // steps that update `extra`
+  for (std::size_t pi = 0; pi < patterns.size(); ++pi)
+    for (int stage : {0, 1, 2})
+      for (int gas : {1, 2}) {
+        ZeroOptions o = options_for({stage, gas, stage == 1, DType::f32});
+        const std::string what = fmt::format("{}, stage {}, GAS {}", patterns[pi].first, stage, gas);
+        const Plain z = run_plain(o, steps, patterns[pi].second);
+        const std::vector<float> ref = reference(o, steps, n, patterns[pi].second);
+        ASSERT_TRUE(z.error.empty()) << what << ": " << z.error;
+        std::vector<float> real(z.params.begin(), z.params.begin() + static_cast<std::ptrdiff_t>(ref.size()));
+        EXPECT_LE(max_rel_diff(real, ref), 1e-5) << what;
+        EXPECT_EQ(z.param_steps, (std::vector<std::int64_t>{steps, steps, steps, extra_steps[pi]})) << what;
+        expect_replicas_identical(z.params, what);
+      }
+}
+
+TEST(ZeroUnusedParameters, AStepWithoutAGradientLeavesTheParameterBitwiseAlone) {
+  // Weight decay would move it (decay 0.1, lr 3e-2) and so would the moments from the first step.
+  for (int stage : {0, 1, 2}) {
+    ZeroOptions o = options_for({stage, 1, false, DType::f32});
+    const auto even = [](int step, std::int64_t) { return step % 2 == 0; };
+    const Plain one = run_plain(o, 1, even), two = run_plain(o, 2, even);
+    const std::int64_t extra_begin = 35 + 7 + 21, extra_end = extra_begin + 7;
+    for (std::int64_t i = extra_begin; i < extra_end; ++i)
+      EXPECT_EQ(two.params[static_cast<std::size_t>(i)], one.params[static_cast<std::size_t>(i)]) << "stage " << stage;
+    EXPECT_NE(two.params[0], one.params[0]) << "stage " << stage << ": w1 should have moved";
+  }
+}
+
+}  // namespace
+}  // namespace zero::dist
