@@ -267,8 +267,12 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
     state["dtype"] = std::string(dtype_name(zo.dtype));
     state["numel"] = numel;
     state["params"] = params;
+    nlohmann::json param_steps = nlohmann::json::object();  // per parameter (Note [Unused parameters])
+    for (std::size_t i = 0; i < opt.layout().params().size(); ++i)
+      param_steps[opt.layout().params()[i].name] = opt.param_steps()[i];
     state["optimizer"] = {{"steps", opt.steps()},
                           {"skipped_steps", opt.skipped_steps()},
+                          {"param_steps", param_steps},
                           {"lr", opt.lr()},
                           {"loss_scaler",
                            {{"scale", ls.scale},
@@ -475,6 +479,15 @@ void load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm
                                         get<std::int64_t>(ls, "last_overflow_iter", c.dir)};
   opt.restore_counters(get<std::int64_t>(o, "steps", c.dir), get<std::int64_t>(o, "skipped_steps", c.dir),
                        saved == DType::f16 ? &scaler : nullptr);
+  // Parameters that went without gradients for some steps have fewer AdamW steps than the optimizer.
+  std::vector<std::int64_t> param_steps = opt.param_steps();
+  if (o.contains("param_steps")) {
+    const auto& saved_steps = get<nlohmann::json>(o, "param_steps", c.dir);
+    for (std::size_t i = 0; i < param_steps.size(); ++i)
+      if (saved_steps.contains(opt.layout().params()[i].name))
+        param_steps[i] = get<std::int64_t>(saved_steps, opt.layout().params()[i].name.c_str(), c.dir);
+  }
+  opt.set_param_steps(std::move(param_steps));
   opt.sync_params_from_master();
   (void)comm;
 }
