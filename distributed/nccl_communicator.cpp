@@ -168,6 +168,7 @@ bool nccl_usable(int rank, int world_size) {
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> bootstrap, NcclOptions options)
     : bootstrap_(std::move(bootstrap)), options_(options) {
+  set_reduce_in_fp32(options_.fp32_accumulate);  // the ledger counts what widen() sends
   ZERO_CHECK(bootstrap_ != nullptr, "NcclCommunicator: null bootstrap communicator");
   rank_ = bootstrap_->rank();
   world_size_ = bootstrap_->world_size();

@@ -339,10 +339,18 @@ void check_low_precision_sums(Communicator& comm, DType dtype) {
   EXPECT_EQ(wrong_reduce, 0u) << "reduce";
 }
 
-TEST_F(CommunicatorTest, HalfSumsAccumulateInFp32) { check_low_precision_sums<half>(*comm_, DType::f16); }
+// communication_data_type fp32 (set_reduce_in_fp32); the default, 16-bit partial sums rounded once per
+// hop, is tested in test_wire_and_overlap.cpp.
+TEST_F(CommunicatorTest, HalfSumsAccumulateInFp32) {
+  comm_->set_reduce_in_fp32(true);
+  check_low_precision_sums<half>(*comm_, DType::f16);
+  comm_->set_reduce_in_fp32(false);
+}
 
 TEST_F(CommunicatorTest, Bfloat16SumsAccumulateInFp32) {
+  comm_->set_reduce_in_fp32(true);
   check_low_precision_sums<bfloat16>(*comm_, DType::bf16);
+  comm_->set_reduce_in_fp32(false);
 }
 
 // ---- async ---------------------------------------------------------------------------------------
