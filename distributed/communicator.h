@@ -193,7 +193,8 @@ class Communicator {
   /// true: fp16/bf16 all_reduce / reduce_scatter / reduce are widened to fp32 for the wire and rounded
   /// once at the end; false (the default for the MPI backend): they travel in their own dtype, rounded
   /// at every hop. Applies to collectives issued after the call; every rank must use the same value.
-  void set_reduce_in_fp32(bool on) { reduce_in_fp32_ = on; }
+  /// Virtual so a wrapping communicator can pass it on to the one it wraps.
+  virtual void set_reduce_in_fp32(bool on) { reduce_in_fp32_ = on; }
   bool reduce_in_fp32() const { return reduce_in_fp32_; }
 
   // ---- deadlines -------------------------------------------------------------------------------

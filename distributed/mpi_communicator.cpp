@@ -247,14 +247,18 @@ float* MpiCommunicator::scratch(int which, std::size_t elems) {
 
 std::shared_ptr<Work> MpiCommunicator::issue_all_reduce(void* buf, std::size_t count, DType dtype,
                                                         ReduceOp op) {
-  return enqueue("all_reduce", [=, this] { all_reduce_impl(buf, count, dtype, op); });
+  // The wire dtype is read at issue (Note [Wire dtype]), so a later set_reduce_in_fp32 cannot race it.
+  const bool wide = reduce_in_fp32();
+  return enqueue("all_reduce", [=, this] { all_reduce_impl(buf, count, dtype, op, wide); });
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_reduce_scatter(const void* send, void* recv,
                                                             std::span<const std::size_t> counts,
                                                             DType dtype) {
   std::vector<std::size_t> owned(counts.begin(), counts.end());
-  return enqueue("reduce_scatter", [=, this, counts = std::move(owned)] { reduce_scatter_impl(send, recv, counts, dtype); });
+  const bool wide = reduce_in_fp32();
+  return enqueue("reduce_scatter",
+                 [=, this, counts = std::move(owned)] { reduce_scatter_impl(send, recv, counts, dtype, wide); });
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_all_gather(const void* send, void* recv,
@@ -268,7 +272,8 @@ std::shared_ptr<Work> MpiCommunicator::issue_all_gather(const void* send, void* 
 
 std::shared_ptr<Work> MpiCommunicator::issue_reduce(void* buf, std::size_t count, DType dtype,
                                                     int root) {
-  return enqueue("reduce", [=, this] { reduce_impl(buf, count, dtype, root); });
+  const bool wide = reduce_in_fp32();
+  return enqueue("reduce", [=, this] { reduce_impl(buf, count, dtype, root, wide); });
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_broadcast(void* buf, std::size_t count, DType dtype,
@@ -506,14 +511,14 @@ void MpiCommunicator::ring_all_gather_bytes(const void* send, void* recv,
 // buffer per rank. fp16/bf16 with reduce_in_fp32(): the reduce-scatter runs on an fp32 copy, each rank
 // narrows only its own reduced slice, and the all-gather moves the narrowed slices; otherwise the
 // reduce-scatter runs on the 16-bit buffer itself (Note [Wire dtype]).
-void MpiCommunicator::all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op) {
+void MpiCommunicator::all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op, bool fp32) {
   if (world_size_ == 1 || count == 0) return;
   const auto counts = split_even(count, world_size_);
   const auto offsets = prefix_offsets(counts);
   const std::size_t mine = counts[rank_];
   const std::size_t elem = dtype_size(dtype);
   void* my_slice = static_cast<char*>(buf) + offsets[rank_] * elem;
-  if (dtype == DType::f32 || !reduce_in_fp32()) {
+  if (dtype == DType::f32 || !fp32) {
     ring_reduce_scatter_any(buf, my_slice, counts, offsets, op, dtype);
   } else {
     float* wide = scratch(2, count);
@@ -526,10 +531,10 @@ void MpiCommunicator::all_reduce_impl(void* buf, std::size_t count, DType dtype,
 }
 
 void MpiCommunicator::reduce_scatter_impl(const void* send, void* recv,
-                                          const std::vector<std::size_t>& counts, DType dtype) {
+                                          const std::vector<std::size_t>& counts, DType dtype, bool fp32) {
   const auto offsets = prefix_offsets(counts);
   const std::size_t mine = counts[rank_];
-  if (dtype == DType::f32 || !reduce_in_fp32() || world_size_ == 1) {  // one rank: a plain copy
+  if (dtype == DType::f32 || !fp32 || world_size_ == 1) {  // one rank: a plain copy
     ring_reduce_scatter_any(send, recv, counts, offsets, ReduceOp::sum, dtype);
     return;
   }
@@ -544,12 +549,12 @@ void MpiCommunicator::reduce_scatter_impl(const void* send, void* recv,
 // Reduce = ring reduce-scatter over an even split, then every rank sends its reduced slice to root.
 // Non-root buffers are only read. fp16/bf16 with reduce_in_fp32(): everything travels in fp32 and
 // root narrows once; otherwise both phases move the buffer's own dtype.
-void MpiCommunicator::reduce_impl(void* buf, std::size_t count, DType dtype, int root) {
+void MpiCommunicator::reduce_impl(void* buf, std::size_t count, DType dtype, int root, bool fp32) {
   if (world_size_ == 1 || count == 0) return;
   const auto counts = split_even(count, world_size_);
   const auto offsets = prefix_offsets(counts);
   const bool is_root = rank_ == root;
-  const bool wide = dtype != DType::f32 && reduce_in_fp32();
+  const bool wide = dtype != DType::f32 && fp32;
   const DType wire = wide ? DType::f32 : dtype;
   const std::size_t we = dtype_size(wire);
   const void* src = buf;  // the values to reduce, in the wire dtype

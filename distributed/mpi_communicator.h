@@ -126,10 +126,11 @@ class MpiCommunicator final : public Communicator {
                                const std::vector<std::size_t>& offsets, ReduceOp op, DType dtype);
   void ring_all_gather_bytes(const void* send, void* recv, const std::vector<std::size_t>& counts,
                              const std::vector<std::size_t>& offsets, std::size_t elem_size);
-  void all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op);
+  // fp32: widen 16-bit reductions (reduce_in_fp32() as it was when the call was issued).
+  void all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op, bool fp32);
   void reduce_scatter_impl(const void* send, void* recv, const std::vector<std::size_t>& counts,
-                           DType dtype);
-  void reduce_impl(void* buf, std::size_t count, DType dtype, int root);
+                           DType dtype, bool fp32);
+  void reduce_impl(void* buf, std::size_t count, DType dtype, int root, bool fp32);
   void broadcast_impl(void* buf, std::size_t count, DType dtype, int root);
   float* scratch(int which, std::size_t elems);
 

@@ -434,6 +434,11 @@ class HostStagedCommunicator final : public Communicator {
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
+  // The inner communicator does the reducing, so it must use the same wire dtype.
+  void set_reduce_in_fp32(bool on) override {
+    Communicator::set_reduce_in_fp32(on);
+    inner_->set_reduce_in_fp32(on);
+  }
   std::string_view backend_name() const override { return "mpi-host-staged"; }
 
  protected:
