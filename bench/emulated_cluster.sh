@@ -11,6 +11,9 @@
 #   sudo bench/emulated_cluster.sh --ranks 2 --rate 400mbit --steps 30 --rounds 3
 #   sudo bench/emulated_cluster.sh --ranks 2 --rate 2gbit --configs "s2_bucket s2_bucket_overlap s2_overlap_gather torch_ddp"
 #
+# --batch B sets the global batch of every run (ours and PyTorch's; default 12, train_gpt's): a smaller
+# batch means less compute per byte communicated, i.e. a relatively slower link.
+#
 # Configurations (--configs, names; default: all):
 #   stage0 stage1 stage2          --zero-stage 0/1/2, default buckets
 #   s2_rs_off                     stage 2 with "reduce_scatter": false (all-reduce each bucket: 1.5x traffic)
@@ -25,7 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ranks=2 rate=400mbit burst=1mb steps=30 rounds=3 bucket=100000
+ranks=2 rate=400mbit burst=1mb steps=30 rounds=3 bucket=100000 batch=12
 bin=build/bin data=data/tinyshakespeare.txt out="" python=/usr/bin/python3
 configs="stage0 stage1 stage2 s2_rs_off s2_bucket s2_bucket_overlap s2_overlap_gather s1_overlap_gather torch_ddp torch_zero"
 extra=()
@@ -37,6 +40,7 @@ while [[ $# -gt 0 ]]; do
     --steps) steps=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --bucket) bucket=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --configs) configs=$2; shift 2 ;;
@@ -68,7 +72,7 @@ echo "ranks $ranks, $steps steps x $rounds rounds, results in $out"
 echo '{"zero_optimization": {"reduce_scatter": false}}' > "$out/rs_off.json"
 mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca btl tcp,self --mca btl_tcp_if_include lo
               --mca oob_tcp_if_include lo --mca pml ob1 -x OMP_NUM_THREADS=1)
-common=(--data "$data" --steps "$steps" --eval-every 0 --eval-iters 2 --sample 0 --log-every "$steps")
+common=(--data "$data" --steps "$steps" --batch "$batch" --eval-every 0 --eval-iters 2 --sample 0 --log-every "$steps")
 
 flags_of() {
   case "$1" in
@@ -95,7 +99,7 @@ for round in $(seq 1 "$rounds"); do
       # metrics file, give the job 10 s more to exit, then end it.
       # shellcheck disable=SC2086
       ip netns exec "$ns" env OMP_NUM_THREADS=1 setsid "$python" bench/torch_gpt_dist.py --world-size "$ranks" $f \
-        --data "$data" --steps "$steps" --eval-iters 2 --log-every "$steps" --metrics "$out/$c.$round.json" \
+        --data "$data" --steps "$steps" --batch "$batch" --eval-iters 2 --log-every "$steps" --metrics "$out/$c.$round.json" \
         > "$log" 2>&1 &
       pid=$!
       for _ in $(seq 1 900); do [[ -f $out/$c.$round.json ]] || ! kill -0 "$pid" 2>/dev/null && break; sleep 1; done

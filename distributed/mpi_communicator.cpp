@@ -216,13 +216,6 @@ void MpiCommunicator::run_queue() {
       int timed = -1;
       for (int c = 0; c < kNumCollectives; ++c)
         if (collective_name(static_cast<Collective>(c)) == task.name) timed = c;
-      struct Timer {
-        std::atomic<std::int64_t>* slot;
-        std::chrono::steady_clock::time_point t0;
-        ~Timer() {
-          if (slot) *slot += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-        }
-      } timer{timed >= 0 ? &busy_ns_[timed] : nullptr, started};
       try {
         task.fn();
       } catch (const CollectiveTimeout&) {
@@ -232,6 +225,10 @@ void MpiCommunicator::run_queue() {
       } catch (...) {
         error = std::current_exception();  // e.g. a buffer too large for this rank: the peers did not start
       }
+      // Before finish(): whoever waited on the work then sees its time in the ledger.
+      if (timed >= 0)
+        busy_ns_[timed] +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
     }
     task.work->finish(error);
   }

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -299,6 +300,10 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
       EXPECT_EQ(ledger, 0.0);
       continue;
     }
+    if (comm->rank() == 0)
+      std::printf("[ wire     ] %s reductions, %d ranks: wire %.0f B, ledger %.0f B, wire/ledger %.4f, "
+                  "ledger/baseline %.4f\n",
+                  fp32 ? "fp32" : "fp16", n, wire, ledger, wire / ledger, ledger / baseline);
     EXPECT_NEAR(wire / ledger, 1.0, 0.02) << "wire " << wire << " ledger " << ledger << " fp32 " << fp32;
     // fp16 on the wire: ZeRO-2 moves the stage-0 baseline 2(n-1)/n·Ψ; fp32 reductions add half of it again.
     EXPECT_NEAR(ledger / baseline, fp32 ? 1.5 : 1.0, 1e-9) << "fp32 " << fp32;
