@@ -62,9 +62,9 @@ namespace zero::dist {
 // so stage 2 moves GAS·Ψ of reduce-scatter traffic per step: the price of not holding a full gradient.
 // Copying at issue time rather than in the hook matters because hooks do not fire in flat order
 // within a layer: a Linear's weight gradient arrives before its bias, which sits after the weight in
-// the flat buffer, so the weight's buckets wait for the bias's. Copying in the hook held one buffer per
-// waiting bucket (41 for a 32x128 weight in 100-element buckets); copying at issue holds one buffer
-// per bucket in flight: exactly one without overlap_comm, however a parameter falls across buckets.
+// the flat buffer, so the weight's buckets wait for the bias's. Copying in the hook would hold one
+// buffer per waiting bucket (41 for a 32x128 weight in 100-element buckets); copying at issue holds one
+// buffer per bucket in flight: exactly one without overlap_comm, however parameters fall across buckets.
 // The kept gradients are autograd's per-parameter tensors, which existed anyway; they live a little
 // longer (until the bucket holding their start is out). memory().buckets reports what the pool has
 // allocated. The automatic bucket size and the bound it gives are in docs/zero.md ("Bucket size").

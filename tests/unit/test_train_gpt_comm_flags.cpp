@@ -65,7 +65,8 @@ TEST_F(TrainGptCommFlags, WarnsWhenAConfiguredBucketCoversTheWholeModelAtStage2)
 }
 
 TEST_F(TrainGptCommFlags, CommunicationDataTypeAndOverlapParamGather) {
-  const CliRun fp32 = train_gpt(tiny("--dtype bf16 --zero-stage 2 --communication-data-type fp32 --overlap-param-gather"));
+  const CliRun fp32 =
+      train_gpt(tiny("--dtype bf16 --zero-stage 2 --communication-data-type fp32 --overlap-param-gather"));
   ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
   EXPECT_NE(fp32.output.find("overlap_param_gather true"), std::string::npos) << fp32.output;
   EXPECT_NE(fp32.output.find("reductions in f32 on the wire"), std::string::npos) << fp32.output;
