@@ -78,6 +78,34 @@ double Ledger::total() const {
   return sum;
 }
 
+double Ledger::total_seconds() const {
+  double sum = 0;
+  for (double s : seconds) sum += s;
+  return sum;
+}
+
+// Note [Wire dtype]
+// ~~~~~~~~~~~~~~~~~
+// The ledger counts what goes on the wire, so a traffic ratio it prints is a ratio of bytes sent. For
+// a 16-bit model the choice is DeepSpeed's communication_data_type:
+//   - the model dtype (the default, as in DeepSpeed and NCCL): partial sums travel in fp16/bf16; every
+//     hop of the ring widens the incoming partial sum and its own contribution to fp32, adds, and
+//     rounds once before forwarding, so an element of a sum over n ranks is rounded n-1 times. Bytes
+//     on the wire: the buffer's own size, so ZeRO's 1.0x / 1.5x traffic ratios hold in wire bytes;
+//   - fp32: the buffer is widened once, reduced in fp32 all the way and rounded once at the end
+//     (bitwise the fp32 sum rounded once), at twice the wire bytes for the reduction.
+// All-gather and broadcast move values, not sums: always the buffer's own dtype.
+double Communicator::wire_bus_bytes(Collective c, std::size_t count, DType dtype) const {
+  const bool reduction = c == Collective::all_reduce || c == Collective::reduce_scatter || c == Collective::reduce;
+  const std::size_t elem = reduction && reduce_in_fp32_ && dtype != DType::f32 ? sizeof(float) : dtype_size(dtype);
+  return Ledger::bus_bytes(c, double(count) * double(elem), world_size());
+}
+
+void Ledger::add(Collective c, double wire_bytes) {
+  bytes[static_cast<int>(c)] += wire_bytes;
+  calls[static_cast<int>(c)] += 1;
+}
+
 void Ledger::reset() { *this = Ledger{}; }
 
 nlohmann::json Ledger::to_json() const {
@@ -117,7 +145,7 @@ std::shared_ptr<Work> Communicator::all_reduce_async(void* buf, std::size_t coun
   check_dtype(dtype, "all_reduce");
   ZERO_CHECK(buf != nullptr || count == 0, "all_reduce: null buffer for {} elements", count);
   auto work = issue_all_reduce(buf, count, dtype, op);
-  ledger_.record(Collective::all_reduce, double(count) * dtype_size(dtype), world_size());
+  ledger_.add(Collective::all_reduce, wire_bus_bytes(Collective::all_reduce, count, dtype));
   return work;
 }
 
@@ -131,7 +159,7 @@ std::shared_ptr<Work> Communicator::reduce_scatter_async(const void* send, void*
   ZERO_CHECK(recv != nullptr || counts[rank()] == 0, "reduce_scatter: null recv buffer for {} elements",
              counts[rank()]);
   auto work = issue_reduce_scatter(send, recv, counts, dtype);
-  ledger_.record(Collective::reduce_scatter, double(total) * dtype_size(dtype), world_size());
+  ledger_.add(Collective::reduce_scatter, wire_bus_bytes(Collective::reduce_scatter, total, dtype));
   return work;
 }
 
@@ -145,7 +173,7 @@ std::shared_ptr<Work> Communicator::all_gather_async(const void* send, void* rec
              counts[rank()]);
   ZERO_CHECK(recv != nullptr || total == 0, "all_gather: null recv buffer for {} elements", total);
   auto work = issue_all_gather(send, recv, counts, dtype);
-  ledger_.record(Collective::all_gather, double(total) * dtype_size(dtype), world_size());
+  ledger_.add(Collective::all_gather, wire_bus_bytes(Collective::all_gather, total, dtype));
   return work;
 }
 
@@ -168,7 +196,7 @@ void Communicator::reduce(void* buf, std::size_t count, DType dtype, int root) {
   check_root(root, "reduce");
   ZERO_CHECK(buf != nullptr || count == 0, "reduce: null buffer for {} elements", count);
   auto work = issue_reduce(buf, count, dtype, root);
-  ledger_.record(Collective::reduce, double(count) * dtype_size(dtype), world_size());
+  ledger_.add(Collective::reduce, wire_bus_bytes(Collective::reduce, count, dtype));
   work->wait();
 }
 
@@ -177,7 +205,7 @@ void Communicator::broadcast(void* buf, std::size_t count, DType dtype, int root
   check_root(root, "broadcast");
   ZERO_CHECK(buf != nullptr || count == 0, "broadcast: null buffer for {} elements", count);
   auto work = issue_broadcast(buf, count, dtype, root);
-  ledger_.record(Collective::broadcast, double(count) * dtype_size(dtype), world_size());
+  ledger_.add(Collective::broadcast, wire_bus_bytes(Collective::broadcast, count, dtype));
   work->wait();
 }
 

@@ -70,17 +70,22 @@ inline constexpr int kNumCollectives = 5;
 /// "all_reduce", "reduce_scatter", "all_gather", "reduce", "broadcast" (the ledger's JSON keys).
 std::string_view collective_name(Collective c);
 
-/// Logical traffic per rank, in bytes, counted the way nccl-tests counts "bus bytes" so the figure does
-/// not depend on the algorithm a backend happens to use (nccl-tests, doc/PERFORMANCE.md). For a buffer
-/// of S bytes on n ranks one call counts
+/// Traffic per rank, in bytes, counted the way nccl-tests counts "bus bytes" so the figure does not
+/// depend on the algorithm a backend happens to use (nccl-tests, doc/PERFORMANCE.md), in the dtype that
+/// actually goes on the wire (Note [Wire dtype] in communicator.cpp): a 16-bit reduction counts 2 bytes
+/// per element by default and 4 when the communicator reduces in fp32 (set_reduce_in_fp32). For a
+/// buffer of S wire bytes on n ranks one call counts
 ///   all_reduce 2(n-1)/n·S,  reduce_scatter and all_gather (n-1)/n·S,  reduce and broadcast S,
 /// where for reduce_scatter / all_gather S is the whole concatenated buffer (sum of the per-rank
 /// counts × element size). Tiny scalar control collectives (overflow flags, norms) go to
 /// control_bytes instead, so gradient and parameter traffic stays comparable with the ZeRO paper's
-/// 2Ψ / 3Ψ figures.
+/// 2Ψ / 3Ψ figures. seconds[c] is the wall time the backend spent running calls of c (on its
+/// communication thread: waiting for peers included, so it is the time the link was in use, whether or
+/// not the training thread waited for it); backends without a timer leave it 0.
 struct Ledger {
   double bytes[kNumCollectives] = {};
   std::int64_t calls[kNumCollectives] = {};
+  double seconds[kNumCollectives] = {};
   double control_bytes = 0;
   std::int64_t control_calls = 0;
 
@@ -89,12 +94,16 @@ struct Ledger {
 
   /// Adds one call of `c` over `full_bytes` bytes (S above) on `world_size` ranks.
   void record(Collective c, double full_bytes, int world_size);
+  /// Adds one call of `c` that put `wire_bytes` bus bytes on the wire (Communicator::wire_bus_bytes).
+  void add(Collective c, double wire_bytes);
   /// Adds one scalar control all-reduce over `full_bytes` bytes (counted like an all_reduce).
   void record_control(double full_bytes, int world_size);
 
   double operator[](Collective c) const { return bytes[static_cast<int>(c)]; }
   /// Sum of the five collective counters; control_bytes is not included.
   double total() const;
+  /// Sum of seconds[] over the five collectives.
+  double total_seconds() const;
   void reset();
   /// {"all_reduce": .., "reduce_scatter": .., "reduce": .., "all_gather": .., "broadcast": .., "total": ..}
   /// in bytes.
@@ -115,7 +124,9 @@ class Work {
 /// One rank's view of a data-parallel group. Buffers are raw pointers to f32, f16 or bf16 elements;
 /// every count is in ELEMENTS. Any other dtype, a count list whose length is not world_size(), a null
 /// buffer with a non-zero count, or a root outside [0, world_size()) throws zero::Error before anything
-/// is sent. fp16/bf16 sums accumulate in fp32, so the result is the fp32 sum rounded once.
+/// is sent. fp16/bf16 reductions send 16-bit partial sums by default: each hop adds in fp32 and rounds
+/// once (NCCL's behaviour); with set_reduce_in_fp32(true) they travel in fp32 and the result is the
+/// fp32 sum rounded once, at twice the bytes (Note [Wire dtype] in communicator.cpp).
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -168,8 +179,23 @@ class Communicator {
   /// norm partials). Blocking; counted in ledger().control_bytes as one all-reduce of 8·n bytes.
   void all_reduce_sum(std::span<double> values);
 
-  Ledger& ledger() { return ledger_; }
-  const Ledger& ledger() const { return ledger_; }
+  /// The traffic counters (and the backend's timers, collected on each call).
+  Ledger& ledger() {
+    collect_timers(ledger_);
+    return ledger_;
+  }
+  const Ledger& ledger() const {
+    collect_timers(ledger_);
+    return ledger_;
+  }
+
+  // ---- wire dtype (DeepSpeed's communication_data_type) ------------------------------------------------
+  /// true: fp16/bf16 all_reduce / reduce_scatter / reduce are widened to fp32 for the wire and rounded
+  /// once at the end; false (the default for the MPI backend): they travel in their own dtype, rounded
+  /// at every hop. Applies to collectives issued after the call; every rank must use the same value.
+  /// Virtual so a wrapping communicator can pass it on to the one it wraps.
+  virtual void set_reduce_in_fp32(bool on) { reduce_in_fp32_ = on; }
+  bool reduce_in_fp32() const { return reduce_in_fp32_; }
 
   // ---- deadlines -------------------------------------------------------------------------------
   /// Every collective issued after this call must finish within `seconds` (> 0) of starting, or it
@@ -204,13 +230,20 @@ class Communicator {
   virtual void control_all_reduce_values(std::span<double> values, ReduceOp op) {
     for (double& v : values) v = control_all_reduce(v, op);
   }
+  /// Bus bytes one call of `c` over `count` elements of `dtype` puts on the wire (the ledger's figure).
+  /// The default: Ledger::bus_bytes over the wire dtype (fp32 for a 16-bit reduction when
+  /// reduce_in_fp32(), else the buffer's dtype). A backend whose algorithm mixes dtypes overrides it.
+  virtual double wire_bus_bytes(Collective c, std::size_t count, DType dtype) const;
+  /// Adds the seconds the backend spent per collective since the last call into `ledger.seconds`.
+  virtual void collect_timers(Ledger& ledger) const { (void)ledger; }
 
  private:
   void check_dtype(DType dtype, const char* what) const;
   void check_counts(std::span<const std::size_t> counts, const char* what) const;
   void check_root(int root, const char* what) const;
 
-  Ledger ledger_;
+  mutable Ledger ledger_;
+  bool reduce_in_fp32_ = false;
   double timeout_s_ = default_collective_timeout_s();
   std::int64_t step_ = 0;
 };

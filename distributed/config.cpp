@@ -170,6 +170,7 @@ void parse_zero(Section s, ZeroConfig& c) {
   s.read("reduce_scatter", c.reduce_scatter);
   s.read("contiguous_gradients", c.contiguous_gradients);
   s.read("overlap_comm", c.overlap_comm);
+  s.read("overlap_param_gather", c.overlap_param_gather);
   s.warn_unknown();
 }
 
@@ -279,12 +280,21 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
   const ZeroConfig& z = c.zero_optimization;
   if (z.stage < 0 || z.stage > 2)
     fail(src, "zero_optimization.stage", fmt::format("stage {} is not supported (stages 0, 1, 2)", z.stage));
-  if (z.reduce_bucket_size <= 0)
+  if (z.reduce_bucket_size && *z.reduce_bucket_size <= 0)
     fail(src, "zero_optimization.reduce_bucket_size",
-         fmt::format("must be > 0 elements, got {}", z.reduce_bucket_size));
-  if (z.allgather_bucket_size <= 0 || z.allgather_bucket_size % 2 != 0)
+         fmt::format("must be > 0 elements, got {}", *z.reduce_bucket_size));
+  if (z.allgather_bucket_size && (*z.allgather_bucket_size <= 0 || *z.allgather_bucket_size % 2 != 0))
     fail(src, "zero_optimization.allgather_bucket_size",
-         fmt::format("must be an even number of elements > 0, got {}", z.allgather_bucket_size));
+         fmt::format("must be an even number of elements > 0, got {}", *z.allgather_bucket_size));
+  if (const auto& t = c.communication_data_type) {
+    if (*t != "fp32" && *t != "fp16" && *t != "bf16")
+      fail(src, "communication_data_type", fmt::format("must be \"fp32\", \"fp16\" or \"bf16\", got \"{}\"", *t));
+    const DType model = c.model_dtype();
+    if (*t != "fp32" && parse_float_dtype(*t) != model)
+      fail(src, "communication_data_type",
+           fmt::format("\"{}\" with a {} model is not supported; use \"fp32\" or the model dtype", *t,
+                       dtype_name(model)));
+  }
 
   if (const auto& o = c.optimizer) {
     const std::string type = to_lower(o->type);
@@ -331,6 +341,13 @@ TrainingConfig parse(const json& j, const std::string& src) {
     root.find("collective_timeout_s");  // a null is known too
   }
   root.read("nonfinite_grads", c.nonfinite_grads);
+  if (root.has("communication_data_type")) {
+    std::string t;
+    root.read("communication_data_type", t);
+    c.communication_data_type = t;
+  } else {
+    root.find("communication_data_type");  // a null is known too
+  }
   if (auto s = root.section("fp16")) parse_fp16(*s, c.fp16);
 
   // "bfloat16" is DeepSpeed's old name for "bf16" (runtime/config.py, get_bfloat16_config).
@@ -425,6 +442,7 @@ nlohmann::json TrainingConfig::to_json() const {
       {"gradient_clipping", gradient_clipping},
       {"collective_timeout_s", collective_timeout_s ? json(*collective_timeout_s) : json(nullptr)},
       {"nonfinite_grads", nonfinite_grads},
+      {"communication_data_type", communication_data_type ? json(*communication_data_type) : json(nullptr)},
       {"fp16",
        {{"enabled", fp16.enabled},
         {"loss_scale", fp16.loss_scale},
@@ -436,11 +454,12 @@ nlohmann::json TrainingConfig::to_json() const {
       {"bf16", {{"enabled", bf16.enabled}}},
       {"zero_optimization",
        {{"stage", zero_optimization.stage},
-        {"reduce_bucket_size", zero_optimization.reduce_bucket_size},
-        {"allgather_bucket_size", zero_optimization.allgather_bucket_size},
+        {"reduce_bucket_size", opt(zero_optimization.reduce_bucket_size)},
+        {"allgather_bucket_size", opt(zero_optimization.allgather_bucket_size)},
         {"reduce_scatter", zero_optimization.reduce_scatter},
         {"contiguous_gradients", zero_optimization.contiguous_gradients},
-        {"overlap_comm", zero_optimization.overlap_comm}}},
+        {"overlap_comm", zero_optimization.overlap_comm},
+        {"overlap_param_gather", zero_optimization.overlap_param_gather}}},
   };
   if (optimizer) {
     j["optimizer"] = {{"type", optimizer->type},
@@ -524,14 +543,17 @@ ZeroOptions TrainingConfig::zero_options() const {
   ZeroOptions zo;
   zo.stage = zero_optimization.stage;
   zo.dtype = model_dtype();
-  zo.reduce_bucket_size = zero_optimization.reduce_bucket_size;
-  zo.allgather_bucket_size = zero_optimization.allgather_bucket_size;
+  zo.reduce_bucket_size = zero_optimization.reduce_bucket_size.value_or(kAutoBucketSize);
+  zo.allgather_bucket_size = zero_optimization.allgather_bucket_size.value_or(kAutoBucketSize);
+  zo.reduce_in_fp32 = communication_data_type.value_or("") == "fp32";
+  zo.overlap_param_gather = zero_optimization.overlap_param_gather;
   zo.reduce_scatter = zero_optimization.reduce_scatter;
   zo.overlap_comm = zero_optimization.overlap_comm;
   zo.contiguous_gradients = zero_optimization.contiguous_gradients;
   zo.gradient_accumulation_steps = static_cast<int>(gradient_accumulation_steps.value_or(1));
   zo.gradient_clipping = static_cast<float>(gradient_clipping);
   zo.fp16 = loss_scaler_config();
+  zo.nonfinite_grads = nonfinite_grads == "skip" ? NonfiniteGrads::skip : NonfiniteGrads::error;
   return zo;
 }
 

@@ -56,13 +56,20 @@ struct Bf16Config {
 /// "zero_optimization". Bucket sizes count elements, not bytes.
 struct ZeroConfig {
   int stage = 0;                                     // 0 (plain data parallel), 1 or 2; 3 is rejected
-  std::int64_t reduce_bucket_size = 500'000'000;     // IPG bucket, elements, > 0
-  std::int64_t allgather_bucket_size = 500'000'000;  // all-gather chunk, elements, > 0 and even
+  // IPG bucket and all-gather chunk, elements. Unset (nullopt, or null in the file): the automatic size
+  // default_bucket_size(Ψ) of distributed/zero_optimizer.h, which keeps stage 2's gradient memory below
+  // stage 1's; DeepSpeed's fixed default is 5e8 (docs/zero.md, "Bucket size"). A value given is used
+  // as is: reduce_bucket_size > 0, allgather_bucket_size > 0 and even (DeepSpeed's rules).
+  std::optional<std::int64_t> reduce_bucket_size;
+  std::optional<std::int64_t> allgather_bucket_size;
   bool reduce_scatter = true;                        // false: all-reduce the bucket, keep your slice (1.5x traffic)
   bool contiguous_gradients = true;                  // stage 2: copy reduced slices into one partition buffer
   // DeepSpeed's default is None, which it resolves to true only for stage 3 (config.py,
   // overlap_comm_valid); stages 0-2 therefore default to false there too.
   bool overlap_comm = false;
+  // Not a DeepSpeed key (Megatron-LM's --overlap-param-gather): issue the parameter all-gathers after
+  // the step asynchronously and let the next forward wait per parameter (docs/zero.md).
+  bool overlap_param_gather = false;
 };
 
 /// "optimizer": {"type": "AdamW" | "Adam", "params": {...}}. The type is matched case-insensitively, as
@@ -108,6 +115,10 @@ struct TrainingConfig {
   // step, "skip" skips the step like an fp16 overflow. fp16 always skips (loss scaling). Not a
   // DeepSpeed key (DeepSpeed applies such a step).
   std::string nonfinite_grads = "error";
+  // DeepSpeed's communication_data_type: the dtype gradient reductions travel in, "fp32", "fp16" or
+  // "bf16". Unset: the model dtype. Supported: the model dtype, or "fp32" for a 16-bit model
+  // (partial sums in fp32, rounded once; twice the reduction bytes).
+  std::optional<std::string> communication_data_type;
 
   Fp16Config fp16;
   Bf16Config bf16;
@@ -160,9 +171,10 @@ struct TrainingConfig {
   /// zero::Error for a non-floating dtype.
   void set_model_dtype(DType t);
 
-  /// The ZeroOptimizer options this config describes: stage, model dtype, bucket sizes, reduce_scatter,
-  /// overlap_comm, contiguous_gradients, gradient_accumulation_steps (1 before resolve_batch when it
-  /// was not given), gradient_clipping and the loss scaler. The AdamW hyper-parameters and weight decay
+  /// The ZeroOptimizer options this config describes: stage, model dtype, bucket sizes (automatic
+  /// when unset), the wire dtype, overlap_param_gather, reduce_scatter, overlap_comm,
+  /// contiguous_gradients, gradient_accumulation_steps (1 before resolve_batch when it was not given),
+  /// gradient_clipping, nonfinite_grads and the loss scaler. The AdamW hyper-parameters and weight decay
   /// are left at ZeroOptions' defaults for the training program to set.
   ZeroOptions zero_options() const;
 

@@ -15,6 +15,7 @@
 #include <exception>
 #include <numeric>
 #include <optional>
+#include <type_traits>
 
 #include "core/trace.h"
 
@@ -113,6 +114,22 @@ void combine(float* dst, const float* in, const float* own, std::size_t n, Reduc
     for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(in[i], own[i]);
   }
 }
+// 16-bit: both operands widened to fp32, combined, rounded once (one hop of Note [Wire dtype]).
+template <typename T>
+void combine(T* dst, const T* in, const T* own, std::size_t n, ReduceOp op) {
+  using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+  const Eigen::Map<const A> a(in, Eigen::Index(n)), b(own, Eigen::Index(n));
+  Eigen::Map<A> out(dst, Eigen::Index(n));
+  if (op == ReduceOp::sum)
+    out = (a.template cast<float>() + b.template cast<float>()).template cast<T>();
+  else
+    out = a.template cast<float>().max(b.template cast<float>()).template cast<T>();
+}
+
+template <typename T>
+MPI_Datatype mpi_type() {
+  return std::is_same_v<T, float> ? MPI_FLOAT : MPI_UINT16_T;  // 16-bit values travel as raw bits
+}
 
 int as_int(std::size_t n) { return static_cast<int>(n); }
 
@@ -207,6 +224,11 @@ void MpiCommunicator::run_queue() {
       current_ = Task{nullptr, nullptr, task.name, task.step, task.timeout_s, task.bytes};
       trace::Span span(task.name, "comm", trace::kCommThread);
       span.arg("bytes", task.bytes);
+      const auto started = std::chrono::steady_clock::now();
+      // Ledger::seconds: the five data collectives are timed (control scalars and barriers are not).
+      int timed = -1;
+      for (int c = 0; c < kNumCollectives; ++c)
+        if (collective_name(static_cast<Collective>(c)) == task.name) timed = c;
       try {
         task.fn();
       } catch (const CollectiveTimeout&) {
@@ -216,6 +238,10 @@ void MpiCommunicator::run_queue() {
       } catch (...) {
         error = std::current_exception();  // e.g. a buffer too large for this rank: the peers did not start
       }
+      // Before finish(): whoever waited on the work then sees its time in the ledger.
+      if (timed >= 0)
+        busy_ns_[timed] +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
     }
     task.work->finish(error);
   }
@@ -231,16 +257,21 @@ float* MpiCommunicator::scratch(int which, std::size_t elems) {
 
 std::shared_ptr<Work> MpiCommunicator::issue_all_reduce(void* buf, std::size_t count, DType dtype,
                                                         ReduceOp op) {
-  return enqueue("all_reduce", [=, this] { all_reduce_impl(buf, count, dtype, op); }, count * dtype_size(dtype));
+  // The wire dtype is read at issue (Note [Wire dtype]), so a later set_reduce_in_fp32 cannot race it.
+  const bool wide = reduce_in_fp32();
+  return enqueue("all_reduce", [=, this] { all_reduce_impl(buf, count, dtype, op, wide); },
+                 count * dtype_size(dtype));
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_reduce_scatter(const void* send, void* recv,
                                                             std::span<const std::size_t> counts,
                                                             DType dtype) {
   std::vector<std::size_t> owned(counts.begin(), counts.end());
+  const bool wide = reduce_in_fp32();
   const std::size_t bytes = std::accumulate(owned.begin(), owned.end(), std::size_t{0}) * dtype_size(dtype);
   return enqueue(
-      "reduce_scatter", [=, this, counts = std::move(owned)] { reduce_scatter_impl(send, recv, counts, dtype); }, bytes);
+      "reduce_scatter",
+      [=, this, counts = std::move(owned)] { reduce_scatter_impl(send, recv, counts, dtype, wide); }, bytes);
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_all_gather(const void* send, void* recv,
@@ -258,7 +289,9 @@ std::shared_ptr<Work> MpiCommunicator::issue_all_gather(const void* send, void* 
 
 std::shared_ptr<Work> MpiCommunicator::issue_reduce(void* buf, std::size_t count, DType dtype,
                                                     int root) {
-  return enqueue("reduce", [=, this] { reduce_impl(buf, count, dtype, root); }, count * dtype_size(dtype));
+  const bool wide = reduce_in_fp32();
+  return enqueue("reduce", [=, this] { reduce_impl(buf, count, dtype, root, wide); },
+                 count * dtype_size(dtype));
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_broadcast(void* buf, std::size_t count, DType dtype,
@@ -418,18 +451,19 @@ void MpiCommunicator::exchange(const void* send, std::size_t send_count, MPI_Dat
 //
 // `send` is never written. The last step writes straight into recv, which may alias this rank's slice
 // of send because element i is read before it is written.
-void MpiCommunicator::ring_reduce_scatter_f32(const float* send, float* recv,
-                                              const std::vector<std::size_t>& counts,
-                                              const std::vector<std::size_t>& offsets, ReduceOp op) {
+template <typename T>
+void MpiCommunicator::ring_reduce_scatter(const T* send, T* recv, const std::vector<std::size_t>& counts,
+                                          const std::vector<std::size_t>& offsets, ReduceOp op) {
   const int n = world_size_;
   const int r = rank_;
   if (n == 1) {
-    if (counts[0] > 0 && recv != send) std::memmove(recv, send, counts[0] * sizeof(float));
+    if (counts[0] > 0 && recv != send) std::memmove(recv, send, counts[0] * sizeof(T));
     return;
   }
   const std::size_t max_count = *std::max_element(counts.begin(), counts.end());
-  const std::size_t seg = segment_bytes_ / sizeof(float);
-  float* acc[2] = {scratch(0, std::min(seg, max_count)), scratch(1, std::min(seg, max_count))};
+  const std::size_t seg = std::max<std::size_t>(1, segment_bytes_ / sizeof(T));
+  const std::size_t acc_floats = (std::min(seg, max_count) * sizeof(T) + sizeof(float) - 1) / sizeof(float);
+  T* acc[2] = {reinterpret_cast<T*>(scratch(0, acc_floats)), reinterpret_cast<T*>(scratch(1, acc_floats))};
   const int right = (r + 1) % n;
   const int left = (r - 1 + n) % n;
   // Elements of segment [pos, pos+seg) that fall inside a slice of `count` (0 past its end).
@@ -440,13 +474,27 @@ void MpiCommunicator::ring_reduce_scatter_f32(const float* send, float* recv,
       const int recv_slice = (r - step - 2 + 2 * n) % n;  // == r at the last step
       const std::size_t sn = clip(counts[send_slice], pos);
       const std::size_t rn = clip(counts[recv_slice], pos);
-      const float* out = step == 0 ? (sn ? send + offsets[send_slice] + pos : send) : acc[(step - 1) % 2];
-      float* in = acc[step % 2];
-      exchange(out, sn, MPI_FLOAT, right, in, rn, left, 0);
+      const T* out = step == 0 ? (sn ? send + offsets[send_slice] + pos : send) : acc[(step - 1) % 2];
+      T* in = acc[step % 2];
+      exchange(out, sn, mpi_type<T>(), right, in, rn, left, 0);
       if (rn == 0) continue;
-      float* dst = step == n - 2 ? recv + pos : in;
+      T* dst = step == n - 2 ? recv + pos : in;
       combine(dst, in, send + offsets[recv_slice] + pos, rn, op);
     }
+  }
+}
+
+// The ring over the buffer's own dtype (Note [Wire dtype]: 16-bit partial sums on the wire).
+void MpiCommunicator::ring_reduce_scatter_any(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                                              const std::vector<std::size_t>& offsets, ReduceOp op, DType dtype) {
+  switch (dtype) {
+    case DType::f16:
+      return ring_reduce_scatter(static_cast<const half*>(send), static_cast<half*>(recv), counts, offsets, op);
+    case DType::bf16:
+      return ring_reduce_scatter(static_cast<const bfloat16*>(send), static_cast<bfloat16*>(recv), counts, offsets,
+                                 op);
+    default:
+      return ring_reduce_scatter(static_cast<const float*>(send), static_cast<float*>(recv), counts, offsets, op);
   }
 }
 
@@ -481,91 +529,107 @@ void MpiCommunicator::ring_all_gather_bytes(const void* send, void* recv,
 }
 
 // Ring all-reduce = ring reduce-scatter over an even split + ring all-gather, in place: 2(n-1)/n of the
-// buffer per rank. fp16/bf16: the reduce-scatter runs on an fp32 copy; each rank narrows only its own
-// reduced slice, and the all-gather moves the narrowed slices (half the bytes of fp32).
-void MpiCommunicator::all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op) {
+// buffer per rank. fp16/bf16 with reduce_in_fp32(): the reduce-scatter runs on an fp32 copy, each rank
+// narrows only its own reduced slice, and the all-gather moves the narrowed slices; otherwise the
+// reduce-scatter runs on the 16-bit buffer itself (Note [Wire dtype]).
+void MpiCommunicator::all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op, bool fp32) {
   if (world_size_ == 1 || count == 0) return;
   const auto counts = split_even(count, world_size_);
   const auto offsets = prefix_offsets(counts);
   const std::size_t mine = counts[rank_];
   const std::size_t elem = dtype_size(dtype);
   void* my_slice = static_cast<char*>(buf) + offsets[rank_] * elem;
-  if (dtype == DType::f32) {
-    float* data = static_cast<float*>(buf);
-    ring_reduce_scatter_f32(data, data + offsets[rank_], counts, offsets, op);
+  if (dtype == DType::f32 || !fp32) {
+    ring_reduce_scatter_any(buf, my_slice, counts, offsets, op, dtype);
   } else {
     float* wide = scratch(2, count);
     float* reduced = scratch(3, mine);
     widen(buf, dtype, wide, count);
-    ring_reduce_scatter_f32(wide, reduced, counts, offsets, op);
+    ring_reduce_scatter(static_cast<const float*>(wide), reduced, counts, offsets, op);
     narrow(reduced, my_slice, dtype, mine);
   }
   ring_all_gather_bytes(my_slice, buf, counts, offsets, elem);
 }
 
 void MpiCommunicator::reduce_scatter_impl(const void* send, void* recv,
-                                          const std::vector<std::size_t>& counts, DType dtype) {
+                                          const std::vector<std::size_t>& counts, DType dtype, bool fp32) {
   const auto offsets = prefix_offsets(counts);
   const std::size_t mine = counts[rank_];
-  if (dtype == DType::f32) {
-    ring_reduce_scatter_f32(static_cast<const float*>(send), static_cast<float*>(recv), counts, offsets,
-                            ReduceOp::sum);
-    return;
-  }
-  if (world_size_ == 1) {  // a plain copy; no rounding to do
-    if (mine > 0 && recv != send) std::memmove(recv, send, mine * dtype_size(dtype));
+  if (dtype == DType::f32 || !fp32 || world_size_ == 1) {  // one rank: a plain copy
+    ring_reduce_scatter_any(send, recv, counts, offsets, ReduceOp::sum, dtype);
     return;
   }
   const std::size_t total = offsets.back() + counts.back();
   float* wide = scratch(2, total);
   float* reduced = scratch(3, mine);
   widen(send, dtype, wide, total);
-  ring_reduce_scatter_f32(wide, reduced, counts, offsets, ReduceOp::sum);
+  ring_reduce_scatter(static_cast<const float*>(wide), reduced, counts, offsets, ReduceOp::sum);
   narrow(reduced, recv, dtype, mine);
 }
 
 // Reduce = ring reduce-scatter over an even split, then every rank sends its reduced slice to root.
-// Non-root buffers are only read. fp16/bf16 slices travel to root in fp32 and root narrows once.
-void MpiCommunicator::reduce_impl(void* buf, std::size_t count, DType dtype, int root) {
+// Non-root buffers are only read. fp16/bf16 with reduce_in_fp32(): everything travels in fp32 and
+// root narrows once; otherwise both phases move the buffer's own dtype.
+void MpiCommunicator::reduce_impl(void* buf, std::size_t count, DType dtype, int root, bool fp32) {
   if (world_size_ == 1 || count == 0) return;
   const auto counts = split_even(count, world_size_);
   const auto offsets = prefix_offsets(counts);
   const bool is_root = rank_ == root;
-  const float* src = static_cast<const float*>(buf);  // the fp32 values to reduce
-  float* gathered = static_cast<float*>(buf);         // where root collects the fp32 sums
-  if (dtype != DType::f32) {
-    float* wide = scratch(2, count);
-    widen(buf, dtype, wide, count);
-    src = wide;
-    gathered = wide;  // free to overwrite once the reduce-scatter has read it
+  const bool wide = dtype != DType::f32 && fp32;
+  const DType wire = wide ? DType::f32 : dtype;
+  const std::size_t we = dtype_size(wire);
+  const void* src = buf;  // the values to reduce, in the wire dtype
+  char* gathered = static_cast<char*>(buf);  // where root collects the sums
+  if (wide) {
+    float* w = scratch(2, count);
+    widen(buf, dtype, w, count);
+    src = w;
+    gathered = reinterpret_cast<char*>(w);  // free to overwrite once the reduce-scatter has read it
   }
-  float* reduced = is_root ? gathered + offsets[rank_] : scratch(3, counts[rank_]);
-  ring_reduce_scatter_f32(src, reduced, counts, offsets, ReduceOp::sum);
+  char* reduced = is_root ? gathered + offsets[rank_] * we
+                          : reinterpret_cast<char*>(scratch(3, (counts[rank_] * we + 3) / 4));
+  ring_reduce_scatter_any(src, reduced, counts, offsets, ReduceOp::sum, wire);
 
   // The gather: root posts every receive at once so the peers' sends go in parallel.
-  const std::size_t seg = kMaxMessageBytes / sizeof(float);
+  const std::size_t seg = kMaxMessageBytes;
   std::vector<MPI_Request> requests;
   std::vector<int> peers;
   if (is_root) {
     for (int peer = 0; peer < world_size_; ++peer) {
       if (peer == root) continue;
-      for (std::size_t pos = 0; pos < counts[peer]; pos += seg) {
+      const std::size_t bytes = counts[peer] * we;
+      for (std::size_t pos = 0; pos < bytes; pos += seg) {
         requests.emplace_back();
         peers.push_back(peer);
-        ZERO_MPI_CHECK(MPI_Irecv(gathered + offsets[peer] + pos, as_int(std::min(seg, counts[peer] - pos)),
-                                 MPI_FLOAT, peer, 2, comm_, &requests.back()));
+        ZERO_MPI_CHECK(MPI_Irecv(gathered + offsets[peer] * we + pos, as_int(std::min(seg, bytes - pos)), MPI_BYTE,
+                                 peer, 2, comm_, &requests.back()));
       }
     }
   } else {
-    for (std::size_t pos = 0; pos < counts[rank_]; pos += seg) {
+    const std::size_t bytes = counts[rank_] * we;
+    for (std::size_t pos = 0; pos < bytes; pos += seg) {
       requests.emplace_back();
       peers.push_back(root);
-      ZERO_MPI_CHECK(MPI_Isend(reduced + pos, as_int(std::min(seg, counts[rank_] - pos)), MPI_FLOAT, root,
-                               2, comm_, &requests.back()));
+      ZERO_MPI_CHECK(MPI_Isend(reduced + pos, as_int(std::min(seg, bytes - pos)), MPI_BYTE, root, 2, comm_,
+                               &requests.back()));
     }
   }
   if (!requests.empty()) wait_all(int(requests.size()), requests.data(), peers.data());
-  if (is_root && dtype != DType::f32) narrow(gathered, buf, dtype, count);
+  if (is_root && wide) narrow(reinterpret_cast<const float*>(gathered), buf, dtype, count);
+}
+
+// Wire bytes of the algorithms above: only the fp32-widened all-reduce mixes dtypes (its reduce-scatter
+// half moves fp32, its all-gather half the narrowed slices).
+double MpiCommunicator::wire_bus_bytes(Collective c, std::size_t count, DType dtype) const {
+  if (c == Collective::all_reduce && dtype != DType::f32 && reduce_in_fp32()) {
+    const double n = world_size_;
+    return (n - 1.0) / n * double(count) * double(sizeof(float) + dtype_size(dtype));
+  }
+  return Communicator::wire_bus_bytes(c, count, dtype);
+}
+
+void MpiCommunicator::collect_timers(Ledger& ledger) const {
+  for (int c = 0; c < kNumCollectives; ++c) ledger.seconds[c] += 1e-9 * double(busy_ns_[c].exchange(0));
 }
 
 // Pipelined chain broadcast: ranks form a chain starting at root (root, root+1, ...); the buffer moves

@@ -18,7 +18,10 @@
 // with more ranks than cores, spinning steals the CPU of the rank being waited for. The same loop
 // enforces each collective's deadline (Communicator::set_timeout) and watches a control channel on
 // which a rank that fails or leaves posts a notice, so no rank is left waiting for it (Note [No hang]).
-// fp16/bf16 buffers are widened to fp32 for every reduction and narrowed once at the end.
+// fp16/bf16 reductions travel in their own dtype, each hop adding in fp32 and rounding once (NCCL's
+// behaviour), unless set_reduce_in_fp32(true) widens them to fp32 for the whole collective and narrows
+// once at the end (Note [Wire dtype] in communicator.cpp). The communication thread times every
+// collective it runs (Ledger::seconds).
 #pragma once
 
 #include <mpi.h>
@@ -97,6 +100,8 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<Work> issue_barrier() override;
   double control_all_reduce(double value, ReduceOp op) override;
   void control_all_reduce_values(std::span<double> values, ReduceOp op) override;
+  double wire_bus_bytes(Collective c, std::size_t count, DType dtype) const override;
+  void collect_timers(Ledger& ledger) const override;
 
  private:
   // Runs `task` on the communication thread after everything queued before it. With one rank there
@@ -113,15 +118,20 @@ class MpiCommunicator final : public Communicator {
   void wait_all(int count, MPI_Request* requests, const int* peers = nullptr);
   void exchange(const void* send, std::size_t send_count, MPI_Datatype type, int dest, void* recv,
                 std::size_t recv_count, int source, int tag);
-  // Offsets are prefix sums of counts (elements); `send` is never written.
-  void ring_reduce_scatter_f32(const float* send, float* recv, const std::vector<std::size_t>& counts,
-                               const std::vector<std::size_t>& offsets, ReduceOp op);
+  // Offsets are prefix sums of counts (elements); `send` is never written. T: float, half or bfloat16
+  // (partial sums travel as T, each hop adds in fp32 and rounds once).
+  template <typename T>
+  void ring_reduce_scatter(const T* send, T* recv, const std::vector<std::size_t>& counts,
+                           const std::vector<std::size_t>& offsets, ReduceOp op);
+  void ring_reduce_scatter_any(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                               const std::vector<std::size_t>& offsets, ReduceOp op, DType dtype);
   void ring_all_gather_bytes(const void* send, void* recv, const std::vector<std::size_t>& counts,
                              const std::vector<std::size_t>& offsets, std::size_t elem_size);
-  void all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op);
+  // fp32: widen 16-bit reductions (reduce_in_fp32() as it was when the call was issued).
+  void all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op, bool fp32);
   void reduce_scatter_impl(const void* send, void* recv, const std::vector<std::size_t>& counts,
-                           DType dtype);
-  void reduce_impl(void* buf, std::size_t count, DType dtype, int root);
+                           DType dtype, bool fp32);
+  void reduce_impl(void* buf, std::size_t count, DType dtype, int root, bool fp32);
   void broadcast_impl(void* buf, std::size_t count, DType dtype, int root);
   float* scratch(int which, std::size_t elems);
 
@@ -152,6 +162,8 @@ class MpiCommunicator final : public Communicator {
   Task current_;
   std::exception_ptr broken_;
   std::atomic<bool> abandon_{false};
+  // Nanoseconds the communication thread spent per collective, not yet moved into a ledger.
+  mutable std::atomic<std::int64_t> busy_ns_[kNumCollectives] = {};
 };
 
 /// The communicator over MPI_COMM_WORLD, created on first use. Initialises MPI (MPI_Init_thread,

@@ -168,6 +168,7 @@ bool nccl_usable(int rank, int world_size) {
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> bootstrap, NcclOptions options)
     : bootstrap_(std::move(bootstrap)), options_(options) {
+  set_reduce_in_fp32(options_.fp32_accumulate);  // the ledger counts what widen() sends
   ZERO_CHECK(bootstrap_ != nullptr, "NcclCommunicator: null bootstrap communicator");
   rank_ = bootstrap_->rank();
   world_size_ = bootstrap_->world_size();
@@ -433,6 +434,11 @@ class HostStagedCommunicator final : public Communicator {
 
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
+  // The inner communicator does the reducing, so it must use the same wire dtype.
+  void set_reduce_in_fp32(bool on) override {
+    Communicator::set_reduce_in_fp32(on);
+    inner_->set_reduce_in_fp32(on);
+  }
   std::string_view backend_name() const override { return "mpi-host-staged"; }
 
  protected:

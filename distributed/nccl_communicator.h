@@ -43,8 +43,9 @@ struct NcclOptions {
   /// Note [16-bit sums on NCCL]: NCCL reduces fp16/bf16 buffers in their own type, rounding after every
   /// addition (every hop of its ring or tree), while the Communicator contract is "fp32 sum, rounded
   /// once". true (default) keeps the contract: the buffer is widened into fp32 device scratch on the
-  /// communication stream, reduced in fp32 and narrowed once — twice the bytes on the wire (the ledger
-  /// still counts the logical 16-bit bytes, as the ZeRO paper's figures do). false sends 16-bit data
+  /// communication stream, reduced in fp32 and narrowed once — twice the bytes on the wire, which the
+  /// ledger counts. The initial value of Communicator::set_reduce_in_fp32 (ZeroOptimizer sets it from
+  /// communication_data_type, whose default is the model dtype). false sends 16-bit data
   /// and accepts NCCL's per-hop rounding (what DeepSpeed does by default for fp16), for speed.
   bool fp32_accumulate = true;
 };
@@ -89,7 +90,7 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Work> finish(std::shared_ptr<void> scratch);
   // fp32 device scratch of `count` elements on the communication stream, released with its Work.
   std::shared_ptr<void> fp32_scratch(std::size_t count);
-  bool widen(DType dtype) const { return dtype != DType::f32 && options_.fp32_accumulate; }
+  bool widen(DType dtype) const { return dtype != DType::f32 && reduce_in_fp32(); }
 
   std::shared_ptr<Communicator> bootstrap_;
   NcclOptions options_;

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "autograd/autograd.h"
+#include "nn/parameter_hooks.h"
 #include "core/check.h"
 #include "core/trace.h"
 #include "optim/clip.h"
@@ -49,9 +50,11 @@ namespace zero::dist {
 // of the model dtype, persistent across micro-steps (it is where accumulation happens). Everything else
 // is transient:
 //   - autograd allocates param.grad fresh for every parameter (we leave it undefined before backward);
-//   - the hook copies it into the bucket buffer(s) of the bucket(s) it overlaps, at the parameter's
-//     fixed offset in the bucket, and releases it at once (set_grad(Tensor())), so a full-size gradient
-//     never outlives its hook;
+//   - the hook keeps it (deferred_) and releases the parameter's handle at once (set_grad(Tensor()));
+//     when a bucket is issued, the slices of the kept gradients that fall in it are copied into one
+//     pool buffer at their fixed offsets, and a gradient is dropped as soon as the bucket holding its
+//     first element is out. So a full-size gradient never exists, and a pool buffer exists only from
+//     the moment its bucket is issued until its reduction finishes;
 //   - a bucket buffer comes from a small pool (zero-filled on acquisition, so unused parameters and
 //     padding contribute zeros) and is reduced (pre-divided by N, then reduce-scattered: each rank
 //     receives the sum of its own slice, in place in the buffer);
@@ -59,10 +62,32 @@ namespace zero::dist {
 //     goes back to the pool.
 // Reduction happens every micro-step (unlike stage 1, which keeps full gradients until the boundary),
 // so stage 2 moves GAS·Ψ of reduce-scatter traffic per step: the price of not holding a full gradient.
-// The pool holds as many buffers as buckets are open at once: one or two when hooks fire in reverse
-// flat order (the usual case), more when a large parameter spans several buckets, when hooks fire out
-// of bucket order (a bucket is filled but must wait for a lower-numbered one), or while async
-// collectives are in flight (overlap_comm). memory().buckets reports what the pool has allocated.
+// Copying at issue time rather than in the hook matters because hooks do not fire in flat order
+// within a layer: a Linear's weight gradient arrives before its bias, which sits after the weight in
+// the flat buffer, so the weight's buckets wait for the bias's. Copying in the hook would hold one
+// buffer per waiting bucket (41 for a 32x128 weight in 100-element buckets); copying at issue holds one
+// buffer per bucket in flight: exactly one without overlap_comm, however parameters fall across buckets.
+// The kept gradients are autograd's per-parameter tensors, which existed anyway; they live a little
+// longer (until the bucket holding their start is out). memory().buckets reports what the pool has
+// allocated. The automatic bucket size and the bound it gives are in docs/zero.md ("Bucket size").
+
+// Note [Overlapped all-gather]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// After the step every rank must receive every other rank's updated partition before it can run the
+// next forward. With overlap_param_gather the all-gathers are issued asynchronously instead of waited
+// for: one per chunk of allgather_bucket_size elements, in flat order, which is named_parameters()
+// order and so (for GPT, and for any model that registers its layers in the order it runs them) the
+// order the next forward reads them. The communication thread works through them while the training
+// thread draws the next batch and starts the forward; each layer reads a parameter through
+// Module::compute, whose parameter-use hook (nn/parameter_hooks.h) waits for the chunks covering that
+// parameter only, once per step (param_gathered_). A forward that reads parameters in another order
+// is still correct, it just waits earlier. The bytes gathered are the same as without overlap, so
+// results are bitwise identical. Everything that reads parameters outside a forward (a checkpoint, a
+// comparison across ranks) calls wait_for_params() first; backward() and step() wait for all chunks
+// before they touch the gradients or the parameters (the step writes this rank's partition, which is
+// the send buffer of an in-flight gather). A failed gather leaves gather_pending_ set, so it is redone
+// synchronously by the next step() or backward() (Note [Exception safety]). What limits the overlap
+// on a CPU is in docs/collectives.md: the communication thread needs a core to make progress.
 
 // Note [Exception safety]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -218,6 +243,11 @@ constexpr std::int64_t kStepChunk = 1 << 16;
 
 }  // namespace
 
+std::int64_t default_bucket_size(std::int64_t psi) {
+  ZERO_CHECK(psi >= 1, "default_bucket_size: the model has {} elements; it needs at least one", psi);
+  return std::clamp<std::int64_t>((psi + 7) / 8, 4096, 500'000'000);
+}
+
 MemoryBreakdown expected_memory(int stage, DType dtype, double psi, int world_size) {
   ZERO_CHECK(stage >= 0 && stage <= 2, "expected_memory: stage must be 0, 1 or 2, got {}", stage);
   ZERO_CHECK(is_floating(dtype), "expected_memory: dtype must be f32, f16 or bf16, got {}", dtype_name(dtype));
@@ -240,10 +270,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   ZERO_CHECK(opts_.stage != 3, "ZeRO stage 3 (partitioned parameters) is not implemented; use stage 0, 1 or 2");
   ZERO_CHECK(opts_.stage >= 0 && opts_.stage <= 2, "ZeRO stage must be 0, 1 or 2, got {}", opts_.stage);
   ZERO_CHECK(is_floating(opts_.dtype), "ZeRO: model dtype must be f32, f16 or bf16, got {}", dtype_name(opts_.dtype));
-  ZERO_CHECK(opts_.reduce_bucket_size >= 1, "ZeRO: reduce_bucket_size must be >= 1 element, got {}",
-             opts_.reduce_bucket_size);
-  ZERO_CHECK(opts_.allgather_bucket_size >= 1, "ZeRO: allgather_bucket_size must be >= 1 element, got {}",
-             opts_.allgather_bucket_size);
+  ZERO_CHECK(opts_.reduce_bucket_size >= 1 || opts_.reduce_bucket_size == kAutoBucketSize,
+             "ZeRO: reduce_bucket_size must be >= 1 element, got {}", opts_.reduce_bucket_size);
+  ZERO_CHECK(opts_.allgather_bucket_size >= 1 || opts_.allgather_bucket_size == kAutoBucketSize,
+             "ZeRO: allgather_bucket_size must be >= 1 element, got {}", opts_.allgather_bucket_size);
   ZERO_CHECK(opts_.gradient_accumulation_steps >= 1, "ZeRO: gradient_accumulation_steps must be >= 1, got {}",
              opts_.gradient_accumulation_steps);
   ZERO_CHECK(opts_.gradient_clipping >= 0.0f, "ZeRO: gradient_clipping must be >= 0 (0 = off), got {}",
@@ -274,7 +304,12 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   }
   layout_ = FlatLayout(entries, world_);
   ZERO_CHECK(layout_.numel() > 0, "ZeRO: no trainable parameter elements ({} parameters given)", params.size());
+  if (opts_.reduce_bucket_size == kAutoBucketSize) opts_.reduce_bucket_size = default_bucket_size(layout_.numel());
+  if (opts_.allgather_bucket_size == kAutoBucketSize)
+    opts_.allgather_bucket_size = default_bucket_size(layout_.numel());
   buckets_ = layout_.make_buckets(opts_.reduce_bucket_size);
+  // Note [Wire dtype] (distributed/communicator.cpp): DeepSpeed's communication_data_type.
+  comm_->set_reduce_in_fp32(opts_.reduce_in_fp32 && opts_.dtype != DType::f32);
 
   const std::int64_t padded = layout_.padded_numel();
   const std::int64_t part = layout_.partition_size();
@@ -328,16 +363,28 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   param_steps_.assign(params_.size(), 0);
   pending_.assign(buckets_.size(), 0);
   bucket_buffer_.assign(buckets_.size(), -1);
+  deferred_.assign(params_.size(), Tensor());
   for (std::size_t i = 0; i < params_.size(); ++i)
     hook_ids_.push_back(
         autograd::register_post_accumulate_grad_hook(params_[i], [this, i](Tensor& param) { on_gradient(i, param); }));
+  // Note [Overlapped all-gather]: a forward waits for each parameter's own chunks.
+  param_gathered_.assign(params_.size(), 1);
+  if (opts_.overlap_param_gather && opts_.stage != 0) {
+    for (std::size_t i = 0; i < params_.size(); ++i) param_index_[params_[i].impl()] = i;
+    use_hook_id_ = nn::add_parameter_use_hook([this](const Tensor& p) { wait_for_param(p); });
+  }
 }
 
 ZeroOptimizer::~ZeroOptimizer() {
+  if (use_hook_id_ >= 0) nn::remove_parameter_use_hook(use_hook_id_);
   try {
     wait_all();
   } catch (...) {
     // Destructors must not throw; a failed collective was already reported to whoever waited on it.
+  }
+  try {
+    wait_for_params();  // the gathers write into flat_params_
+  } catch (...) {
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     autograd::remove_post_accumulate_grad_hook(params_[i], hook_ids_[i]);
@@ -380,8 +427,67 @@ void ZeroOptimizer::detach_grads() {
 Tensor& ZeroOptimizer::gradient_store() { return opts_.stage < 2 ? flat_grads_ : partition_grads_; }
 
 void ZeroOptimizer::finish_pending_gather() {
+  if (!gather_works_.empty()) {
+    wait_for_params();  // Note [Overlapped all-gather]
+    return;
+  }
   if (!gather_pending_) return;
   all_gather_params();
+  gather_pending_ = false;
+}
+
+void ZeroOptimizer::start_param_gather() {
+  // Note [Overlapped all-gather]: the same chunks as all_gather_params(), issued without waiting.
+  const std::int64_t padded = layout_.padded_numel();
+  const std::int64_t chunk = opts_.allgather_bucket_size;
+  const std::int64_t pb = layout_.partition_begin(rank_);
+  std::fill(param_gathered_.begin(), param_gathered_.end(), 0);
+  try {
+    for (std::int64_t begin = 0; begin < padded; begin += chunk) {
+      const std::int64_t end = std::min(padded, begin + chunk);
+      const std::vector<std::size_t> counts = layout_.range_counts(begin, end);
+      char* recv = at(flat_params_, begin);
+      const char* send = recv;
+      if (counts[static_cast<std::size_t>(rank_)] > 0) send = at(flat_params_, std::max(begin, pb));
+      gather_works_.push_back(comm_->all_gather_async(send, recv, counts, opts_.dtype));
+    }
+  } catch (...) {
+    wait_for_params();  // the chunks already issued must finish; rethrows the first error
+    throw;
+  }
+}
+
+void ZeroOptimizer::wait_for_param(const Tensor& param) {
+  if (gather_works_.empty()) return;
+  const auto it = param_index_.find(param.impl());
+  if (it == param_index_.end() || param_gathered_[it->second]) return;
+  const ParamRange& p = layout_.params()[it->second];
+  const std::int64_t chunk = opts_.allgather_bucket_size;
+  try {
+    if (p.numel > 0)
+      for (std::int64_t c = p.offset / chunk; c <= (p.end() - 1) / chunk; ++c)
+        gather_works_[static_cast<std::size_t>(c)]->wait();
+  } catch (...) {
+    wait_for_params();  // every chunk must finish before the error goes on; rethrows it
+    throw;
+  }
+  param_gathered_[it->second] = 1;
+}
+
+void ZeroOptimizer::wait_for_params() {
+  if (gather_works_.empty()) return;
+  std::vector<std::shared_ptr<Work>> works;
+  works.swap(gather_works_);
+  std::fill(param_gathered_.begin(), param_gathered_.end(), 1);
+  std::exception_ptr first;
+  for (auto& w : works) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);  // gather_pending_ stays set: the next step()/backward() redoes it
   gather_pending_ = false;
 }
 
@@ -419,6 +525,7 @@ void ZeroOptimizer::point_grads_at_flat() {
 
 void ZeroOptimizer::reset_backward_state() {
   std::fill(delivered_.begin(), delivered_.end(), 0);
+  for (Tensor& g : deferred_) g = Tensor();
   for (std::size_t k = 0; k < buckets_.size(); ++k) pending_[k] = static_cast<int>(buckets_[k].params.size());
   next_bucket_ = 0;
 }
@@ -476,6 +583,7 @@ void ZeroOptimizer::backward(const Tensor& loss) {
         free_buffers_.push_back(bucket_buffer_[k]);
         bucket_buffer_[k] = -1;
       }
+    for (Tensor& g : deferred_) g = Tensor();
     detach_grads();
     if (keep)
       copy_bytes(device_, store.raw_data(), grad_backup_.raw_data(), store.nbytes());
@@ -521,14 +629,13 @@ void ZeroOptimizer::on_gradient(std::size_t i, Tensor& param) {
       c.copy_(g);
       g = c;
     }
-    for (int k = first; k <= last; ++k) {
-      const Bucket& b = buckets_[static_cast<std::size_t>(k)];
-      const std::int64_t lo = std::max(p.offset, b.begin), hi = std::min(p.end(), b.end);
-      const Tensor& buf = pool_[static_cast<std::size_t>(bucket_buffer(k))];
-      copy_bytes(device_, at(buf, lo - b.begin), at(g, lo - p.offset),
-                 static_cast<std::size_t>(hi - lo) * dtype_size(opts_.dtype));
-    }
+    // Note [ZeRO-2 gradient ownership]: keep the gradient until its buckets go out; issue_bucket copies
+    // it into the one pool buffer of the bucket being issued, so the pool holds only buckets in flight.
+    deferred_[i] = g;
     param.set_grad(Tensor());
+    for (int k = first; k <= last; ++k) --pending_[static_cast<std::size_t>(k)];
+    issue_ready_buckets();
+    return;
   }
   if (!reducing_) return;  // stages 0/1 before the boundary: autograd accumulated into the flat buffer
   for (int k = first; k <= last; ++k)
@@ -574,6 +681,17 @@ void ZeroOptimizer::issue_bucket(int k) {
   if (opts_.stage == 2) {
     buffer = bucket_buffer(k);
     data = at(pool_[static_cast<std::size_t>(buffer)], 0);
+    // Copy in the slices of the gradients that reached this bucket, and drop each gradient once its
+    // last bucket (the one holding its start) is out. Parameters without a gradient stay zeros.
+    for (std::size_t pi : b.params) {
+      const ParamRange& p = layout_.params()[pi];
+      Tensor& g = deferred_[pi];
+      if (!g.defined()) continue;
+      const std::int64_t lo = std::max(p.offset, b.begin), hi = std::min(p.end(), b.end);
+      copy_bytes(device_, data + (lo - b.begin) * static_cast<std::int64_t>(dtype_size(dt)), at(g, lo - p.offset),
+                 static_cast<std::size_t>(hi - lo) * dtype_size(dt));
+      if (p.offset >= b.begin) g = Tensor();
+    }
   } else {
     data = at(flat_grads_, b.begin);
   }
@@ -679,10 +797,11 @@ void ZeroOptimizer::zero_gradients() {
 
 bool ZeroOptimizer::step() {
   // Note [Exception safety]: the previous step's all-gather failed; completing it finishes that step.
-  if (gather_pending_ && micro_step_ == 0) {
+  if (gather_pending_ && gather_works_.empty() && micro_step_ == 0) {
     finish_pending_gather();
     return true;
   }
+  finish_pending_gather();  // Note [Overlapped all-gather]: a no-op unless gathers are in flight
   const int gas = opts_.gradient_accumulation_steps;
   ZERO_CHECK(micro_step_ == gas,
              "ZeRO: step() after {} backward() calls; gradient_accumulation_steps = {} needs {} backward() calls "
@@ -802,7 +921,10 @@ bool ZeroOptimizer::step() {
   // ---- 8. all-gather the partitions so every rank has every parameter (stages 1/2) ----
   if (opts_.stage != 0) {
     gather_pending_ = true;
-    finish_pending_gather();
+    if (opts_.overlap_param_gather)
+      start_param_gather();  // Note [Overlapped all-gather]
+    else
+      finish_pending_gather();
   }
   return true;
 }

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "distributed/communicator.h"
@@ -46,13 +47,35 @@ namespace zero::dist {
 /// run stops at that step), or skip the step like an fp16 overflow (counted in skipped_steps()).
 enum class NonfiniteGrads { error, skip };
 
+/// A bucket size meaning "choose for me": default_bucket_size(Ψ).
+inline constexpr std::int64_t kAutoBucketSize = -1;
+
+/// The bucket size (elements) used when none is configured: ceil(Ψ/8), at least 4096 and at most
+/// DeepSpeed's 5e8, for Ψ trainable elements. Why (docs/zero.md, "Bucket size"): stage 2's gradient
+/// memory is the partition gradient bΨ/N plus the bucket pool, which holds at most two buckets when
+/// overlap_comm is off (Note [ZeRO-2 gradient ownership]); with buckets of Ψ/8 that is
+/// bΨ/N + bΨ/4 < bΨ (stage 1's full gradient) for every N >= 2, and eight buckets let the first
+/// reduction start while backward is still producing the others. DeepSpeed's fixed 5e8 is larger than
+/// any model below 500 M parameters, so its single bucket is a full-size gradient buffer. Throws
+/// zero::Error for psi < 1.
+std::int64_t default_bucket_size(std::int64_t psi);
+
 /// DeepSpeed's "zero_optimization" section plus the top-level keys ZeRO needs. Bucket sizes are in
-/// ELEMENTS of the model dtype.
+/// ELEMENTS of the model dtype; kAutoBucketSize (the default) picks default_bucket_size(Ψ), any other
+/// value is used as given.
 struct ZeroOptions {
   int stage = 0;             // 0, 1 or 2 (3 throws); DeepSpeed's default is 0
   DType dtype = DType::f32;  // model dtype: f32, f16 or bf16
-  std::int64_t reduce_bucket_size = 500'000'000;
-  std::int64_t allgather_bucket_size = 500'000'000;
+  std::int64_t reduce_bucket_size = kAutoBucketSize;
+  std::int64_t allgather_bucket_size = kAutoBucketSize;
+  // DeepSpeed's communication_data_type "fp32" for a 16-bit model: reductions travel in fp32 and are
+  // rounded once (twice the bytes). false (the default, communication_data_type = the model dtype):
+  // 16-bit partial sums, rounded at every hop (Note [Wire dtype] in distributed/communicator.cpp).
+  bool reduce_in_fp32 = false;
+  // After the step, issue the parameter all-gathers asynchronously, in flat (= forward) order; each
+  // parameter's first use in the next forward waits for its own chunk only (Note [Overlapped
+  // all-gather] in zero_optimizer.cpp). Bitwise the same results.
+  bool overlap_param_gather = false;
   bool reduce_scatter = true;           // false: all-reduce each bucket and keep your slice (1.5× traffic)
   bool overlap_comm = false;            // issue bucket collectives asynchronously, wait at the end of backward
   bool contiguous_gradients = true;     // accepted for config compatibility; always on (see docs/zero.md)
@@ -121,6 +144,14 @@ class ZeroOptimizer {
   /// completed by the next step() or backward() (Note [Exception safety]).
   bool step();
 
+  /// Waits until every parameter holds the last step's values. Only needed with overlap_param_gather,
+  /// and only by code that reads parameters OUTSIDE a module's forward (a checkpoint save, a copy of
+  /// flat_params() or state_dict(), a comparison across ranks): a forward waits by itself, parameter
+  /// by parameter (evaluation and sampling included). Collective only in that every rank must
+  /// eventually complete the same gathers; it sends nothing new. Rethrows the error of a failed
+  /// all-gather (the next step() or backward() then redoes it). A no-op when nothing is in flight.
+  void wait_for_params();
+
   /// Learning rate for the next step(). Throws zero::Error if lr < 0.
   void set_lr(float lr);
   float lr() const { return lr_; }
@@ -136,6 +167,7 @@ class ZeroOptimizer {
   const FlatLayout& layout() const { return layout_; }
   const ZeroOptions& options() const { return opts_; }
   /// The flat model-dtype parameter buffer ([padded_numel]); module parameters are views into it.
+  /// With overlap_param_gather, call wait_for_params() before reading it.
   const Tensor& flat_params() const { return flat_params_; }
   /// Persistent buffers of this rank, in bytes: params = flat buffer; grads = full flat gradient
   /// (stages 0/1) or the partition gradient (stage 2); optimizer_states = fp32 master (none for f32:
@@ -194,6 +226,8 @@ class ZeroOptimizer {
   int acquire_buffer();
   void zero_gradients();
   void all_gather_params();
+  void start_param_gather();
+  void wait_for_param(const Tensor& param);
   void point_grads_at_flat();
 
   ZeroOptions opts_;
@@ -228,6 +262,7 @@ class ZeroOptimizer {
   std::vector<Tensor> pool_;  // each [reduce_bucket_size] model dtype
   std::vector<int> free_buffers_;
   std::vector<int> bucket_buffer_;  // per bucket: pool index or -1
+  std::vector<Tensor> deferred_;    // per parameter: its gradient, until its last bucket is issued
 
   optim::LossScaler scaler_;
   float backward_scale_ = 1.0f;  // the scale this accumulation's backward calls used
@@ -242,6 +277,12 @@ class ZeroOptimizer {
   std::vector<std::int64_t> param_steps_;  // per parameter: AdamW step count
   Tensor grad_backup_;                     // copy of gradient_store() taken by backward() when micro_step_ > 0
   bool gather_pending_ = false;            // the last step's all-gather failed; finish it before going on
+
+  // Note [Overlapped all-gather]: chunk c covers flat elements [c·allgather_bucket_size, +size).
+  std::vector<std::shared_ptr<Work>> gather_works_;  // per chunk, while in flight; empty otherwise
+  std::vector<char> param_gathered_;                 // per parameter: its chunks have been waited for
+  std::unordered_map<const TensorImpl*, std::size_t> param_index_;
+  int use_hook_id_ = -1;
 };
 
 }  // namespace zero::dist

@@ -1,7 +1,6 @@
 #include "distributed/zero_plan.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "core/check.h"
 
@@ -13,89 +12,30 @@ double StepTraffic::total() const {
   return sum;
 }
 
-namespace {
-
-// The stage-2 pool as ZeroOptimizer grows it with blocking collectives (on_gradient / bucket_buffer /
-// issue_bucket / finish): a bucket takes a buffer when the first parameter overlapping it delivers (or,
-// holding only padding or undelivered parameters, when it is issued), and gives it back as soon as its
-// collective returns. Buckets go out strictly in index order (Note [Bucket order]).
-int simulate_pool(const FlatLayout& layout, const std::vector<Bucket>& buckets, std::int64_t bucket_size,
-                  const std::vector<std::size_t>& hook_order) {
-  const std::int64_t padded = layout.padded_numel();
-  std::vector<int> pending(buckets.size());
-  for (std::size_t k = 0; k < buckets.size(); ++k) pending[k] = static_cast<int>(buckets[k].params.size());
-  std::vector<char> open(buckets.size(), 0);
-  int in_use = 0, allocated = 0;
-  auto take = [&](std::size_t k) {
-    if (open[k]) return;
-    open[k] = 1;
-    allocated = std::max(allocated, ++in_use);
-  };
-  std::size_t next = 0;
-  auto issue_ready = [&] {
-    while (next < buckets.size() && pending[next] == 0) {
-      take(next);  // a bucket nobody delivered into still reduces (zeros) through a buffer
-      open[next] = 0;
-      --in_use;
-      ++next;
-    }
-  };
-  for (std::size_t i : hook_order) {
-    const ParamRange& p = layout.params()[i];
-    if (p.numel == 0) continue;
-    const auto first = static_cast<std::size_t>((padded - p.end()) / bucket_size);
-    const auto last = static_cast<std::size_t>((padded - 1 - p.offset) / bucket_size);
-    for (std::size_t k = first; k <= last; ++k) take(k);
-    for (std::size_t k = first; k <= last; ++k) --pending[k];
-    issue_ready();
-  }
-  // The epilogue issues whatever is left, in order (parameters without a gradient contribute zeros).
-  while (next < buckets.size()) {
-    take(next);
-    open[next] = 0;
-    --in_use;
-    ++next;
-  }
-  return allocated;
-}
-
-void add(StepTraffic& t, Collective c, double full_bytes, int world_size, std::int64_t times = 1) {
-  t.bytes[static_cast<int>(c)] += static_cast<double>(times) * Ledger::bus_bytes(c, full_bytes, world_size);
-  t.calls[static_cast<int>(c)] += times;
-}
-
-}  // namespace
-
-ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size, const ZeroOptions& options,
-                   const std::vector<std::size_t>& hook_order) {
+ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size, const ZeroOptions& options) {
   ZERO_CHECK(options.stage >= 0 && options.stage <= 2, "ZeRO stage must be 0, 1 or 2, got {}", options.stage);
   ZERO_CHECK(is_floating(options.dtype), "ZeRO: model dtype must be f32, f16 or bf16, got {}",
              dtype_name(options.dtype));
-  ZERO_CHECK(options.reduce_bucket_size >= 1, "ZeRO: reduce_bucket_size must be >= 1 element, got {}",
-             options.reduce_bucket_size);
-  ZERO_CHECK(options.allgather_bucket_size >= 1, "ZeRO: allgather_bucket_size must be >= 1 element, got {}",
-             options.allgather_bucket_size);
+  ZERO_CHECK(options.reduce_bucket_size >= 1 || options.reduce_bucket_size == kAutoBucketSize,
+             "ZeRO: reduce_bucket_size must be >= 1 element, got {}", options.reduce_bucket_size);
+  ZERO_CHECK(options.allgather_bucket_size >= 1 || options.allgather_bucket_size == kAutoBucketSize,
+             "ZeRO: allgather_bucket_size must be >= 1 element, got {}", options.allgather_bucket_size);
   ZERO_CHECK(options.gradient_accumulation_steps >= 1, "ZeRO: gradient_accumulation_steps must be >= 1, got {}",
              options.gradient_accumulation_steps);
   ZeroPlan plan;
   plan.layout = FlatLayout(entries, world_size);
   plan.options = options;
-  plan.buckets = plan.layout.make_buckets(options.reduce_bucket_size);
-  plan.pool_buffer_numel = std::min(options.reduce_bucket_size, plan.layout.padded_numel());
-
-  std::vector<std::size_t> order = hook_order;
-  if (order.empty()) {
-    order.resize(entries.size());
-    std::iota(order.rbegin(), order.rend(), std::size_t{0});
-  }
-  std::vector<std::size_t> sorted = order;
-  std::sort(sorted.begin(), sorted.end());
-  bool permutation = sorted.size() == entries.size();
-  for (std::size_t i = 0; permutation && i < sorted.size(); ++i) permutation = sorted[i] == i;
-  ZERO_CHECK(permutation, "plan_zero: hook_order must list each of the {} parameter indices once", entries.size());
-
+  // Unset bucket sizes resolve as the optimizer resolves them (default_bucket_size).
+  if (plan.options.reduce_bucket_size == kAutoBucketSize)
+    plan.options.reduce_bucket_size = default_bucket_size(plan.layout.numel());
+  if (plan.options.allgather_bucket_size == kAutoBucketSize)
+    plan.options.allgather_bucket_size = default_bucket_size(plan.layout.numel());
+  plan.buckets = plan.layout.make_buckets(plan.options.reduce_bucket_size);
+  plan.pool_buffer_numel = std::min(plan.options.reduce_bucket_size, plan.layout.padded_numel());
   if (options.stage == 2) {
-    plan.pool_buffers = simulate_pool(plan.layout, plan.buckets, options.reduce_bucket_size, order);
+    // A bucket takes its buffer when it is issued and returns it when its collective has finished:
+    // one buffer when collectives block, up to one per bucket while they are in flight.
+    plan.pool_buffers = plan.buckets.empty() ? 0 : 1;
     plan.max_pool_buffers = options.overlap_comm ? static_cast<int>(plan.buckets.size()) : plan.pool_buffers;
   }
   return plan;
@@ -117,18 +57,36 @@ MemoryBreakdown ZeroPlan::memory() const {
 StepTraffic ZeroPlan::traffic() const {
   const int n = layout.world_size();
   const double b = static_cast<double>(dtype_size(options.dtype));
+  // Note [Wire dtype]: reductions of a 16-bit model send 16-bit partial sums, or fp32 ones with
+  // communication_data_type "fp32"; an all-reduce is then an fp32 reduce-scatter plus a 16-bit
+  // all-gather (the MPI backend's count). All-gathers move the model dtype.
+  const bool wide = options.reduce_in_fp32 && options.dtype != DType::f32;
+  const double ring = n > 1 ? static_cast<double>(n - 1) / n : 0.0;
   StepTraffic t;
+  auto add = [&](Collective c, double bytes, std::int64_t times) {
+    t.bytes[static_cast<int>(c)] += static_cast<double>(times) * bytes;
+    t.calls[static_cast<int>(c)] += times;
+  };
   // Gradient reductions: once per step at the accumulation boundary (stages 0/1), every micro-step
   // (stage 2). Stage 0 and reduce_scatter = false all-reduce each bucket; otherwise it is reduce-scattered.
   const std::int64_t reductions = options.stage == 2 ? options.gradient_accumulation_steps : 1;
-  const Collective reduce =
-      options.stage == 0 || !options.reduce_scatter ? Collective::all_reduce : Collective::reduce_scatter;
-  for (const Bucket& k : buckets) add(t, reduce, b * static_cast<double>(k.size()), n, reductions);
+  const bool all_reduce = options.stage == 0 || !options.reduce_scatter;
+  for (const Bucket& k : buckets) {
+    const double count = static_cast<double>(k.size());
+    if (all_reduce)
+      add(Collective::all_reduce, wide ? ring * count * (4.0 + b) : Ledger::bus_bytes(Collective::all_reduce, b * count, n),
+          reductions);
+    else
+      add(Collective::reduce_scatter, Ledger::bus_bytes(Collective::reduce_scatter, (wide ? 4.0 : b) * count, n),
+          reductions);
+  }
   // Parameters after the step (stages 1/2): all-gather chunks of allgather_bucket_size from the start.
   if (options.stage != 0) {
     const std::int64_t padded = layout.padded_numel(), chunk = options.allgather_bucket_size;
     for (std::int64_t begin = 0; begin < padded; begin += chunk)
-      add(t, Collective::all_gather, b * static_cast<double>(std::min(padded, begin + chunk) - begin), n);
+      add(Collective::all_gather,
+          Ledger::bus_bytes(Collective::all_gather, b * static_cast<double>(std::min(padded, begin + chunk) - begin), n),
+          1);
   }
   return t;
 }

@@ -38,10 +38,11 @@ struct ZeroPlan {
   FlatLayout layout;
   ZeroOptions options;
   std::vector<Bucket> buckets;  // in issue order (bucket 0 holds the end of the flat buffer)
-  /// Stage 2: buffers the bucket pool grows to in one backward when hooks fire in `hook_order` and
-  /// collectives are blocking (overlap_comm off). With overlap_comm on, buffers also wait for their
-  /// collective to complete, which depends on timing: pool_buffers is then the blocking count, a
-  /// lower bound, and max_pool_buffers (every bucket open at once) the upper one. 0 for stages 0/1.
+  /// Stage 2: buffers the bucket pool grows to. A bucket holds one from its issue until its collective
+  /// finishes (Note [ZeRO-2 gradient ownership]), so with blocking collectives (overlap_comm off) the
+  /// pool is one buffer. With overlap_comm on it holds one per bucket in flight, which depends on
+  /// timing: pool_buffers is then the blocking count, a lower bound, and max_pool_buffers (every
+  /// bucket in flight at once) the upper one. 0 for stages 0/1.
   int pool_buffers = 0;
   int max_pool_buffers = 0;
   /// Elements of one pool buffer: min(reduce_bucket_size, padded_numel).
@@ -55,14 +56,11 @@ struct ZeroPlan {
   StepTraffic traffic() const;
 };
 
-/// Plans `options` for parameters `entries` (named_parameters() order) on `world_size` ranks.
-/// `hook_order` lists parameter indices in the order their gradients become final in backward;
-/// empty means reverse order of the list (what the engine does for a model that uses its parameters
-/// in list order: Note [Hook order] in autograd/autograd.h). Throws zero::Error for invalid options
-/// (the same checks as the ZeroOptimizer constructor that concern the plan: stage, dtype, bucket
-/// sizes >= 1, GAS >= 1), world_size < 1, or a hook_order that is not a permutation of the indices.
-ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size, const ZeroOptions& options,
-                   const std::vector<std::size_t>& hook_order = {});
+/// Plans `options` for parameters `entries` (named_parameters() order) on `world_size` ranks. Bucket
+/// sizes left at kAutoBucketSize resolve to default_bucket_size(Ψ), as in the optimizer; `options` in
+/// the result holds the resolved sizes. Throws zero::Error for invalid options (the constructor's
+/// checks that concern the plan: stage, dtype, bucket sizes, GAS >= 1) or world_size < 1.
+ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size, const ZeroOptions& options);
 
 /// α-β ring model of one collective's time (Hockney's model, as in Thakur, Rabenseifner & Gropp,
 /// "Optimization of Collective Communication Operations in MPICH", IJHPCA 2005): a ring

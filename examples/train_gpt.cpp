@@ -69,6 +69,8 @@ struct Args {
   int grad_accum = 1;
   double reduce_bucket_size = 0;  // a double so 5e8 is accepted, as in the JSON config
   bool overlap_comm = false;
+  bool overlap_param_gather = false;
+  std::string communication_data_type;  // "" = the config's (default: the model dtype)
   // Device and communicator.
   std::string device = "cpu";  // cpu | cuda
   std::string comm = "auto";   // auto | mpi | nccl | host-staged
@@ -85,7 +87,7 @@ struct Args {
 // Which flags were given explicitly (they override the --config file).
 struct Given {
   bool batch, clip, zero_stage, dtype, grad_accum, reduce_bucket_size, overlap_comm, collective_timeout,
-      nonfinite_grads;
+      nonfinite_grads, overlap_param_gather, communication_data_type;
 };
 
 Device device_of(const Args& a) { return a.device == "cuda" ? Device::cuda : Device::cpu; }
@@ -275,6 +277,8 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
   if (given.reduce_bucket_size)
     cfg.zero_optimization.reduce_bucket_size = static_cast<std::int64_t>(a.reduce_bucket_size);
   if (given.overlap_comm) cfg.zero_optimization.overlap_comm = a.overlap_comm;
+  if (given.overlap_param_gather) cfg.zero_optimization.overlap_param_gather = a.overlap_param_gather;
+  if (given.communication_data_type) cfg.communication_data_type = a.communication_data_type;
   if (given.clip || a.config.empty()) cfg.gradient_clipping = a.clip;
   const bool file_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
   if (given.batch || !file_has_batch) {
@@ -377,7 +381,6 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   dist::ZeroOptions zo = tc.zero_options();
   zo.adam = optim::AdamWOptions{a.lr, a.beta1, a.beta2, 1e-8f};
   zo.weight_decay = a.weight_decay;
-  zo.nonfinite_grads = tc.nonfinite_grads == "skip" ? dist::NonfiniteGrads::skip : dist::NonfiniteGrads::error;
   dist::ZeroOptimizer opt(model.named_parameters(), std::shared_ptr<dist::Communicator>(&comm, [](auto*) {}), zo);
   std::int64_t first_step = 0;
   if (resume) {
@@ -444,11 +447,21 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     fmt::print("data parallel: {} rank(s) x micro-batch {} x {} accumulation step(s) = global batch {}\n", world,
                micro, gas, a.batch);
     const auto& layout = opt.layout();
-    const auto buckets = layout.make_buckets(zo.reduce_bucket_size).size();
+    const dist::ZeroOptions& used = opt.options();  // bucket sizes resolved
+    const auto buckets = layout.make_buckets(used.reduce_bucket_size).size();
     fmt::print("device: {}{}\n", device_name(device), device == Device::cuda && a.tf32 ? " (TF32 matmuls)" : "");
-    fmt::print("zero: stage {}, {} ({}), reduce_scatter {}, overlap_comm {}, {} bucket(s) of <= {} elements\n",
-               zo.stage, dtype_name(zo.dtype), comm.backend_name(), zo.reduce_scatter, zo.overlap_comm, buckets,
-               zo.reduce_bucket_size);
+    fmt::print("zero: stage {}, {} ({}), reduce_scatter {}, overlap_comm {}, overlap_param_gather {}, {} bucket(s) "
+               "of <= {} elements{}, reductions in {} on the wire\n",
+               zo.stage, dtype_name(zo.dtype), comm.backend_name(), zo.reduce_scatter, zo.overlap_comm,
+               zo.overlap_param_gather, buckets, used.reduce_bucket_size,
+               tc.zero_optimization.reduce_bucket_size ? "" : " (automatic)",
+               dtype_name(comm.reduce_in_fp32() ? DType::f32 : zo.dtype));
+    if (zo.stage == 2 && tc.zero_optimization.reduce_bucket_size && buckets == 1)
+      fmt::print(stderr,
+                 "warning: reduce_bucket_size {} covers the whole model ({} elements): stage 2 then holds a full-size "
+                 "gradient bucket (no memory saved over stage 1) and cannot overlap reduction with backward; leave "
+                 "it unset for the automatic size ({})\n",
+                 used.reduce_bucket_size, layout.padded_numel(), dist::default_bucket_size(layout.numel()));
     fmt::print("flat layout: {} parameters + {} padding = {} elements; partition {} elements per rank\n",
                layout.numel(), layout.padding(), layout.padded_numel(), layout.partition_size());
     const auto have = opt.memory();
@@ -580,6 +593,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const double ring = world > 1 ? static_cast<double>(world - 1) / world : 0.0;
   const double baseline = 2.0 * ring * psi_bytes;  // stage 0: one all-reduce of every gradient
   const double per_step = ledger.total() / steps_d;
+  const double comm_ms_per_step = 1000.0 * ledger.total_seconds() / steps_d;  // communication thread busy
   const double expected = expected_traffic_copies(zo, gas) * ring * psi_bytes;
   const auto mem = opt.memory();
   const std::size_t rss = peak_rss_bytes();
@@ -591,6 +605,12 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                  "total {:.0f} = {:.3f}x the stage-0 baseline 2(n-1)/n*Psi ({:.0f}); formula for this scheme {:.0f}\n",
                  traffic["all_reduce"].get<double>(), traffic["reduce_scatter"].get<double>(),
                  traffic["all_gather"].get<double>(), per_step, per_step / baseline, baseline, expected);
+    if (world > 1)
+      fmt::print("communication time per step: {:.2f} ms (reduce_scatter {:.2f}, all_reduce {:.2f}, all_gather {:.2f}; "
+                 "the communication thread's busy time, overlapped or not)\n",
+                 comm_ms_per_step, 1000.0 * ledger.seconds[int(dist::Collective::reduce_scatter)] / steps_d,
+                 1000.0 * ledger.seconds[int(dist::Collective::all_reduce)] / steps_d,
+                 1000.0 * ledger.seconds[int(dist::Collective::all_gather)] / steps_d);
     fmt::print("memory per rank: model states {}, buckets {}, peak RSS {}\n", mib(mem.model_states()),
                mib(mem.buckets), mib(static_cast<double>(rss)));
     if (peak > 0.0)
@@ -636,6 +656,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                         {"val_loss", val_loss},
                         {"flops_per_token", nn::flops_per_token(cfg, num_params)},
                         {"comm_bytes_per_step", traffic},
+                        {"comm_ms_per_step", comm_ms_per_step},
                         {"memory_bytes",
                          {{"params", mem.params},
                           {"grads", mem.grads},
@@ -694,6 +715,12 @@ int main(int argc, char** argv) {
   auto* gas = app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
   auto* rbs = app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
   auto* overlap = app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
+  auto* overlap_gather = app.add_flag("--overlap-param-gather", a.overlap_param_gather,
+                                      "all-gather the updated parameters while the next forward runs (stages 1, 2)");
+  auto* comm_dtype = app.add_option("--communication-data-type", a.communication_data_type,
+                                    "dtype gradient reductions travel in: fp32, fp16 or bf16 (default: the model "
+                                    "dtype; fp32 is more accurate for a 16-bit model, at twice the bytes)")
+                         ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -730,7 +757,7 @@ int main(int argc, char** argv) {
   }
   const Given given{batch->count() > 0, clip->count() > 0,     stage->count() > 0,   dtype->count() > 0,
                     gas->count() > 0,   rbs->count() > 0,      overlap->count() > 0, timeout->count() > 0,
-                    nonfinite->count() > 0};
+                    nonfinite->count() > 0, overlap_gather->count() > 0, comm_dtype->count() > 0};
 #ifndef NDEBUG
   a.verbose = true;  // Debug builds always say where an error was raised
 #endif

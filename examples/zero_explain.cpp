@@ -36,7 +36,7 @@ using dist::Collective;
 using nlohmann::json;
 
 struct Args {
-  std::string data, config, dtype = "fp32", format = "text", svg;
+  std::string data, config, dtype = "fp32", format = "text", svg, communication_data_type;
   std::int64_t vocab_size = 0, block = 64, n_layer = 4, n_head = 4, n_embd = 128;
   int world_size = 1, zero_stage = 0, grad_accum = 1;
   double reduce_bucket_size = 0;
@@ -84,6 +84,7 @@ dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
     tc.zero_optimization.reduce_bucket_size = static_cast<std::int64_t>(a.reduce_bucket_size);
   }
   if (app.count("--overlap-comm")) tc.zero_optimization.overlap_comm = a.overlap_comm;
+  if (app.count("--communication-data-type")) tc.communication_data_type = a.communication_data_type;
   if (app.count("--grad-accum")) tc.gradient_accumulation_steps = a.grad_accum;
   tc.validate();
   return tc.zero_options();
@@ -248,11 +249,11 @@ int run(const Args& a, const CLI::App& app) {
     if (p.tensor.requires_grad()) entries.push_back({p.name, p.tensor.shape(), p.decay});
   const std::vector<std::size_t> order = record_hook_order(model);
   const int N = a.world_size;
-  const dist::ZeroPlan plan = dist::plan_zero(entries, N, zo, order);
+  const dist::ZeroPlan plan = dist::plan_zero(entries, N, zo);
   const dist::FlatLayout& L = plan.layout;
   const double psi = static_cast<double>(L.numel());
   const dist::StepTraffic traffic = plan.traffic();
-  const double baseline = dist::plan_zero(entries, N, with_scheme(zo, kSchemes[0]), order).traffic().total();
+  const double baseline = dist::plan_zero(entries, N, with_scheme(zo, kSchemes[0])).traffic().total();
   const bool timed = a.bandwidth > 0;
 
   // When each bucket can leave: after the hook of the last of its parameters to deliver.
@@ -273,10 +274,11 @@ int run(const Args& a, const CLI::App& app) {
     j["zero_stage"] = zo.stage;
     j["dtype"] = std::string(dtype_name(zo.dtype));
     j["reduce_scatter"] = zo.reduce_scatter;
+    j["reduce_in_fp32"] = zo.reduce_in_fp32;
     j["overlap_comm"] = zo.overlap_comm;
     j["gradient_accumulation_steps"] = zo.gradient_accumulation_steps;
-    j["reduce_bucket_size"] = zo.reduce_bucket_size;
-    j["allgather_bucket_size"] = zo.allgather_bucket_size;
+    j["reduce_bucket_size"] = plan.options.reduce_bucket_size;
+    j["allgather_bucket_size"] = plan.options.allgather_bucket_size;
     j["numel"] = L.numel();
     j["padded_numel"] = L.padded_numel();
     j["padding"] = L.padding();
@@ -332,7 +334,7 @@ int run(const Args& a, const CLI::App& app) {
     j["baseline_bytes_per_step"] = baseline;
     json schemes = json::array();
     for (const Scheme& s : kSchemes) {
-      const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s), order);
+      const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s));
       json e = {{"scheme", s.name},
                 {"zero_stage", s.stage},
                 {"reduce_scatter", s.reduce_scatter},
@@ -356,7 +358,7 @@ int run(const Args& a, const CLI::App& app) {
         "zero: stage {}, {}, {} rank(s), reduce_scatter {}, overlap_comm {}, GAS {}, reduce_bucket_size {}, "
         "allgather_bucket_size {}\n\n",
         zo.stage, dtype_name(zo.dtype), N, zo.reduce_scatter, zo.overlap_comm, zo.gradient_accumulation_steps,
-        zo.reduce_bucket_size, zo.allgather_bucket_size);
+        plan.options.reduce_bucket_size, plan.options.allgather_bucket_size);
 
     fmt::print("== flat layout: {} elements + {} padding = {} (a multiple of 2N = {}) ==\n", L.numel(), L.padding(),
                L.padded_numel(), L.alignment());
@@ -385,7 +387,7 @@ int run(const Args& a, const CLI::App& app) {
     }
 
     fmt::print("\n== buckets: {} of <= {} elements, cut from the end; issued 0, 1, 2, ... on every rank ==\n",
-               plan.buckets.size(), zo.reduce_bucket_size);
+               plan.buckets.size(), plan.options.reduce_bucket_size);
     fmt::print("reductions: {} per optimizer step ({}), by {}\n", zo.stage == 2 ? zo.gradient_accumulation_steps : 1,
                zo.stage == 2 ? "every micro-step" : "at the accumulation boundary",
                zo.stage == 0 || !zo.reduce_scatter ? "all_reduce" : "reduce_scatter");
@@ -409,7 +411,7 @@ int run(const Args& a, const CLI::App& app) {
     for (int stage = 0; stage <= 2; ++stage) {
       dist::ZeroOptions o = zo;
       o.stage = stage;
-      const auto have = dist::plan_zero(entries, N, o, order).memory();
+      const auto have = dist::plan_zero(entries, N, o).memory();
       const auto want = dist::expected_memory(stage, zo.dtype, psi, N);
       fmt::print("{} stage {}: params {} | {}, grads {} | {}, optimizer {} | {}, model states {} | {}, buckets {}\n",
                  stage == zo.stage ? "*" : " ", stage, mib(have.params), mib(want.params), mib(have.grads),
@@ -420,7 +422,7 @@ int run(const Args& a, const CLI::App& app) {
     fmt::print("\n== traffic per optimizer step per rank (bus bytes; baseline = stage 0 = {:.0f} bytes) ==\n",
                baseline);
     for (const Scheme& s : kSchemes) {
-      const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s), order);
+      const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s));
       const auto t = p.traffic();
       const bool chosen = s.stage == zo.stage && (s.stage == 0 || s.reduce_scatter == zo.reduce_scatter);
       fmt::print(
@@ -483,6 +485,8 @@ int main(int argc, char** argv) {
   app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
   app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
   app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
+  app.add_option("--communication-data-type", a.communication_data_type,
+                 "dtype of reductions on the wire: fp32, fp16 or bf16 (default: the model dtype)");
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
   app.add_option("--latency", a.latency, "per-message latency in seconds for the time model")->capture_default_str();

@@ -14,6 +14,7 @@
 
 #include "autograd/ops.h"
 #include "core/tensor.h"
+#include "nn/parameter_hooks.h"
 
 namespace zero::nn {
 
@@ -60,8 +61,12 @@ class Module {
     return child;
   }
   /// The f32 tensor to compute with: `p` itself, or a differentiable f32 copy of an f16/bf16
-  /// parameter (its gradient flows back in the parameter's dtype).
-  static Tensor compute(const Tensor& p) { return p.dtype() == DType::f32 ? p : p.to(DType::f32); }
+  /// parameter (its gradient flows back in the parameter's dtype). Every read of a parameter in a
+  /// forward goes through here, after the parameter-use hooks (nn/parameter_hooks.h) have run.
+  static Tensor compute(const Tensor& p) {
+    before_parameter_use(p);
+    return p.dtype() == DType::f32 ? p : p.to(DType::f32);
+  }
 
  private:
   void collect(const std::string& prefix, std::vector<NamedParameter>& out) const;

@@ -339,10 +339,18 @@ void check_low_precision_sums(Communicator& comm, DType dtype) {
   EXPECT_EQ(wrong_reduce, 0u) << "reduce";
 }
 
-TEST_F(CommunicatorTest, HalfSumsAccumulateInFp32) { check_low_precision_sums<half>(*comm_, DType::f16); }
+// communication_data_type fp32 (set_reduce_in_fp32); the default, 16-bit partial sums rounded once per
+// hop, is tested in test_wire_and_overlap.cpp.
+TEST_F(CommunicatorTest, HalfSumsAccumulateInFp32) {
+  comm_->set_reduce_in_fp32(true);
+  check_low_precision_sums<half>(*comm_, DType::f16);
+  comm_->set_reduce_in_fp32(false);
+}
 
 TEST_F(CommunicatorTest, Bfloat16SumsAccumulateInFp32) {
+  comm_->set_reduce_in_fp32(true);
   check_low_precision_sums<bfloat16>(*comm_, DType::bf16);
+  comm_->set_reduce_in_fp32(false);
 }
 
 // ---- async ---------------------------------------------------------------------------------------
@@ -398,13 +406,16 @@ TEST_F(CommunicatorTest, AsyncInFifoOrderMatchesBlocking) {
     ASSERT_EQ(rs_async[j], value_sum(n_, offsets[rank_] + j));
 }
 
-// An exception on the communication thread reaches the caller through wait(). The f16 all-reduce
-// first sizes an fp32 scratch buffer; a count no vector can hold fails there, on every rank alike and
-// before any message is sent. (With one rank all-reduce has nothing to do, and nothing is queued.)
+// An exception on the communication thread reaches the caller through wait(). The f16 all-reduce with
+// fp32 reductions first sizes an fp32 scratch buffer; a count no vector can hold fails there, on every
+// rank alike and before any message is sent. (With one rank all-reduce has nothing to do, and nothing
+// is queued.)
 TEST_F(CommunicatorTest, ErrorsOnTheCommunicationThreadReachWait) {
   if (n_ == 1) GTEST_SKIP() << "one rank: collectives run inline, and all-reduce is a no-op";
   half h(1.0f);
+  comm_->set_reduce_in_fp32(true);
   auto work = comm_->all_reduce_async(&h, std::size_t{1} << 61, DType::f16);
+  comm_->set_reduce_in_fp32(false);  // read when the task runs: wait first
   EXPECT_ANY_THROW(work->wait());
   EXPECT_ANY_THROW(work->wait());  // every time
   EXPECT_TRUE(work->is_completed());

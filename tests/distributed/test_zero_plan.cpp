@@ -44,12 +44,17 @@ TEST(ZeroPlan, MemoryAndTrafficEqualTheOptimizersMeasurements) {
     std::int64_t bucket;
     int gas;
     DType dtype;
+    bool wide = false;  // communication_data_type fp32 for a 16-bit model
   };
   std::vector<Case> cases;
   for (int stage : {0, 1, 2})
     for (bool rs : {true, false})
-      for (std::int64_t bucket : {std::int64_t{50}, std::int64_t{333}, std::int64_t{500'000'000}})
-        for (int gas : {1, 3}) cases.push_back({stage, rs, bucket, gas, stage == 1 ? DType::bf16 : DType::f32});
+      for (std::int64_t bucket : {std::int64_t{50}, std::int64_t{333}, std::int64_t{500'000'000}, kAutoBucketSize})
+        for (int gas : {1, 3}) {
+          const DType dt = stage == 1 ? DType::bf16 : DType::f32;
+          cases.push_back({stage, rs, bucket, gas, dt});
+          if (dt != DType::f32) cases.push_back({stage, rs, bucket, gas, dt, true});
+        }
   const int steps = 2;
   for (const Case& c : cases) {
     if (c.stage == 0 && !c.reduce_scatter) continue;  // the same scheme as stage 0
@@ -62,6 +67,7 @@ TEST(ZeroPlan, MemoryAndTrafficEqualTheOptimizersMeasurements) {
     o.reduce_bucket_size = c.bucket;
     o.allgather_bucket_size = 120;
     o.gradient_accumulation_steps = c.gas;
+    o.reduce_in_fp32 = c.wide;
     std::vector<FlatLayout::Entry> entries;
     for (const auto& p : model.named_parameters()) entries.push_back({p.name, p.tensor.shape(), p.decay});
     const ZeroPlan plan = plan_zero(entries, n, o);
@@ -75,8 +81,9 @@ TEST(ZeroPlan, MemoryAndTrafficEqualTheOptimizersMeasurements) {
       }
       opt.step();
     }
-    const std::string what = fmt::format("stage {} reduce_scatter {} bucket {} GAS {} {}", c.stage, c.reduce_scatter,
-                                         c.bucket, c.gas, dtype_name(c.dtype));
+    const std::string what = fmt::format("stage {} reduce_scatter {} bucket {} GAS {} {}{}", c.stage,
+                                         c.reduce_scatter, c.bucket, c.gas, dtype_name(c.dtype),
+                                         c.wide ? " (fp32 on the wire)" : "");
     const MemoryBreakdown have = opt.memory(), want = plan.memory();
     EXPECT_EQ(have.params, want.params) << what;
     EXPECT_EQ(have.grads, want.grads) << what;

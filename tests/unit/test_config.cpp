@@ -52,6 +52,25 @@ class ConfigFileTest : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
+TEST(ConfigWire, CommunicationDataTypeAndOverlapParamGather) {
+  auto c = TrainingConfig::from_json(json::parse(
+      R"({"fp16": {"enabled": true}, "communication_data_type": "fp32",
+          "zero_optimization": {"stage": 2, "overlap_param_gather": true}})"));
+  EXPECT_EQ(c.communication_data_type, std::optional<std::string>("fp32"));
+  EXPECT_TRUE(c.zero_optimization.overlap_param_gather);
+  EXPECT_TRUE(c.warnings.empty());
+  EXPECT_EQ(TrainingConfig::from_json(c.to_json()).communication_data_type, std::optional<std::string>("fp32"));
+  EXPECT_EQ(TrainingConfig::from_json(json::parse(R"({"bf16": {"enabled": true}, "communication_data_type": "bf16"})"))
+                .communication_data_type,
+            std::optional<std::string>("bf16"));
+  EXPECT_THAT(parse_error(json::parse(R"({"communication_data_type": "fp8"})")),
+              AllOf(HasSubstr("'communication_data_type'"), HasSubstr("fp8")));
+  EXPECT_THAT(parse_error(json::parse(R"({"bf16": {"enabled": true}, "communication_data_type": "fp16"})")),
+              AllOf(HasSubstr("'communication_data_type'"), HasSubstr("bf16 model")));
+  EXPECT_THAT(parse_error(json::parse(R"({"zero_optimization": {"overlap_param_gather": 1}})")),
+              HasSubstr("'zero_optimization.overlap_param_gather'"));
+}
+
 TEST(ConfigDefaults, EmptyObjectGivesDeepSpeedDefaults) {
   const TrainingConfig c = TrainingConfig::from_json(json::object());
   EXPECT_FALSE(c.train_batch_size);
@@ -67,11 +86,14 @@ TEST(ConfigDefaults, EmptyObjectGivesDeepSpeedDefaults) {
   EXPECT_EQ(c.fp16.min_loss_scale, 1.0);
   EXPECT_FALSE(c.bf16.enabled);
   EXPECT_EQ(c.zero_optimization.stage, 0);
-  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500'000'000);
-  EXPECT_EQ(c.zero_optimization.allgather_bucket_size, 500'000'000);
+  // Unset: the automatic size (dist::default_bucket_size), chosen once Ψ is known.
+  EXPECT_FALSE(c.zero_optimization.reduce_bucket_size.has_value());
+  EXPECT_FALSE(c.zero_optimization.allgather_bucket_size.has_value());
   EXPECT_TRUE(c.zero_optimization.reduce_scatter);
   EXPECT_TRUE(c.zero_optimization.contiguous_gradients);
   EXPECT_FALSE(c.zero_optimization.overlap_comm);
+  EXPECT_FALSE(c.zero_optimization.overlap_param_gather);
+  EXPECT_FALSE(c.communication_data_type.has_value());
   EXPECT_FALSE(c.optimizer);
   EXPECT_FALSE(c.scheduler);
   EXPECT_TRUE(c.warnings.empty());

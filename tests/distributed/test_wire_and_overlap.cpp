@@ -1,0 +1,315 @@
+// The wire dtype (Note [Wire dtype]), the ledger against an independent byte count (the PMPI interposer
+// tests/pmpi/count_sent_bytes.cpp), the stage-2 bucket pool bound and automatic bucket size, and the
+// overlapped parameter all-gather (Note [Overlapped all-gather]) against the same run without it.
+//
+// References are independent of the code under test: a per-hop rounded ring sum computed here in
+// the ring's order, the interposer's count of bytes handed to MPI, closed-form memory bounds, and a
+// run of the same optimizer without overlap (bitwise, since an all-gather moves bytes, not sums).
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "autograd/autograd.h"
+#include "distributed/mpi_communicator.h"
+#include "distributed/zero_optimizer.h"
+#include "nn/gpt.h"
+
+namespace zero::dist {
+namespace {
+
+int world() { return mpi_world()->world_size(); }
+
+// ---- 16-bit partial sums on the wire, rounded once per hop ------------------------------------------
+
+// Rank r's element i: an integer k < 2^bits scaled by 2^(-10 + r % 3), exact in T; sums of three or
+// more such values usually need more bits than T has, so per-hop and single rounding differ.
+template <typename T>
+float source(int rank, std::size_t i) {
+  constexpr int bits = std::is_same_v<T, half> ? 11 : 8;
+  const std::uint64_t k = (i * 2654435761u + std::uint64_t(rank) * 40503u) % (1u << bits);
+  return std::ldexp(float(k), -10 + rank % 3);
+}
+
+// The ring's order for the slice owned by `dest`: the partial sum starts at rank dest+1 and each later
+// rank adds its own value in fp32 and rounds to T before forwarding; rank dest adds last.
+template <typename T>
+T ring_sum(int n, int dest, std::size_t i) {
+  T acc = T(source<T>((dest + 1) % n, i));
+  for (int k = 2; k <= n; ++k) acc = T(float(acc) + source<T>((dest + k) % n, i));
+  return acc;
+}
+
+template <typename T>
+void check_per_hop_rounding(DType dtype) {
+  auto comm = mpi_world();
+  const int n = comm->world_size(), rank = comm->rank();
+  comm->set_reduce_in_fp32(false);
+  const std::size_t count = 4099;
+  std::vector<T> src(count);
+  for (std::size_t i = 0; i < count; ++i) src[i] = T(source<T>(rank, i));
+  // reduce_scatter with uneven counts; all_reduce and reduce split evenly (the first count % n ranks
+  // get one more element).
+  std::vector<std::size_t> counts(n, count / n);
+  counts.back() += count % n;
+  std::vector<T> scattered(counts[rank]);
+  comm->reduce_scatter(src.data(), scattered.data(), counts, dtype);
+  std::vector<T> all = src;
+  comm->all_reduce(all.data(), count, dtype);
+  std::vector<T> reduced = src;
+  comm->reduce(reduced.data(), count, dtype, 0);
+
+  std::size_t off = 0, wrong_rs = 0, wrong_ar = 0, wrong_reduce = 0, differs_from_single = 0;
+  for (int r = 0; r < rank; ++r) off += counts[r];
+  for (std::size_t j = 0; j < counts[rank]; ++j)
+    if (float(scattered[j]) != float(ring_sum<T>(n, rank, off + j))) ++wrong_rs;
+  std::vector<int> owner;  // the even split: rank r owns count / n elements, + 1 for r < count % n
+  for (int r = 0; r < n; ++r) owner.insert(owner.end(), count / n + (std::size_t(r) < count % n ? 1 : 0), r);
+  for (std::size_t i = 0; i < count; ++i) {
+    const T want = ring_sum<T>(n, owner[i], i);
+    if (float(all[i]) != float(want)) ++wrong_ar;
+    if (rank == 0 && float(reduced[i]) != float(want)) ++wrong_reduce;
+    float exact = 0;
+    for (int r = 0; r < n; ++r) exact += source<T>(r, i);
+    if (float(T(exact)) != float(want)) ++differs_from_single;
+  }
+  EXPECT_EQ(wrong_rs, 0u) << "reduce_scatter";
+  EXPECT_EQ(wrong_ar, 0u) << "all_reduce";
+  EXPECT_EQ(wrong_reduce, 0u) << "reduce";
+  if (n >= 3) {
+    EXPECT_GT(differs_from_single, count / 100) << "values do not tell per-hop from single rounding";
+  }
+}
+
+TEST(WireDtype, HalfPartialSumsRoundOncePerHop) { check_per_hop_rounding<half>(DType::f16); }
+TEST(WireDtype, Bfloat16PartialSumsRoundOncePerHop) { check_per_hop_rounding<bfloat16>(DType::bf16); }
+
+TEST(WireDtype, LedgerCountsTheWireDtype) {
+  auto comm = mpi_world();
+  const int n = comm->world_size();
+  const std::size_t count = 1000;
+  std::vector<half> buf(count, half(1.0f)), out(count / n + 1);
+  std::vector<std::size_t> counts(n, count / n);
+  counts.back() += count % n;
+  const double ring = double(n - 1) / n;
+  for (bool fp32 : {false, true}) {
+    comm->set_reduce_in_fp32(fp32);
+    comm->ledger().reset();
+    comm->reduce_scatter(buf.data(), out.data(), counts, DType::f16);
+    comm->all_gather(out.data(), buf.data(), counts, DType::f16);
+    comm->all_reduce(buf.data(), count, DType::f16);
+    const Ledger& l = comm->ledger();
+    const double wire = fp32 ? 4.0 : 2.0;
+    EXPECT_DOUBLE_EQ(l[Collective::reduce_scatter], ring * count * wire) << "fp32 " << fp32;
+    EXPECT_DOUBLE_EQ(l[Collective::all_gather], ring * count * 2.0) << "fp32 " << fp32;
+    // The fp32 all-reduce reduces in fp32 and gathers the narrowed 16-bit slices.
+    EXPECT_DOUBLE_EQ(l[Collective::all_reduce], ring * count * (fp32 ? 6.0 : 4.0)) << "fp32 " << fp32;
+    if (n > 1) {
+      EXPECT_GT(l.seconds[int(Collective::reduce_scatter)], 0.0) << "the communication thread's timer";
+    }
+  }
+  comm->set_reduce_in_fp32(false);
+}
+
+// ---- a GPT small enough for seconds, large enough for several automatic buckets ----------------------
+
+nn::GPTConfig gpt_config(std::int64_t n_embd) {
+  nn::GPTConfig c;
+  c.vocab_size = 64;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = n_embd;
+  c.dropout = 0.0f;
+  return c;
+}
+
+std::pair<Tensor, Tensor> batch(const nn::GPTConfig& c, int step, std::int64_t row0, std::int64_t rows) {
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(rows * c.block_size)), tgt(idx.size());
+  for (std::size_t k = 0; k < idx.size(); ++k) {
+    const std::uint64_t h = (std::uint64_t(step) * 1000003u + std::uint64_t(row0) * 8191u + k) * 2654435761u;
+    idx[k] = static_cast<std::int64_t>((h >> 7) % std::uint64_t(c.vocab_size));
+    tgt[k] = static_cast<std::int64_t>((h >> 17) % std::uint64_t(c.vocab_size));
+  }
+  return {Tensor::from_indices(idx, {rows, c.block_size}), Tensor::from_indices(tgt, {rows, c.block_size})};
+}
+
+struct Trace {
+  std::vector<float> losses;       // per step: this rank's training loss
+  std::vector<float> eval_losses;  // per step: a no-grad forward after the step (waits by itself)
+  std::vector<float> params;       // the flat buffer at the end, as float
+};
+
+Trace train(const nn::GPTConfig& cfg, const ZeroOptions& o, int steps) {
+  auto comm = mpi_world();
+  const int n = comm->world_size(), rank = comm->rank();
+  Generator gen(5);
+  nn::GPT model(cfg, gen);
+  ZeroOptimizer opt(model.named_parameters(), comm, o);
+  Trace t;
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = batch(cfg, s, rank * 2, 2);
+    Tensor loss = model.loss(x, y);
+    t.losses.push_back(loss.item());
+    opt.backward(loss);
+    opt.step();
+    autograd::NoGradGuard no_grad;
+    auto [ex, ey] = batch(cfg, 1000 + s, rank * 2, 2);
+    t.eval_losses.push_back(model.loss(ex, ey).item());
+  }
+  opt.wait_for_params();
+  t.params = opt.flat_params().to(DType::f32).to_vector();
+  (void)n;
+  return t;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(OverlapParamGather, BitwiseIdenticalToWaitingForTheGather) {
+  const nn::GPTConfig cfg = gpt_config(16);
+  for (int stage : {1, 2})
+    for (DType dtype : {DType::f32, DType::f16})
+      for (std::int64_t chunk : {kAutoBucketSize, std::int64_t{64}}) {
+        ZeroOptions o;
+        o.stage = stage;
+        o.dtype = dtype;
+        o.reduce_bucket_size = 500;
+        o.allgather_bucket_size = chunk;
+        o.adam.lr = 1e-2f;
+        o.gradient_clipping = 1.0f;
+        const Trace off = train(cfg, o, 4);
+        o.overlap_param_gather = true;
+        const Trace on = train(cfg, o, 4);
+        const std::string what = fmt::format("stage {}, {}, allgather chunk {}", stage, dtype_name(dtype), chunk);
+        EXPECT_TRUE(bitwise_equal(on.losses, off.losses)) << what << ": training losses";
+        EXPECT_TRUE(bitwise_equal(on.eval_losses, off.eval_losses)) << what << ": no-grad forward after the step";
+        EXPECT_TRUE(bitwise_equal(on.params, off.params)) << what << ": parameters";
+        if (world() > 1) {
+          EXPECT_NE(off.losses.front(), off.losses.back()) << what << ": the model did not train";
+        }
+      }
+}
+
+// ---- bucket pool and automatic bucket size -----------------------------------------------------------
+
+// wte (64 x 32 = 2048 elements) spans many 100-element buckets and is the last gradient backward
+// produces: copying it bucket by bucket must not hold one pool buffer per bucket.
+TEST(Stage2Buckets, PoolHoldsAtMostTwoBuckets) {
+  const nn::GPTConfig cfg = gpt_config(32);
+  ZeroOptions o;
+  o.stage = 2;
+  o.dtype = DType::f16;
+  o.reduce_bucket_size = 100;
+  auto comm = mpi_world();
+  Generator gen(5);
+  nn::GPT model(cfg, gen);
+  ZeroOptimizer opt(model.named_parameters(), comm, o);
+  for (int s = 0; s < 2; ++s) {
+    auto [x, y] = batch(cfg, s, comm->rank() * 2, 2);
+    opt.backward(model.loss(x, y));
+    opt.step();
+  }
+  EXPECT_GT(opt.layout().make_buckets(100).size(), 20u);
+  EXPECT_LE(opt.memory().buckets, 2.0 * 100 * 2) << "pool bytes (two f16 buckets of 100 elements)";
+}
+
+TEST(Stage2Buckets, AutomaticSizeKeepsStage2BelowStage1) {
+  // The closed form for the example model (~0.8 M parameters) and one 1000x larger, N = 2..64:
+  // partition gradient + two buckets < the full gradient, and at least eight buckets.
+  for (double psi : {8.0e5, 8.0e8})
+    for (int n : {2, 3, 4, 8, 64}) {
+      const double b = 2.0;  // fp16 bytes
+      const double bucket = double(default_bucket_size(std::int64_t(psi)));
+      EXPECT_LT(b * psi / n + 2 * b * bucket, b * psi) << "psi " << psi << " n " << n;
+      EXPECT_GE(psi / bucket, 7.99) << "psi " << psi;
+    }
+  EXPECT_EQ(default_bucket_size(1), 4096);
+  EXPECT_EQ(default_bucket_size(std::int64_t(1e12)), 500'000'000);
+  // A real run at the defaults: measured gradient + bucket bytes below stage 1's gradient.
+  const int n = world();
+  const nn::GPTConfig cfg = gpt_config(48);  // ~62 k parameters: eight buckets of ~7.8 k
+  auto comm = mpi_world();
+  double grads[3] = {};
+  for (int stage : {1, 2}) {
+    ZeroOptions o;
+    o.stage = stage;
+    o.dtype = DType::f16;
+    Generator gen(5);
+    nn::GPT model(cfg, gen);
+    ZeroOptimizer opt(model.named_parameters(), comm, o);
+    auto [x, y] = batch(cfg, 0, comm->rank() * 2, 2);
+    opt.backward(model.loss(x, y));
+    opt.step();
+    const MemoryBreakdown m = opt.memory();
+    grads[stage] = m.grads + m.buckets;
+    if (stage == 2) {
+      const double psi = double(opt.layout().padded_numel());
+      EXPECT_GE(opt.layout().make_buckets(opt.options().reduce_bucket_size).size(), 8u);
+      EXPECT_LE(grads[2], 2.0 * psi / n + 2 * 2.0 * double(opt.options().reduce_bucket_size));
+    }
+  }
+  if (n >= 2) {
+    EXPECT_LT(grads[2], grads[1]) << "stage 2 gradient + bucket bytes vs stage 1";
+  }
+}
+
+// ---- the ledger against the bytes handed to MPI (needs the interposer preloaded) ---------------------
+
+using CounterFn = std::int64_t (*)();
+
+TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
+  const auto sent = reinterpret_cast<CounterFn>(dlsym(RTLD_DEFAULT, "zero_pmpi_sent_bytes"));
+  if (std::getenv("ZERO_EXPECT_PMPI") != nullptr) {
+    ASSERT_NE(sent, nullptr) << "interposer not preloaded";
+  }
+  if (sent == nullptr) GTEST_SKIP() << "run with LD_PRELOAD=libzero_count_sent_bytes.so (ctest does)";
+  auto comm = mpi_world();
+  const int n = comm->world_size();
+  const nn::GPTConfig cfg = gpt_config(32);
+  for (bool fp32 : {false, true}) {
+    ZeroOptions o;
+    o.stage = 2;
+    o.dtype = DType::f16;
+    o.reduce_in_fp32 = fp32;
+    Generator gen(5);
+    nn::GPT model(cfg, gen);
+    ZeroOptimizer opt(model.named_parameters(), comm, o);
+    comm->barrier();
+    comm->ledger().reset();
+    const std::int64_t before = sent();
+    const int steps = 3;
+    for (int s = 0; s < steps; ++s) {
+      auto [x, y] = batch(cfg, s, comm->rank() * 2, 2);
+      opt.backward(model.loss(x, y));
+      opt.step();
+    }
+    // Summed over ranks: the ring's per-rank bytes differ by the uneven slices, their sum does not.
+    const double wire = comm->all_reduce_sum(double(sent() - before));
+    const double ledger = comm->all_reduce_sum(comm->ledger().total());
+    const double baseline = 2.0 * (n - 1.0) / n * double(opt.layout().padded_numel()) * 2.0 * steps * n;
+    if (n == 1) {
+      EXPECT_EQ(wire, 0.0);
+      EXPECT_EQ(ledger, 0.0);
+      continue;
+    }
+    if (comm->rank() == 0)
+      std::printf("[ wire     ] %s reductions, %d ranks: wire %.0f B, ledger %.0f B, wire/ledger %.4f, "
+                  "ledger/baseline %.4f\n",
+                  fp32 ? "fp32" : "fp16", n, wire, ledger, wire / ledger, ledger / baseline);
+    EXPECT_NEAR(wire / ledger, 1.0, 0.02) << "wire " << wire << " ledger " << ledger << " fp32 " << fp32;
+    // fp16 on the wire: ZeRO-2 moves the stage-0 baseline 2(n-1)/n·Ψ; fp32 reductions add half of it again.
+    EXPECT_NEAR(ledger / baseline, fp32 ? 1.5 : 1.0, 1e-9) << "fp32 " << fp32;
+  }
+  comm->set_reduce_in_fp32(false);
+}
+
+}  // namespace
+}  // namespace zero::dist

@@ -1,0 +1,80 @@
+// train_gpt's communication flags: the warning for a configured bucket that covers the whole model at
+// stage 2, --communication-data-type validation, and --overlap-param-gather in the start-up summary.
+// Runs the real binary on a tiny model, one process.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code;
+  std::string output;
+};
+
+CliRun train_gpt(const std::string& args) {
+  const std::string cmd = std::string(ZERO_BIN_DIR) + "/train_gpt " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (pipe != nullptr && fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
+  const int status = pipe != nullptr ? pclose(pipe) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+class TrainGptCommFlags : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("zero_comm_cli_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "text.txt") << std::string(2000, 'a') + "hello world, hello zero\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string tiny(const std::string& extra) const {
+    return "--data " + (dir_ / "text.txt").string() +
+           " --steps 2 --block 8 --batch 2 --n-layer 1 --n-head 2 --n-embd 8 --eval-iters 1 --sample 0 " + extra;
+  }
+  fs::path dir_;
+};
+
+const char* kWholeModel = "covers the whole model";
+
+TEST_F(TrainGptCommFlags, WarnsWhenAConfiguredBucketCoversTheWholeModelAtStage2) {
+  const CliRun big = train_gpt(tiny("--zero-stage 2 --reduce-bucket-size 5e8"));
+  ASSERT_EQ(big.exit_code, 0) << big.output;
+  EXPECT_NE(big.output.find(std::string("warning: reduce_bucket_size 500000000 ") + kWholeModel), std::string::npos)
+      << big.output;
+  // Several buckets, stage 1 (which keeps a full gradient anyway), or the automatic size: no warning.
+  for (const char* flags : {"--zero-stage 2 --reduce-bucket-size 64", "--zero-stage 1 --reduce-bucket-size 5e8",
+                            "--zero-stage 2"}) {
+    const CliRun r = train_gpt(tiny(flags));
+    ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.output;
+    EXPECT_EQ(r.output.find(kWholeModel), std::string::npos) << flags << ": " << r.output;
+  }
+  EXPECT_NE(train_gpt(tiny("--zero-stage 2")).output.find("(automatic)"), std::string::npos);
+}
+
+TEST_F(TrainGptCommFlags, CommunicationDataTypeAndOverlapParamGather) {
+  const CliRun fp32 =
+      train_gpt(tiny("--dtype bf16 --zero-stage 2 --communication-data-type fp32 --overlap-param-gather"));
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  EXPECT_NE(fp32.output.find("overlap_param_gather true"), std::string::npos) << fp32.output;
+  EXPECT_NE(fp32.output.find("reductions in f32 on the wire"), std::string::npos) << fp32.output;
+  const CliRun model = train_gpt(tiny("--dtype bf16 --zero-stage 2"));
+  EXPECT_NE(model.output.find("reductions in bf16 on the wire"), std::string::npos) << model.output;
+  const CliRun bad = train_gpt(tiny("--dtype bf16 --communication-data-type fp16"));
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("error: invalid config key 'communication_data_type'"), std::string::npos) << bad.output;
+}
+
+}  // namespace
