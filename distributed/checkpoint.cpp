@@ -407,6 +407,7 @@ void check_parameters(const Checkpoint& c, const std::vector<nn::NamedParameter>
 }
 
 void load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm) {
+  opt.wait_for_params();  // an overlapped all-gather of the last step must not land on the loaded values
   const FlatLayout& layout = opt.layout();
   const std::int64_t numel = layout.numel();
   ZERO_CHECK(get<std::int64_t>(c.state, "numel", c.dir) == numel, "checkpoint '{}' holds {} parameter elements, "
