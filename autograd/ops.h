@@ -1,12 +1,15 @@
-// Differentiable operations. Each op computes its output with a core/cpu kernel and records its
-// backward (autograd/autograd.h) a few lines below, in the same file. Inputs on cuda run the op's twin
-// in autograd/ops_cuda.cpp on core/cuda kernels instead (Note [Op device dispatch]); all inputs of one
-// op must be on the same device (zero::Error otherwise), and outputs and gradients stay there. All float ops take f32 inputs
-// (convert f16/bf16 tensors with .to(DType::f32) first, which is differentiable); they throw zero::Error
-// for other dtypes and for mismatched shapes, naming both shapes.
+// Differentiable operations, each defined once for every device. An op validates its inputs, picks
+// the backend of the device they live on (core/backend.h: kernels in core/cpu/ and core/cuda/), calls
+// its kernels, and records its backward (autograd/autograd.h) a few lines below, in the same file; the
+// backward runs on the same device through the same kernels. All inputs of one op must be on one device
+// (zero::Error naming the op and both devices otherwise), and outputs and gradients stay there; a kernel
+// a device lacks is a one-line zero::Error naming the kernel and the device (Note [Missing kernels]).
+// All float ops take f32 inputs (convert f16/bf16 tensors with .to(DType::f32) first, which is
+// differentiable); they throw zero::Error for other dtypes and for mismatched shapes, naming both shapes.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "autograd/autograd.h"
 #include "core/tensor.h"
@@ -21,6 +24,16 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, float s);
+/// a + s for a scalar s (composed: s as a [] tensor on a's device).
+Tensor add(const Tensor& a, float s);
+/// a / b elementwise, with broadcasting (IEEE division: x/0 is +-inf or NaN).
+Tensor div(const Tensor& a, const Tensor& b);
+/// Elementwise sqrt(x), 1/sqrt(x), e^x, ln(x) and x^p (p a scalar); NaN or inf outside the domain.
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor pow(const Tensor& x, float p);
 /// In place, not recorded: dst += src (same numel; src converted to dst's dtype). For accumulation.
 void add_(Tensor& dst, const Tensor& src);
 
@@ -28,6 +41,13 @@ void add_(Tensor& dst, const Tensor& src);
 /// Sum of all elements: a one-element tensor of shape [].
 Tensor sum(const Tensor& x);
 Tensor mean(const Tensor& x);
+/// Sum / mean / max over dimension `dim` (negative counts from the end): x[..., n, ...] -> the shape
+/// without that dimension, or with it as 1 when keepdim (torch.sum / torch.mean / torch.amax with one
+/// dim). Sums accumulate in f32 in index order. max's gradient flows to the first maximal element (as
+/// the indices of torch.max(x, dim)); a NaN counts as the maximum. max throws for an empty dimension.
+Tensor sum(const Tensor& x, int dim, bool keepdim = false);
+Tensor mean(const Tensor& x, int dim, bool keepdim = false);
+Tensor max(const Tensor& x, int dim, bool keepdim = false);
 /// Sums `x` down to `shape` (the inverse of broadcasting `shape` to x.shape()).
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
@@ -56,6 +76,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 Tensor dropout(const Tensor& x, float p, bool training, Generator& gen);
 
 namespace detail {
+/// The device of the defined tensors of `inputs` (cpu when none is defined). Throws zero::Error naming
+/// `op` and both devices when they differ.
+Device op_device(const char* op, std::initializer_list<const Tensor*> inputs);
 /// `t` itself (detached) when contiguous, else a contiguous copy; same device and dtype.
 Tensor dense(const Tensor& t);
 /// `t` broadcast to `shape` (NumPy rules, already checked by the caller) as a contiguous tensor: a
