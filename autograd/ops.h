@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 
 #include "autograd/autograd.h"
 #include "core/tensor.h"
@@ -74,6 +75,26 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 /// Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1-p).
 /// Identity when p == 0 or !training.
 Tensor dropout(const Tensor& x, float p, bool training, Generator& gen);
+
+// Note [Compute copies]
+// Layers compute in f32. For an f16/bf16 parameter nn::Module::compute() hands out a differentiable f32
+// copy (gradient back in the parameter's dtype, like p.to(DType::f32)). Converting every parameter on
+// every forward cost a fifth of a CPU step, so the copy is kept in a ComputeCopy and refreshed only
+// when the parameter changed: another storage (set_data), offset, shape or dtype, or a bumped
+// Storage::version() (Tensor::copy_ and fill_ bump it; the ZeRO optimizer bumps its flat buffer after
+// writing it in step()). Code that writes a 16-bit parameter through raw pointers must bump it too,
+// or the next forward computes with the old values. The values are the same bits a fresh conversion
+// gives, so results do not change.
+struct ComputeCopy {
+  std::weak_ptr<Storage> storage;  // the parameter's storage when `value` was made
+  std::int64_t offset = 0;
+  std::uint64_t version = 0;
+  DType dtype = DType::f32;
+  Shape shape;
+  Tensor value;  // f32, contiguous, not tracked by autograd
+};
+/// p.to(DType::f32), reusing `cache` while p is unchanged (Note [Compute copies]). p: a float tensor.
+Tensor to_f32_cached(const Tensor& p, ComputeCopy& cache);
 
 namespace detail {
 /// The device of the defined tensors of `inputs` (cpu when none is defined). Throws zero::Error naming

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "core/dtype.h"
@@ -27,8 +28,14 @@ class Storage {
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  /// A counter bumped by every write that goes through Tensor (copy_, fill_) and, by hand, by code that
+  /// writes parameters through raw pointers (the ZeRO optimizer's step). Caches derived from the
+  /// contents (nn::Module's f32 compute copies, Note [Compute copies] in autograd/ops.h) compare it.
+  std::uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
 
  private:
+  std::uint64_t version_ = 0;
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_ = Device::cpu;

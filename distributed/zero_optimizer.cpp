@@ -596,6 +596,7 @@ bool ZeroOptimizer::step() {
                                s.decay ? sd : sn);
     }
     if (opts_.stage != 0) all_gather_params();
+    flat_params_.storage()->bump_version();  // Note [Compute copies]
     zero_gradients();
     scaler_.update(false);
     return true;
@@ -627,6 +628,7 @@ bool ZeroOptimizer::step() {
 
   // ---- 6. all-gather the partitions so every rank has every parameter (stages 1/2) ----
   if (opts_.stage != 0) all_gather_params();
+  flat_params_.storage()->bump_version();  // Note [Compute copies]
 
   // ---- 7. clear gradients, move the loss scale ----
   zero_gradients();

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -60,10 +61,14 @@ class Module {
     return child;
   }
   /// The f32 tensor to compute with: `p` itself, or a differentiable f32 copy of an f16/bf16
-  /// parameter (its gradient flows back in the parameter's dtype).
-  static Tensor compute(const Tensor& p) { return p.dtype() == DType::f32 ? p : p.to(DType::f32); }
+  /// parameter (its gradient flows back in the parameter's dtype), converted again only after the
+  /// parameter changed (Note [Compute copies] in autograd/ops.h).
+  Tensor compute(const Tensor& p) const {
+    return p.dtype() == DType::f32 ? p : to_f32_cached(p, compute_copies_[p.impl()]);
+  }
 
  private:
+  mutable std::unordered_map<const TensorImpl*, ComputeCopy> compute_copies_;
   void collect(const std::string& prefix, std::vector<NamedParameter>& out) const;
 
   std::vector<NamedParameter> params_;
