@@ -1,9 +1,10 @@
 // Storage: one reference-counted block of device memory that tensors view.
 //
-// CPU blocks come from a caching allocator: a freed block goes back to a free list keyed by its exact
-// size and is handed out again to the next request of that size, so a training loop, which asks for the
-// same sizes every step, stops calling malloc after its first step. CUDA blocks come from the device
-// caching allocator of core/cuda/runtime.h (builds with ZERO_HAS_CUDA), which works the same way.
+// CPU blocks come from a caching allocator (core/caching_allocator.h): a freed block goes back to a free
+// list keyed by its rounded size and is handed out again to the next request of that size, so a
+// training loop, which asks for the same sizes every step, stops calling malloc after its first step.
+// CUDA blocks come from the device caching allocator of core/cuda/runtime.h (builds with ZERO_HAS_CUDA),
+// the same CachingAllocator over cudaMalloc/cudaFree.
 #pragma once
 
 #include <cstddef>
