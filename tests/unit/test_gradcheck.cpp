@@ -23,6 +23,10 @@
 #include "tests/unit/gradcheck.h"
 
 namespace zero {
+
+// gtest prints the device of a row by name (found by argument-dependent lookup).
+void PrintTo(Device d, std::ostream* os) { *os << device_name(d); }
+
 namespace {
 
 using test::GradcheckOptions;
