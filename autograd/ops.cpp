@@ -127,7 +127,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor add(const Tensor& a, float s) { return add(a, Tensor::full({}, s, DType::f32, a.defined() ? a.device() : Device::cpu)); }
+Tensor add(const Tensor& a, float s) {
+  return add(a, Tensor::full({}, s, DType::f32, a.defined() ? a.device() : Device::cpu));
+}
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = binary(a, b, BinaryOp::sub, "sub");
@@ -352,8 +354,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
           bias.defined() ? f32(bd) : nullptr);
   record("linear", {x, weight, bias}, out, [&be, xd, wd, N, in, out_f, has_bias = bias.defined()](const Tensor& g) {
     Tensor gd = dense(g);
-    Tensor gx = Tensor::empty(xd.shape(), DType::f32, xd.device()), gw = Tensor::empty(wd.shape(), DType::f32, wd.device());
-    Tensor gb;
+    Tensor gx = Tensor::empty(xd.shape(), DType::f32, xd.device());
+    Tensor gw = Tensor::empty(wd.shape(), DType::f32, wd.device()), gb;
     // dx[N, in] = g[N, out] @ W[out, in];  dW[out, in] = g^T @ x (g read transposed in place).
     be.gemm(false, false, N, in, out_f, 1.0f, f32(gd), out_f, f32(wd), in, 0.0f, f32(gx), in, nullptr);
     be.gemm(true, false, out_f, in, N, 1.0f, f32(gd), out_f, f32(xd), in, 0.0f, f32(gw), in, nullptr);
