@@ -2,9 +2,7 @@
 
 #include <algorithm>
 
-#include "autograd/ops_cuda.h"
-#include "core/cpu/kernels.h"
-#include "core/strided.h"
+#include "core/backend.h"
 
 namespace zero {
 
@@ -23,11 +21,27 @@ Tensor materialize_broadcast(const Tensor& t, const Shape& shape) {
   return t.as_strided(shape, strides, t.offset()).clone();
 }
 
+Device op_device(const char* op, std::initializer_list<const Tensor*> inputs) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : inputs) {
+    if (!t->defined()) continue;
+    if (first == nullptr) {
+      first = t;
+      continue;
+    }
+    ZERO_CHECK(t->device() == first->device(),
+               "{}: inputs are on different devices ({} and {}); move them with .to(Device)", op,
+               device_name(first->device()), device_name(t->device()));
+  }
+  return first == nullptr ? Device::cpu : first->device();
+}
+
 }  // namespace detail
 
 using autograd::record;
 using detail::dense;
 using detail::materialize_broadcast;
+using detail::op_device;
 
 namespace {
 
@@ -37,40 +51,56 @@ void check_f32(const Tensor& t, const char* op, const char* what) {
              dtype_name(t.dtype()));
 }
 
-enum class BinaryOp { add, sub, mul };
+float* f32(const Tensor& t) { return t.data<float>(); }
 
+// The forward of add/sub/mul/div: both operands broadcast to one shape.
 Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op, const char* name) {
   check_f32(a, name, "a");
   check_f32(b, name, "b");
+  const Device dev = op_device(name, {&a, &b});
   const Shape shape = broadcast_shapes(a.shape(), b.shape());
-  Tensor out = Tensor::empty(shape);
-  const std::int64_t n = out.numel();
-  float* y = out.data<float>();
+  Tensor out = Tensor::empty(shape, DType::f32, dev);
+  if (out.numel() == 0) return out;
   const Tensor ad = materialize_broadcast(a, shape);
   // A trailing-suffix operand (a bias [C] against [N, C]) is read cyclically instead of copied.
   const bool b_suffix = b.is_contiguous() && b.numel() > 0 && b.dim() <= a.dim() && a.shape() == shape &&
                         std::equal(b.shape().begin(), b.shape().end(), shape.end() - b.dim());
   const Tensor bd = b_suffix ? b.detach() : materialize_broadcast(b, shape);
-  const float* x0 = ad.data<float>();
-  const float* x1 = bd.data<float>();
-  // b is either full-size or a suffix repeated every m elements; loop over the repeats.
-  const std::int64_t m = bd.numel();
-  for (std::int64_t base = 0; base < n; base += m) {
-    float* yb = y + base;
-    const float* ab = x0 + base;
-    switch (op) {
-      case BinaryOp::add:
-        for (std::int64_t i = 0; i < m; ++i) yb[i] = ab[i] + x1[i];
-        break;
-      case BinaryOp::sub:
-        for (std::int64_t i = 0; i < m; ++i) yb[i] = ab[i] - x1[i];
-        break;
-      case BinaryOp::mul:
-        for (std::int64_t i = 0; i < m; ++i) yb[i] = ab[i] * x1[i];
-        break;
-    }
-  }
+  backend(dev).binary(f32(out), f32(ad), f32(bd), out.numel(), bd.numel(), op);
   return out;
+}
+
+// The forward of the elementwise functions of one tensor.
+Tensor unary(const Tensor& x, UnaryOp op, float p, const char* name) {
+  check_f32(x, name, "input");
+  const Device dev = op_device(name, {&x});
+  Tensor xd = dense(x);
+  Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
+  if (out.numel() > 0) backend(dev).unary(f32(out), f32(xd), out.numel(), op, p);
+  return out;
+}
+
+// x viewed as [outer, n, inner] around dimension `dim`.
+struct DimSplit {
+  std::int64_t outer = 1, n = 1, inner = 1;
+  Shape out_shape;   // without the dimension, or with it as 1 when keepdim
+  Shape keep_shape;  // with it as 1
+};
+
+DimSplit split_at(const Tensor& x, int dim, bool keepdim, const char* op) {
+  const int nd = x.dim();
+  const int d = dim < 0 ? dim + nd : dim;
+  ZERO_CHECK(d >= 0 && d < nd, "{}: dimension {} out of range for shape {}", op, dim, shape_str(x.shape()));
+  DimSplit s;
+  for (int i = 0; i < nd; ++i) {
+    const std::int64_t size = x.shape()[i];
+    if (i < d) s.outer *= size;
+    if (i > d) s.inner *= size;
+    if (i == d) s.n = size;
+    s.keep_shape.push_back(i == d ? 1 : size);
+    if (i != d || keepdim) s.out_shape.push_back(i == d ? 1 : size);
+  }
+  return s;
 }
 
 }  // namespace
@@ -87,10 +117,9 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
   return out;
 }
 
+// ---- elementwise ----
+
 Tensor add(const Tensor& a, const Tensor& b) {
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&a, &b})) return detail::cuda_add(a, b);  // Note [Op device dispatch]
-#endif
   Tensor out = binary(a, b, BinaryOp::add, "add");
   record("add", {a, b}, out, [sa = a.shape(), sb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
     return {sum_to(g, sa), sum_to(g, sb)};
@@ -98,10 +127,11 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+Tensor add(const Tensor& a, float s) {
+  return add(a, Tensor::full({}, s, DType::f32, a.defined() ? a.device() : Device::cpu));
+}
+
 Tensor sub(const Tensor& a, const Tensor& b) {
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&a, &b})) return detail::cuda_sub(a, b);  // Note [Op device dispatch]
-#endif
   Tensor out = binary(a, b, BinaryOp::sub, "sub");
   record("sub", {a, b}, out, [sa = a.shape(), sb = b.shape()](const Tensor& g) -> std::vector<Tensor> {
     return {sum_to(g, sa), mul(sum_to(g, sb), -1.0f)};
@@ -110,9 +140,6 @@ Tensor sub(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&a, &b})) return detail::cuda_mul(a, b);  // Note [Op device dispatch]
-#endif
   Tensor out = binary(a, b, BinaryOp::mul, "mul");
   record("mul", {a, b}, out, [a, b](const Tensor& g) -> std::vector<Tensor> {
     Tensor ga = autograd::needs_grad(a) ? sum_to(mul(g, b.detach()), a.shape()) : Tensor();
@@ -124,105 +151,148 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, float s) {
   check_f32(a, "mul", "a");
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&a})) return detail::cuda_mul_scalar(a, s);  // Note [Op device dispatch]
-#endif
+  const Device dev = op_device("mul", {&a});
   Tensor ad = dense(a);
-  Tensor out = Tensor::empty(a.shape());
-  const float* x = ad.data<float>();
-  float* y = out.data<float>();
-  const std::int64_t n = out.numel();
-  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
+  Tensor out = Tensor::empty(a.shape(), DType::f32, dev);
+  if (out.numel() > 0) backend(dev).scale(f32(out), f32(ad), out.numel(), s);
   record("mul_scalar", {a}, out, [s](const Tensor& g) -> std::vector<Tensor> { return {mul(g, s)}; });
   return out;
 }
 
-namespace {
-// y[i] = round(float(y[i]) + float(x[i])) for f16/bf16 elements.
-template <typename T> void add_16bit(T* y, const T* x, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(static_cast<float>(y[i]) + static_cast<float>(x[i]));
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = binary(a, b, BinaryOp::div, "div");
+  // d(a/b)/da = 1/b; d(a/b)/db = -a/b² = -(a/b)/b.
+  record("div", {a, b}, out, [a, b, y = out.detach()](const Tensor& g) -> std::vector<Tensor> {
+    Tensor ga = autograd::needs_grad(a) ? sum_to(div(g, b.detach()), a.shape()) : Tensor();
+    Tensor gb = autograd::needs_grad(b) ? sum_to(mul(div(mul(g, y), b.detach()), -1.0f), b.shape()) : Tensor();
+    return {ga, gb};
+  });
+  return out;
 }
-}  // namespace
+
+Tensor sqrt(const Tensor& x) {
+  Tensor out = unary(x, UnaryOp::sqrt, 0.0f, "sqrt");
+  record("sqrt", {x}, out, [y = out.detach()](const Tensor& g) -> std::vector<Tensor> {
+    return {div(mul(g, 0.5f), y)};  // d sqrt(x) = 1 / (2 sqrt(x))
+  });
+  return out;
+}
+
+Tensor rsqrt(const Tensor& x) {
+  Tensor out = unary(x, UnaryOp::rsqrt, 0.0f, "rsqrt");
+  record("rsqrt", {x}, out, [y = out.detach()](const Tensor& g) -> std::vector<Tensor> {
+    return {mul(mul(g, mul(y, mul(y, y))), -0.5f)};  // d x^(-1/2) = -x^(-3/2) / 2
+  });
+  return out;
+}
+
+Tensor exp(const Tensor& x) {
+  Tensor out = unary(x, UnaryOp::exp, 0.0f, "exp");
+  record("exp", {x}, out, [y = out.detach()](const Tensor& g) -> std::vector<Tensor> { return {mul(g, y)}; });
+  return out;
+}
+
+Tensor log(const Tensor& x) {
+  Tensor out = unary(x, UnaryOp::log, 0.0f, "log");
+  record("log", {x}, out, [xd = x.detach()](const Tensor& g) -> std::vector<Tensor> { return {div(g, xd)}; });
+  return out;
+}
+
+Tensor pow(const Tensor& x, float p) {
+  Tensor out = unary(x, UnaryOp::pow, p, "pow");
+  record("pow", {x}, out, [xd = x.detach(), p](const Tensor& g) -> std::vector<Tensor> {
+    return {mul(mul(g, pow(xd, p - 1.0f)), p)};
+  });
+  return out;
+}
 
 void add_(Tensor& dst, const Tensor& src) {
   ZERO_CHECK(dst.numel() == src.numel(), "add_: {} elements {} into {} elements {}", src.numel(),
              shape_str(src.shape()), dst.numel(), shape_str(dst.shape()));
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&dst, &src})) return detail::cuda_add_(dst, src);  // Note [Op device dispatch]
-#endif
-  if (dst.dtype() == DType::f32 && src.dtype() == DType::f32 && dst.is_contiguous() && src.is_contiguous()) {
-    float* y = dst.data<float>();
-    const float* x = src.data<float>();
-    const std::int64_t n = dst.numel();  // numel() multiplies the shape out: not in the loop condition
-    for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
+  const Device dev = op_device("add_", {&dst, &src});
+  ZERO_CHECK(is_floating(dst.dtype()) && is_floating(src.dtype()), "add_: needs float tensors, got {} += {}",
+             dtype_name(dst.dtype()), dtype_name(src.dtype()));
+  if (dst.numel() == 0) return;
+  // Added in f32 and rounded once to dst's dtype (a 16-bit gradient accumulates without leaving its buffer).
+  const Tensor s = dense(src);
+  if (dst.is_contiguous()) {
+    backend(dev).accumulate(dst.raw_data(), dst.dtype(), s.raw_data(), s.dtype(), dst.numel());
     return;
   }
-  // A 16-bit gradient accumulating into a 16-bit buffer (ZeRO stages 0/1 in fp16/bf16): add in f32,
-  // round once, without leaving the buffer.
-  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
-    if (dst.dtype() == DType::f16) return add_16bit(dst.data<half>(), src.data<half>(), dst.numel());
-    if (dst.dtype() == DType::bf16) return add_16bit(dst.data<bfloat16>(), src.data<bfloat16>(), dst.numel());
-  }
-  // Anything else (mixed dtypes, strided views): the same arithmetic through f32 copies.
-  std::vector<float> a = dst.to_vector(), b = src.to_vector();
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] += b[i];
-  dst.copy_(Tensor::from_vector(a, dst.shape()));
+  Tensor d = dst.clone();
+  backend(dev).accumulate(d.raw_data(), d.dtype(), s.raw_data(), s.dtype(), d.numel());
+  dst.copy_(d);
 }
+
+// ---- reductions ----
 
 Tensor sum(const Tensor& x) {
   check_f32(x, "sum", "x");
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&x})) return detail::cuda_sum(x);  // Note [Op device dispatch]
-#endif
+  const Device dev = op_device("sum", {&x});
   Tensor xd = dense(x);
-  double acc = 0.0;
-  const float* p = xd.data<float>();
-  const std::int64_t n = xd.numel();
-  for (std::int64_t i = 0; i < n; ++i) acc += p[i];
-  Tensor out = Tensor::full({}, static_cast<float>(acc));
+  Tensor out = Tensor::empty({}, DType::f32, dev);
+  backend(dev).sum(f32(out), f32(xd), xd.numel());
   record("sum", {x}, out, [shape = x.shape()](const Tensor& g) -> std::vector<Tensor> {
-    return {Tensor::full(shape, g.item())};
+    return {g.detach().expand(shape).contiguous()};  // g[] broadcast to every element
   });
   return out;
 }
 
 Tensor mean(const Tensor& x) { return mul(sum(x), 1.0f / static_cast<float>(std::max<std::int64_t>(1, x.numel()))); }
 
+Tensor sum(const Tensor& x, int dim, bool keepdim) {
+  check_f32(x, "sum", "x");
+  const Device dev = op_device("sum", {&x});
+  const DimSplit s = split_at(x, dim, keepdim, "sum");
+  Tensor xd = dense(x);
+  Tensor out = Tensor::empty(s.out_shape, DType::f32, dev);
+  if (out.numel() > 0) backend(dev).reduce_dim(f32(out), nullptr, f32(xd), s.outer, s.n, s.inner, ReduceOp::sum);
+  record("sum_dim", {x}, out, [keep = s.keep_shape, xs = x.shape()](const Tensor& g) -> std::vector<Tensor> {
+    return {g.reshape(keep).expand(xs).contiguous()};
+  });
+  return out;
+}
+
+Tensor mean(const Tensor& x, int dim, bool keepdim) {
+  const DimSplit s = split_at(x, dim, keepdim, "mean");
+  return mul(sum(x, dim, keepdim), 1.0f / static_cast<float>(std::max<std::int64_t>(1, s.n)));
+}
+
+Tensor max(const Tensor& x, int dim, bool keepdim) {
+  check_f32(x, "max", "x");
+  const Device dev = op_device("max", {&x});
+  const DimSplit s = split_at(x, dim, keepdim, "max");
+  ZERO_CHECK(s.n > 0, "max: dimension {} of shape {} is empty", dim, shape_str(x.shape()));
+  Tensor xd = dense(x);
+  Tensor out = Tensor::empty(s.out_shape, DType::f32, dev);
+  Tensor argmax = Tensor::empty(s.out_shape, DType::i64, dev);
+  if (out.numel() > 0)
+    backend(dev).reduce_dim(f32(out), argmax.data<std::int64_t>(), f32(xd), s.outer, s.n, s.inner, ReduceOp::max);
+  record("max_dim", {x}, out, [argmax, s, xs = x.shape()](const Tensor& g) -> std::vector<Tensor> {
+    Tensor gd = dense(g), gx = Tensor::empty(xs, DType::f32, g.device());
+    if (gx.numel() > 0)
+      backend(g.device()).scatter_dim(f32(gx), f32(gd), argmax.data<std::int64_t>(), s.outer, s.n, s.inner);
+    return {gx};
+  });
+  return out;
+}
+
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
   check_f32(x, "sum_to", "x");
   ZERO_CHECK(broadcast_shapes(shape, x.shape()) == x.shape(), "sum_to: {} does not broadcast to {}",
              shape_str(shape), shape_str(x.shape()));
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&x})) return detail::cuda_sum_to(x, shape);  // Note [Op device dispatch]
-#endif
-  Tensor out = Tensor::zeros(shape);
-  // View `out` with x's shape and stride 0 on the broadcast dimensions, then accumulate through it.
-  const int nd = x.dim(), od = static_cast<int>(shape.size());
-  const Shape ostrides = contiguous_strides(shape);
-  Shape strides(nd, 0);
-  for (int i = 0; i < od; ++i) strides[nd - od + i] = shape[i] == 1 ? 0 : ostrides[i];
+  const Device dev = op_device("sum_to", {&x});
+  Tensor out = Tensor::empty(shape, DType::f32, dev);
   Tensor xd = dense(x);
-  const float* src = xd.data<float>();
-  float* dst = out.data<float>();
-  // A suffix of x's shape (a bias [C] or positions [T, C] under [B, T, C]): add whole contiguous blocks.
-  const bool suffix = od <= nd && std::equal(shape.begin(), shape.end(), x.shape().end() - od);
-  if (suffix) {
-    const std::int64_t m = out.numel(), n = x.numel();
-    for (std::int64_t base = 0; base < n; base += m) {
-      const float* block = src + base;
-#pragma omp simd
-      for (std::int64_t i = 0; i < m; ++i) dst[i] += block[i];
-    }
-  } else {
-    std::int64_t k = 0;
-    for_each_offset(x.shape(), strides, 0, [&](std::int64_t off) { dst[off] += src[k++]; });
-  }
+  if (out.numel() > 0) backend(dev).sum_to(f32(out), f32(xd), x.shape(), shape);
   record("sum_to", {x}, out, [xs = x.shape()](const Tensor& g) -> std::vector<Tensor> {
     return {g.expand(xs).contiguous()};
   });
   return out;
 }
+
+// ---- linear algebra ----
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   check_f32(a, "matmul", "a");
@@ -234,34 +304,28 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   ZERO_CHECK(b.size(-2) == K && (shared_b || Shape(a.shape().begin(), a.shape().end() - 2) ==
                                                  Shape(b.shape().begin(), b.shape().end() - 2)),
              "matmul: shapes {} and {} do not match", shape_str(a.shape()), shape_str(b.shape()));
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&a, &b})) return detail::cuda_matmul(a, b);  // Note [Op device dispatch]
-#endif
+  const Device dev = op_device("matmul", {&a, &b});
+  Backend& be = backend(dev);
   Tensor ad = dense(a), bd = dense(b);
   Shape oshape = a.shape();
   oshape.back() = N;
-  Tensor out = Tensor::empty(oshape);
+  Tensor out = Tensor::empty(oshape, DType::f32, dev);
   const std::int64_t batch = a.numel() / std::max<std::int64_t>(1, M * K);
   if (shared_b) {
-    cpu::gemm(false, false, batch * M, N, K, 1.0f, ad.data<float>(), K, bd.data<float>(), N, 0.0f, out.data<float>(), N);
+    be.gemm(false, false, batch * M, N, K, 1.0f, f32(ad), K, f32(bd), N, 0.0f, f32(out), N, nullptr);
   } else {
-    for (std::int64_t i = 0; i < batch; ++i)
-      cpu::gemm(false, false, M, N, K, 1.0f, ad.data<float>() + i * M * K, K, bd.data<float>() + i * K * N, N, 0.0f,
-                out.data<float>() + i * M * N, N);
+    be.gemm_batched(false, false, M, N, K, 1.0f, f32(ad), K, M * K, f32(bd), N, K * N, 0.0f, f32(out), N, M * N, batch);
   }
-  record("matmul", {a, b}, out, [ad, bd, M, N, K, batch, shared_b](const Tensor& g) -> std::vector<Tensor> {
+  record("matmul", {a, b}, out, [&be, ad, bd, M, N, K, batch, shared_b](const Tensor& g) -> std::vector<Tensor> {
     Tensor gd = dense(g);
-    Tensor ga = Tensor::empty(ad.shape()), gb = Tensor::empty(bd.shape());  // both fully written (beta 0)
+    Tensor ga = Tensor::empty(ad.shape(), DType::f32, ad.device());  // both fully written (beta 0)
+    Tensor gb = Tensor::empty(bd.shape(), DType::f32, bd.device());
     if (shared_b) {
-      cpu::gemm(false, true, batch * M, K, N, 1.0f, gd.data<float>(), N, bd.data<float>(), N, 0.0f, ga.data<float>(), K);
-      cpu::gemm(true, false, K, N, batch * M, 1.0f, ad.data<float>(), K, gd.data<float>(), N, 0.0f, gb.data<float>(), N);
+      be.gemm(false, true, batch * M, K, N, 1.0f, f32(gd), N, f32(bd), N, 0.0f, f32(ga), K, nullptr);
+      be.gemm(true, false, K, N, batch * M, 1.0f, f32(ad), K, f32(gd), N, 0.0f, f32(gb), N, nullptr);
     } else {
-      for (std::int64_t i = 0; i < batch; ++i) {
-        cpu::gemm(false, true, M, K, N, 1.0f, gd.data<float>() + i * M * N, N, bd.data<float>() + i * K * N, N, 0.0f,
-                  ga.data<float>() + i * M * K, K);
-        cpu::gemm(true, false, K, N, M, 1.0f, ad.data<float>() + i * M * K, K, gd.data<float>() + i * M * N, N, 0.0f,
-                  gb.data<float>() + i * K * N, N);
-      }
+      be.gemm_batched(false, true, M, K, N, 1.0f, f32(gd), N, M * N, f32(bd), N, K * N, 0.0f, f32(ga), K, M * K, batch);
+      be.gemm_batched(true, false, K, N, M, 1.0f, f32(ad), K, M * K, f32(gd), N, M * N, 0.0f, f32(gb), N, K * N, batch);
     }
     return {ga, gb};
   });
@@ -279,54 +343,47 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     ZERO_CHECK(bias.shape() == Shape{out_f}, "linear: bias {} for weight {}", shape_str(bias.shape()),
                shape_str(weight.shape()));
   }
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&x, &weight, &bias})) return detail::cuda_linear(x, weight, bias);  // Note [Op device dispatch]
-#endif
+  const Device dev = op_device("linear", {&x, &weight, &bias});
+  Backend& be = backend(dev);
   Tensor xd = dense(x), wd = dense(weight), bd = bias.defined() ? dense(bias) : Tensor();
   Shape oshape = x.shape();
   oshape.back() = out_f;
-  Tensor out = Tensor::empty(oshape);
+  Tensor out = Tensor::empty(oshape, DType::f32, dev);
   // y[N, out] = x[N, in] @ W[out, in]^T + b[out]: the bias is added as the GEMM stores its tiles.
-  cpu::gemm(false, true, N, out_f, in, 1.0f, xd.data<float>(), in, wd.data<float>(), in, 0.0f, out.data<float>(), out_f,
-            bias.defined() ? bd.data<float>() : nullptr);
-  record("linear", {x, weight, bias}, out, [xd, wd, N, in, out_f, has_bias = bias.defined()](const Tensor& g) {
+  be.gemm(false, true, N, out_f, in, 1.0f, f32(xd), in, f32(wd), in, 0.0f, f32(out), out_f,
+          bias.defined() ? f32(bd) : nullptr);
+  record("linear", {x, weight, bias}, out, [&be, xd, wd, N, in, out_f, has_bias = bias.defined()](const Tensor& g) {
     Tensor gd = dense(g);
-    Tensor gx = Tensor::empty(xd.shape()), gw = Tensor::empty(wd.shape()), gb;
+    Tensor gx = Tensor::empty(xd.shape(), DType::f32, xd.device());
+    Tensor gw = Tensor::empty(wd.shape(), DType::f32, wd.device()), gb;
     // dx[N, in] = g[N, out] @ W[out, in];  dW[out, in] = g^T @ x (g read transposed in place).
-    cpu::gemm(false, false, N, in, out_f, 1.0f, gd.data<float>(), out_f, wd.data<float>(), in, 0.0f, gx.data<float>(), in);
-    cpu::gemm(true, false, out_f, in, N, 1.0f, gd.data<float>(), out_f, xd.data<float>(), in, 0.0f, gw.data<float>(), in);
+    be.gemm(false, false, N, in, out_f, 1.0f, f32(gd), out_f, f32(wd), in, 0.0f, f32(gx), in, nullptr);
+    be.gemm(true, false, out_f, in, N, 1.0f, f32(gd), out_f, f32(xd), in, 0.0f, f32(gw), in, nullptr);
     if (has_bias) {
-      // db[out] = sum over rows of g: row by row, so the inner loop runs along contiguous memory.
-      gb = Tensor::zeros({out_f});
-      float* b = gb.data<float>();
-      const float* src = gd.data<float>();
-      for (std::int64_t n = 0; n < N; ++n) {
-        const float* row = src + n * out_f;
-#pragma omp simd
-        for (std::int64_t o = 0; o < out_f; ++o) b[o] += row[o];
-      }
+      gb = Tensor::empty({out_f}, DType::f32, gd.device());
+      be.sum_rows(f32(gb), f32(gd), N, out_f);  // db[out] = column sums of g
     }
     return std::vector<Tensor>{gx, gw, gb};
   });
   return out;
 }
 
+// ---- neural-network ops ----
+
 Tensor embedding(const Tensor& weight, const Tensor& idx) {
   check_f32(weight, "embedding", "weight");
   ZERO_CHECK(idx.dtype() == DType::i64, "embedding: indices must be i64, got {}", dtype_name(idx.dtype()));
   ZERO_CHECK(weight.dim() == 2, "embedding: weight must be [V, C], got {}", shape_str(weight.shape()));
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&weight, &idx})) return detail::cuda_embedding(weight, idx);  // Note [Op device dispatch]
-#endif
+  const Device dev = op_device("embedding", {&weight, &idx});
   const std::int64_t V = weight.size(0), C = weight.size(1), N = idx.numel();
-  Tensor wd = dense(weight), id = idx.is_contiguous() ? idx.detach() : idx.clone();
+  Tensor wd = dense(weight), id = dense(idx);
   Shape oshape = idx.shape();
   oshape.push_back(C);
-  Tensor out = Tensor::empty(oshape);
-  cpu::embedding_forward(out.data<float>(), wd.data<float>(), id.data<std::int64_t>(), N, V, C);
+  Tensor out = Tensor::empty(oshape, DType::f32, dev);
+  backend(dev).embedding_forward(f32(out), f32(wd), id.data<std::int64_t>(), N, V, C);
   record("embedding", {weight}, out, [id, V, C, N](const Tensor& g) -> std::vector<Tensor> {
-    Tensor gd = dense(g), gw = Tensor::zeros({V, C});
-    cpu::embedding_backward(gw.data<float>(), gd.data<float>(), id.data<std::int64_t>(), N, C);
+    Tensor gd = dense(g), gw = Tensor::zeros({V, C}, DType::f32, g.device());
+    backend(g.device()).embedding_backward(f32(gw), f32(gd), id.data<std::int64_t>(), N, V, C);
     return {gw};
   });
   return out;
@@ -339,18 +396,17 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   const std::int64_t C = x.size(-1), N = x.numel() / std::max<std::int64_t>(1, C);
   ZERO_CHECK(weight.shape() == Shape{C} && bias.shape() == Shape{C}, "layer_norm: weight {} / bias {} for input {}",
              shape_str(weight.shape()), shape_str(bias.shape()), shape_str(x.shape()));
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&x, &weight, &bias})) return detail::cuda_layer_norm(x, weight, bias, eps);  // Note [Op device dispatch]
-#endif
+  const Device dev = op_device("layer_norm", {&x, &weight, &bias});
   Tensor xd = dense(x), wd = dense(weight), bd = dense(bias);
-  Tensor out = Tensor::empty(x.shape()), mean = Tensor::empty({N}), rstd = Tensor::empty({N});
-  cpu::layernorm_forward(out.data<float>(), mean.data<float>(), rstd.data<float>(), xd.data<float>(),
-                         wd.data<float>(), bd.data<float>(), N, C, eps);
+  Tensor out = Tensor::empty(x.shape(), DType::f32, dev), mean = Tensor::empty({N}, DType::f32, dev),
+         rstd = Tensor::empty({N}, DType::f32, dev);
+  backend(dev).layernorm_forward(f32(out), f32(mean), f32(rstd), f32(xd), f32(wd), f32(bd), N, C, eps);
   record("layer_norm", {x, weight, bias}, out, [xd, wd, mean, rstd, N, C](const Tensor& g) {
+    const Device d = g.device();
     Tensor gd = dense(g);
-    Tensor gx = Tensor::empty(xd.shape()), gw = Tensor::zeros({C}), gb = Tensor::zeros({C});
-    cpu::layernorm_backward(gx.data<float>(), gw.data<float>(), gb.data<float>(), gd.data<float>(), xd.data<float>(),
-                            wd.data<float>(), mean.data<float>(), rstd.data<float>(), N, C);
+    Tensor gx = Tensor::empty(xd.shape(), DType::f32, d), gw = Tensor::zeros({C}, DType::f32, d),
+           gb = Tensor::zeros({C}, DType::f32, d);
+    backend(d).layernorm_backward(f32(gx), f32(gw), f32(gb), f32(gd), f32(xd), f32(wd), f32(mean), f32(rstd), N, C);
     return std::vector<Tensor>{gx, gw, gb};
   });
   return out;
@@ -358,15 +414,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
 
 Tensor gelu(const Tensor& x) {
   check_f32(x, "gelu", "input");
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&x})) return detail::cuda_gelu(x);  // Note [Op device dispatch]
-#endif
+  const Device dev = op_device("gelu", {&x});
   Tensor xd = dense(x);
-  Tensor out = Tensor::empty(x.shape());
-  cpu::gelu_forward(out.data<float>(), xd.data<float>(), x.numel());
+  Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
+  backend(dev).gelu_forward(f32(out), f32(xd), x.numel());
   record("gelu", {x}, out, [xd](const Tensor& g) -> std::vector<Tensor> {
-    Tensor gd = dense(g), gx = Tensor::empty(xd.shape());
-    cpu::gelu_backward(gx.data<float>(), xd.data<float>(), gd.data<float>(), xd.numel());
+    Tensor gd = dense(g), gx = Tensor::empty(xd.shape(), DType::f32, g.device());
+    backend(g.device()).gelu_backward(f32(gx), f32(xd), f32(gd), xd.numel());
     return {gx};
   });
   return out;
@@ -374,16 +428,14 @@ Tensor gelu(const Tensor& x) {
 
 Tensor softmax(const Tensor& x) {
   check_f32(x, "softmax", "input");
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&x})) return detail::cuda_softmax(x);  // Note [Op device dispatch]
-#endif
+  const Device dev = op_device("softmax", {&x});
   const std::int64_t C = x.size(-1), N = x.numel() / std::max<std::int64_t>(1, C);
   Tensor xd = dense(x);
-  Tensor out = Tensor::empty(x.shape());
-  cpu::softmax_forward(out.data<float>(), xd.data<float>(), N, C);
+  Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
+  backend(dev).softmax_forward(f32(out), f32(xd), N, C);
   record("softmax", {x}, out, [y = out.detach(), N, C](const Tensor& g) -> std::vector<Tensor> {
-    Tensor gd = dense(g), gx = Tensor::empty(y.shape());
-    cpu::softmax_backward(gx.data<float>(), y.data<float>(), gd.data<float>(), N, C);
+    Tensor gd = dense(g), gx = Tensor::empty(y.shape(), DType::f32, g.device());
+    backend(g.device()).softmax_backward(f32(gx), f32(y), f32(gd), N, C);
     return {gx};
   });
   return out;
@@ -395,15 +447,13 @@ Tensor causal_self_attention(const Tensor& qkv, std::int64_t n_head) {
              shape_str(qkv.shape()));
   const std::int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   ZERO_CHECK(n_head > 0 && C % n_head == 0, "causal_self_attention: {} channels do not split into {} heads", C, n_head);
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&qkv})) return detail::cuda_causal_self_attention(qkv, n_head);  // Note [Op device dispatch]
-#endif
+  const Device dev = op_device("causal_self_attention", {&qkv});
   Tensor qd = dense(qkv);
-  Tensor out = Tensor::empty({B, T, C}), att = Tensor::empty({B, n_head, T, T});
-  cpu::attention_forward(out.data<float>(), att.data<float>(), qd.data<float>(), B, T, C, n_head);
+  Tensor out = Tensor::empty({B, T, C}, DType::f32, dev), att = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
+  backend(dev).attention_forward(f32(out), f32(att), f32(qd), B, T, C, n_head);
   record("causal_self_attention", {qkv}, out, [qd, att, B, T, C, n_head](const Tensor& g) -> std::vector<Tensor> {
-    Tensor gd = dense(g), gqkv = Tensor::empty(qd.shape());
-    cpu::attention_backward(gqkv.data<float>(), gd.data<float>(), qd.data<float>(), att.data<float>(), B, T, C, n_head);
+    Tensor gd = dense(g), gqkv = Tensor::empty(qd.shape(), DType::f32, g.device());
+    backend(g.device()).attention_backward(f32(gqkv), f32(gd), f32(qd), f32(att), B, T, C, n_head);
     return {gqkv};
   });
   return out;
@@ -415,17 +465,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   ZERO_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0),
              "cross_entropy: logits must be [N, V] and targets [N], got {} and {}", shape_str(logits.shape()),
              shape_str(targets.shape()));
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&logits, &targets})) return detail::cuda_cross_entropy(logits, targets);  // Note [Op device dispatch]
-#endif
+  const Device dev = op_device("cross_entropy", {&logits, &targets});
   const std::int64_t N = logits.size(0), V = logits.size(1);
-  Tensor ld = dense(logits), td = targets.is_contiguous() ? targets.detach() : targets.clone();
-  Tensor probs = Tensor::empty({N, V});
-  const float loss = cpu::cross_entropy_forward(probs.data<float>(), ld.data<float>(), td.data<std::int64_t>(), N, V);
-  Tensor out = Tensor::full({}, loss);
+  Tensor ld = dense(logits), td = dense(targets);
+  Tensor probs = Tensor::empty({N, V}, DType::f32, dev);
+  // The loss stays on the op's device: on cuda no synchronization per step (a bad target surfaces at the
+  // next check_device_errors(), e.g. when the caller reads the loss with item()).
+  Tensor out = Tensor::empty({}, DType::f32, dev);
+  backend(dev).cross_entropy_forward(f32(out), f32(probs), f32(ld), td.data<std::int64_t>(), N, V);
   record("cross_entropy", {logits}, out, [probs, td, N, V](const Tensor& g) -> std::vector<Tensor> {
-    Tensor gl = Tensor::empty({N, V});
-    cpu::cross_entropy_backward(gl.data<float>(), probs.data<float>(), td.data<std::int64_t>(), g.item(), N, V);
+    Tensor gd = dense(g), gl = Tensor::empty({N, V}, DType::f32, g.device());
+    backend(g.device()).cross_entropy_backward(f32(gl), f32(probs), td.data<std::int64_t>(), f32(gd), N, V);
     return {gl};
   });
   return out;
@@ -435,13 +485,11 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
   ZERO_CHECK(p >= 0.0f && p < 1.0f, "dropout: probability must be in [0, 1), got {}", p);
   if (!training || p == 0.0f) return x;
   check_f32(x, "dropout", "input");
-#ifdef ZERO_HAS_CUDA
-  if (detail::any_cuda({&x})) return detail::cuda_dropout(x, p, gen);  // Note [Op device dispatch]
-#endif
-  Tensor mask = Tensor::empty(x.shape());
-  float* m = mask.data<float>();
-  const float keep = 1.0f / (1.0f - p);
-  for (std::int64_t i = 0; i < mask.numel(); ++i) m[i] = gen.uniform() < p ? 0.0f : keep;
+  const Device dev = op_device("dropout", {&x});
+  // cpu draws every element from gen; cuda draws one 64-bit seed from it and hashes (seed, i), so runs
+  // repeat on either device but the masks differ between them.
+  Tensor mask = Tensor::empty(x.shape(), DType::f32, dev);
+  if (mask.numel() > 0) backend(dev).dropout_mask(f32(mask), gen, p, mask.numel());
   Tensor out;
   {
     autograd::NoGradGuard no_grad;

@@ -1,12 +1,16 @@
-// Differentiable operations. Each op computes its output with a core/cpu kernel and records its
-// backward (autograd/autograd.h) a few lines below, in the same file. Inputs on cuda run the op's twin
-// in autograd/ops_cuda.cpp on core/cuda kernels instead (Note [Op device dispatch]); all inputs of one
-// op must be on the same device (zero::Error otherwise), and outputs and gradients stay there. All float ops take f32 inputs
-// (convert f16/bf16 tensors with .to(DType::f32) first, which is differentiable); they throw zero::Error
-// for other dtypes and for mismatched shapes, naming both shapes.
+// Differentiable operations, each defined once for every device. An op validates its inputs, picks
+// the backend of the device they live on (core/backend.h: kernels in core/cpu/ and core/cuda/), calls
+// its kernels, and records its backward (autograd/autograd.h) a few lines below, in the same file; the
+// backward runs on the same device through the same kernels. All inputs of one op must be on one device
+// (zero::Error naming the op and both devices otherwise), and outputs and gradients stay there; a kernel
+// a device lacks is a one-line zero::Error naming the kernel and the device (Note [Missing kernels]).
+// All float ops take f32 inputs (convert f16/bf16 tensors with .to(DType::f32) first, which is
+// differentiable); they throw zero::Error for other dtypes and for mismatched shapes, naming both shapes.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 
 #include "autograd/autograd.h"
 #include "core/tensor.h"
@@ -21,6 +25,16 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, float s);
+/// a + s for a scalar s (composed: s as a [] tensor on a's device).
+Tensor add(const Tensor& a, float s);
+/// a / b elementwise, with broadcasting (IEEE division: x/0 is +-inf or NaN).
+Tensor div(const Tensor& a, const Tensor& b);
+/// Elementwise sqrt(x), 1/sqrt(x), e^x, ln(x) and x^p (p a scalar); NaN or inf outside the domain.
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor pow(const Tensor& x, float p);
 /// In place, not recorded: dst += src (same numel; src converted to dst's dtype). For accumulation.
 void add_(Tensor& dst, const Tensor& src);
 
@@ -28,6 +42,13 @@ void add_(Tensor& dst, const Tensor& src);
 /// Sum of all elements: a one-element tensor of shape [].
 Tensor sum(const Tensor& x);
 Tensor mean(const Tensor& x);
+/// Sum / mean / max over dimension `dim` (negative counts from the end): x[..., n, ...] -> the shape
+/// without that dimension, or with it as 1 when keepdim (torch.sum / torch.mean / torch.amax with one
+/// dim). Sums accumulate in f32 in index order. max's gradient flows to the first maximal element (as
+/// the indices of torch.max(x, dim)); a NaN counts as the maximum. max throws for an empty dimension.
+Tensor sum(const Tensor& x, int dim, bool keepdim = false);
+Tensor mean(const Tensor& x, int dim, bool keepdim = false);
+Tensor max(const Tensor& x, int dim, bool keepdim = false);
 /// Sums `x` down to `shape` (the inverse of broadcasting `shape` to x.shape()).
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
@@ -55,7 +76,30 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 /// Identity when p == 0 or !training.
 Tensor dropout(const Tensor& x, float p, bool training, Generator& gen);
 
+// Note [Compute copies]
+// Layers compute in f32. For an f16/bf16 parameter nn::Module::compute() hands out a differentiable f32
+// copy (gradient back in the parameter's dtype, like p.to(DType::f32)). Converting every parameter on
+// every forward cost a fifth of a CPU step, so the copy is kept in a ComputeCopy and refreshed only
+// when the parameter changed: another storage (set_data), offset, shape or dtype, or a bumped
+// Storage::version() (Tensor::copy_ and fill_ bump it; the ZeRO optimizer bumps its flat buffer after
+// writing it in step()). Code that writes a 16-bit parameter through raw pointers must bump it too,
+// or the next forward computes with the old values. The values are the same bits a fresh conversion
+// gives, so results do not change.
+struct ComputeCopy {
+  std::weak_ptr<Storage> storage;  // the parameter's storage when `value` was made
+  std::int64_t offset = 0;
+  std::uint64_t version = 0;
+  DType dtype = DType::f32;
+  Shape shape;
+  Tensor value;  // f32, contiguous, not tracked by autograd
+};
+/// p.to(DType::f32), reusing `cache` while p is unchanged (Note [Compute copies]). p: a float tensor.
+Tensor to_f32_cached(const Tensor& p, ComputeCopy& cache);
+
 namespace detail {
+/// The device of the defined tensors of `inputs` (cpu when none is defined). Throws zero::Error naming
+/// `op` and both devices when they differ.
+Device op_device(const char* op, std::initializer_list<const Tensor*> inputs);
 /// `t` itself (detached) when contiguous, else a contiguous copy; same device and dtype.
 Tensor dense(const Tensor& t);
 /// `t` broadcast to `shape` (NumPy rules, already checked by the caller) as a contiguous tensor: a

@@ -111,4 +111,22 @@ Tensor Tensor::to(DType target) const {
   return out;
 }
 
+Tensor to_f32_cached(const Tensor& p, ComputeCopy& cache) {
+  if (p.dtype() == DType::f32) return p;
+  const bool fresh = cache.value.defined() && cache.storage.lock() == p.storage() && cache.offset == p.offset() &&
+                     cache.version == p.storage()->version() && cache.dtype == p.dtype() && cache.shape == p.shape();
+  if (!fresh) {
+    autograd::NoGradGuard no_grad;
+    cache.value = p.detach().to(DType::f32);
+    cache.storage = p.storage();
+    cache.offset = p.offset();
+    cache.version = p.storage()->version();
+    cache.dtype = p.dtype();
+    cache.shape = p.shape();
+  }
+  Tensor out = cache.value.detach();  // a new handle: the graph node attaches to it, not to the cache
+  record("to", {p}, out, [source = p.dtype()](const Tensor& g) -> std::vector<Tensor> { return {g.to(source)}; });
+  return out;
+}
+
 }  // namespace zero

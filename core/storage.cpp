@@ -1,11 +1,9 @@
 #include "core/storage.h"
 
 #include <cstdlib>
-#include <mutex>
 #include <new>
-#include <unordered_map>
-#include <vector>
 
+#include "core/caching_allocator.h"
 #include "core/check.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/runtime.h"
@@ -14,71 +12,15 @@
 namespace zero {
 namespace detail {
 
-// Exact-size free lists. Sizes are rounded up to 64 bytes so near-equal requests share a list.
-class CpuCachingAllocator {
- public:
-  static CpuCachingAllocator& instance() {
-    static auto* a = new CpuCachingAllocator();  // never destroyed: storages may outlive main's statics
-    return *a;
-  }
-
-  void* allocate(std::size_t nbytes) {
-    const std::size_t size = round_up(nbytes);
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& list = free_[size];
-    void* ptr;
-    if (!list.empty()) {
-      ptr = list.back();
-      list.pop_back();
-      stats_.cached -= size;
-    } else {
-      ptr = std::aligned_alloc(64, size);
-      if (ptr == nullptr) {
-        release_cache_locked();
-        ptr = std::aligned_alloc(64, size);
-        if (ptr == nullptr) throw std::bad_alloc();
-      }
-      ++stats_.mallocs;
-    }
-    stats_.in_use += size;
-    if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
-    return ptr;
-  }
-
-  void deallocate(void* ptr, std::size_t nbytes) {
-    const std::size_t size = round_up(nbytes);
-    std::lock_guard<std::mutex> lock(mutex_);
-    free_[size].push_back(ptr);
-    stats_.in_use -= size;
-    stats_.cached += size;
-  }
-
-  AllocatorStats stats() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
-  }
-  void reset_peak() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.peak_in_use = stats_.in_use;
-  }
-  void empty_cache() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    release_cache_locked();
-  }
-
- private:
-  static std::size_t round_up(std::size_t n) { return n == 0 ? 64 : (n + 63) / 64 * 64; }
-  void release_cache_locked() {
-    for (auto& [size, list] : free_)
-      for (void* p : list) std::free(p);
-    free_.clear();
-    stats_.cached = 0;
-  }
-
-  std::mutex mutex_;
-  std::unordered_map<std::size_t, std::vector<void*>> free_;
-  AllocatorStats stats_;
-};
+// Host blocks: exact-size free lists, sizes rounded up to 64 bytes so near-equal requests share a list.
+CachingAllocator& cpu_allocator() {
+  static auto* a = new CachingAllocator(CachingAllocator::Source{
+      [](std::size_t n) { return n == 0 ? std::size_t{64} : (n + 63) / 64 * 64; },
+      [](std::size_t size) { return std::aligned_alloc(64, size); },
+      [](void* p) { std::free(p); },
+      {}});
+  return *a;  // never destroyed: storages may outlive main's statics
+}
 
 }  // namespace detail
 
@@ -92,7 +34,8 @@ Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(d
                device_name(device));
 #endif
   }
-  data_ = detail::CpuCachingAllocator::instance().allocate(nbytes);
+  data_ = detail::cpu_allocator().allocate(nbytes);
+  if (data_ == nullptr) throw std::bad_alloc();
 }
 
 Storage::~Storage() {
@@ -102,11 +45,11 @@ Storage::~Storage() {
     return;
   }
 #endif
-  detail::CpuCachingAllocator::instance().deallocate(data_, nbytes_);
+  detail::cpu_allocator().deallocate(data_);
 }
 
-AllocatorStats cpu_allocator_stats() { return detail::CpuCachingAllocator::instance().stats(); }
-void reset_cpu_allocator_peak() { detail::CpuCachingAllocator::instance().reset_peak(); }
-void empty_cpu_cache() { detail::CpuCachingAllocator::instance().empty_cache(); }
+AllocatorStats cpu_allocator_stats() { return detail::cpu_allocator().stats(); }
+void reset_cpu_allocator_peak() { detail::cpu_allocator().reset_peak(); }
+void empty_cpu_cache() { detail::cpu_allocator().empty_cache(); }
 
 }  // namespace zero

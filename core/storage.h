@@ -1,12 +1,14 @@
 // Storage: one reference-counted block of device memory that tensors view.
 //
-// CPU blocks come from a caching allocator: a freed block goes back to a free list keyed by its exact
-// size and is handed out again to the next request of that size, so a training loop, which asks for the
-// same sizes every step, stops calling malloc after its first step. CUDA blocks come from the device
-// caching allocator of core/cuda/runtime.h (builds with ZERO_HAS_CUDA), which works the same way.
+// CPU blocks come from a caching allocator (core/caching_allocator.h): a freed block goes back to a free
+// list keyed by its rounded size and is handed out again to the next request of that size, so a
+// training loop, which asks for the same sizes every step, stops calling malloc after its first step.
+// CUDA blocks come from the device caching allocator of core/cuda/runtime.h (builds with ZERO_HAS_CUDA),
+// the same CachingAllocator over cudaMalloc/cudaFree.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "core/dtype.h"
@@ -27,8 +29,14 @@ class Storage {
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  /// A counter bumped by every write that goes through Tensor (copy_, fill_) and, by hand, by code that
+  /// writes parameters through raw pointers (the ZeRO optimizer's step). Caches derived from the
+  /// contents (nn::Module's f32 compute copies, Note [Compute copies] in autograd/ops.h) compare it.
+  std::uint64_t version() const { return version_; }
+  void bump_version() { ++version_; }
 
  private:
+  std::uint64_t version_ = 0;
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_ = Device::cpu;

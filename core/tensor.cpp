@@ -255,6 +255,7 @@ Tensor Tensor::clone() const {
 void Tensor::copy_(const Tensor& src) {
   ZERO_CHECK(src.numel() == numel(), "copy_: source has {} elements {}, destination {} {}", src.numel(),
              shape_str(src.shape()), numel(), shape_str(shape()));
+  impl_->storage->bump_version();
 #ifdef ZERO_HAS_CUDA
   if (device() == Device::cuda || src.device() == Device::cuda) {
     copy_with_cuda(*this, src);
@@ -285,6 +286,7 @@ void Tensor::set_data(const Tensor& src) {
 }
 
 void Tensor::fill_(float value) {
+  impl_->storage->bump_version();
 #ifdef ZERO_HAS_CUDA
   if (device() == Device::cuda) {
     if (is_contiguous()) {

@@ -324,6 +324,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   }
   // Every rank starts from rank 0's weights (models built from the same seed already agree).
   if (world_ > 1) comm_->broadcast(flat_params_.raw_data(), static_cast<std::size_t>(padded), opts_.dtype, 0);
+  flat_params_.storage()->bump_version();  // written behind the tensors' back (Note [Compute copies])
 
   // ---- gradient storage ----
   if (opts_.stage < 2)
@@ -510,6 +511,7 @@ void ZeroOptimizer::sync_params_from_master() {
       from_f32(master_.data<float>(), at(flat_params_, region_begin_), opts_.dtype, region_size_);
   }
   if (opts_.stage != 0) all_gather_params();
+  flat_params_.storage()->bump_version();  // Note [Compute copies]
 }
 
 void ZeroOptimizer::point_grads_at_flat() {
@@ -912,6 +914,9 @@ bool ZeroOptimizer::step() {
       }
     }
   }
+
+  // The flat buffer changed: layers must convert their 16-bit parameters again (Note [Compute copies]).
+  flat_params_.storage()->bump_version();
 
   // ---- 7. clear gradients, move the loss scale: the step is committed ----
   zero_gradients();

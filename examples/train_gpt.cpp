@@ -56,6 +56,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::string data;
   std::int64_t steps = 2000, batch = 12, block = 64, n_layer = 4, n_head = 4, n_embd = 128;
+  std::string norm = "layernorm";
   float dropout = 0.0f, lr = 1e-3f, min_lr = 1e-4f, weight_decay = 0.1f, clip = 1.0f, beta1 = 0.9f, beta2 = 0.99f;
   std::int64_t warmup = 100, eval_every = 500, eval_iters = 200, log_every = 100, sample = 500;
   std::uint64_t seed = 1337;
@@ -361,6 +362,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   cfg.n_head = a.n_head;
   cfg.n_embd = a.n_embd;
   cfg.dropout = a.dropout;
+  cfg.norm = a.norm;
   cfg.validate();
   // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -689,6 +691,9 @@ int main(int argc, char** argv) {
   app.add_option("--n-head", a.n_head, "attention heads (H)")->capture_default_str();
   app.add_option("--n-embd", a.n_embd, "channels (C)")->capture_default_str();
   app.add_option("--dropout", a.dropout, "dropout probability")->capture_default_str();
+  app.add_option("--norm", a.norm, "normalisation layers: layernorm or rmsnorm")
+      ->check(CLI::IsMember({"layernorm", "rmsnorm"}))
+      ->capture_default_str();
   app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
   app.add_option("--min-lr", a.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
   app.add_option("--warmup", a.warmup, "linear warm-up steps")->capture_default_str();

@@ -12,6 +12,7 @@ void GPTConfig::validate() const {
   ZERO_CHECK(n_embd > 0, "n_embd must be positive, got {}", n_embd);
   ZERO_CHECK(n_embd % n_head == 0, "n_embd ({}) must be divisible by n_head ({})", n_embd, n_head);
   ZERO_CHECK(dropout >= 0.0f && dropout < 1.0f, "dropout must be in [0, 1), got {}", dropout);
+  ZERO_CHECK(norm == "layernorm" || norm == "rmsnorm", "norm must be layernorm or rmsnorm, got '{}'", norm);
 }
 
 namespace {
@@ -37,10 +38,17 @@ MLP::MLP(const GPTConfig& cfg, Generator& gen) {
 
 Tensor MLP::forward(const Tensor& x) const { return dropout->forward(fc2->forward(gelu(fc->forward(x)))); }
 
+namespace {
+std::shared_ptr<Norm> make_norm(const GPTConfig& cfg) {
+  if (cfg.norm == "rmsnorm") return std::make_shared<RMSNorm>(cfg.n_embd);
+  return std::make_shared<LayerNorm>(cfg.n_embd);
+}
+}  // namespace
+
 Block::Block(const GPTConfig& cfg, Generator& gen) {
-  ln1 = register_module("ln1", std::make_shared<LayerNorm>(cfg.n_embd));
+  ln1 = register_module("ln1", make_norm(cfg));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg, gen));
-  ln2 = register_module("ln2", std::make_shared<LayerNorm>(cfg.n_embd));
+  ln2 = register_module("ln2", make_norm(cfg));
   mlp = register_module("mlp", std::make_shared<MLP>(cfg, gen));
 }
 
@@ -56,7 +64,7 @@ GPT::GPT(const GPTConfig& cfg, Generator& gen) : cfg_(cfg) {
   drop = register_module("drop", std::make_shared<Dropout>(cfg.dropout, gen));
   for (std::int64_t i = 0; i < cfg.n_layer; ++i)
     blocks.push_back(register_module("blocks." + std::to_string(i), std::make_shared<Block>(cfg, gen)));
-  lnf = register_module("lnf", std::make_shared<LayerNorm>(cfg.n_embd));
+  lnf = register_module("lnf", make_norm(cfg));
 }
 
 Tensor GPT::forward(const Tensor& idx) const {

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nn/layers.h"
+#include "nn/rms_norm.h"
 
 namespace zero::nn {
 
@@ -19,9 +21,11 @@ struct GPTConfig {
   std::int64_t n_embd = 128;     // C
   float dropout = 0.0f;
   bool bias = true;  // biases in Linear layers (LayerNorm always has them)
+  /// "layernorm" (GPT-2) or "rmsnorm" (nn/rms_norm.h) for ln1, ln2 and lnf.
+  std::string norm = "layernorm";
 
   /// Throws zero::Error naming the first invalid field (non-positive sizes, C not divisible by H,
-  /// dropout outside [0, 1)).
+  /// dropout outside [0, 1), an unknown norm).
   void validate() const;
 };
 
@@ -55,7 +59,7 @@ class Block : public Module {
   /// x[B, T, C] -> [B, T, C].
   Tensor forward(const Tensor& x) const;
 
-  std::shared_ptr<LayerNorm> ln1, ln2;
+  std::shared_ptr<Norm> ln1, ln2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<MLP> mlp;
 };
@@ -75,7 +79,7 @@ class GPT : public Module {
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;
   std::vector<std::shared_ptr<Block>> blocks;
-  std::shared_ptr<LayerNorm> lnf;
+  std::shared_ptr<Norm> lnf;
 
  private:
   GPTConfig cfg_;

@@ -1,4 +1,4 @@
-// Basic layers: Linear, Embedding, LayerNorm, GELU, Dropout. Each composes ops from autograd/ops.h;
+// Basic layers: Linear, Embedding, LayerNorm (a Norm), GELU, Dropout. Each composes ops from autograd/ops.h;
 // initialisation follows GPT-2 / nanoGPT (weights N(0, std), biases 0, LayerNorm weight 1, bias 0).
 #pragma once
 
@@ -33,14 +33,20 @@ class Embedding : public Module {
   Tensor weight;
 };
 
+/// A normalisation over the last dimension: LayerNorm, or RMSNorm (nn/rms_norm.h). x[..., C] -> [..., C].
+class Norm : public Module {
+ public:
+  virtual Tensor forward(const Tensor& x) const = 0;
+};
+
 /// LayerNorm over the last dimension C (torch.nn.LayerNorm, eps 1e-5).
-class LayerNorm : public Module {
+class LayerNorm : public Norm {
  public:
   explicit LayerNorm(std::int64_t dim, float eps = 1e-5f) : eps_(eps) {
     weight = register_parameter("weight", Tensor::ones({dim}), false);
     bias = register_parameter("bias", Tensor::zeros({dim}), false);
   }
-  Tensor forward(const Tensor& x) const { return layer_norm(x, compute(weight), compute(bias), eps_); }
+  Tensor forward(const Tensor& x) const override { return layer_norm(x, compute(weight), compute(bias), eps_); }
   Tensor weight, bias;
 
  private:

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -61,14 +62,16 @@ class Module {
     return child;
   }
   /// The f32 tensor to compute with: `p` itself, or a differentiable f32 copy of an f16/bf16
-  /// parameter (its gradient flows back in the parameter's dtype). Every read of a parameter in a
+  /// parameter (its gradient flows back in the parameter's dtype), converted again only after the
+  /// parameter changed (Note [Compute copies] in autograd/ops.h). Every read of a parameter in a
   /// forward goes through here, after the parameter-use hooks (nn/parameter_hooks.h) have run.
-  static Tensor compute(const Tensor& p) {
+  Tensor compute(const Tensor& p) const {
     before_parameter_use(p);
-    return p.dtype() == DType::f32 ? p : p.to(DType::f32);
+    return p.dtype() == DType::f32 ? p : to_f32_cached(p, compute_copies_[p.impl()]);
   }
 
  private:
+  mutable std::unordered_map<const TensorImpl*, ComputeCopy> compute_copies_;
   void collect(const std::string& prefix, std::vector<NamedParameter>& out) const;
 
   std::vector<NamedParameter> params_;

@@ -53,7 +53,7 @@ template <int Op>
 __global__ void binary_kernel(float* out, const float* a, const float* b, std::int64_t n, std::int64_t m) {
   for (std::int64_t i = global_thread(); i < n; i += grid_stride()) {
     const float x = a[i], y = b[m == n ? i : i % m];
-    out[i] = Op == 0 ? x + y : (Op == 1 ? x - y : x * y);
+    out[i] = Op == 0 ? x + y : (Op == 1 ? x - y : (Op == 2 ? x * y : x / y));
   }
 }
 
@@ -204,7 +204,8 @@ void launch_binary(float* out, const float* a, const float* b, std::int64_t n, s
   switch (op) {
     case 0: binary_kernel<0><<<grid, kThreads, 0, s>>>(out, a, b, n, m); break;
     case 1: binary_kernel<1><<<grid, kThreads, 0, s>>>(out, a, b, n, m); break;
-    default: binary_kernel<2><<<grid, kThreads, 0, s>>>(out, a, b, n, m); break;
+    case 2: binary_kernel<2><<<grid, kThreads, 0, s>>>(out, a, b, n, m); break;
+    default: binary_kernel<3><<<grid, kThreads, 0, s>>>(out, a, b, n, m); break;
   }
   ZERO_CUDA_CHECK_LAUNCH();
 }

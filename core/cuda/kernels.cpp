@@ -230,6 +230,28 @@ void binary(float* out, const float* a, const float* b, std::int64_t n, std::int
   detail::launch_binary(out, a, b, n, m, static_cast<int>(op), current_stream());
 }
 
+void unary(float* out, const float* x, std::int64_t n, UnaryOp op, float p) {
+  check_count(n, "unary");
+  detail::launch_unary(out, x, n, static_cast<int>(op), p, current_stream());
+}
+
+void reduce_dim(float* out, std::int64_t* argmax, const float* x, std::int64_t outer, std::int64_t n,
+                std::int64_t inner, bool max) {
+  check_count(outer, "reduce_dim");
+  check_count(n, "reduce_dim");
+  check_count(inner, "reduce_dim");
+  ZERO_CHECK(!max || (n > 0 && argmax != nullptr), "reduce_dim: max needs a non-empty dimension and argmax");
+  detail::launch_reduce_dim(out, argmax, x, outer, n, inner, max ? 1 : 0, current_stream());
+}
+
+void scatter_dim(float* dx, const float* g, const std::int64_t* argmax, std::int64_t outer, std::int64_t n,
+                 std::int64_t inner) {
+  check_count(outer, "scatter_dim");
+  check_count(n, "scatter_dim");
+  check_count(inner, "scatter_dim");
+  detail::launch_scatter_dim(dx, g, argmax, outer, n, inner, current_stream());
+}
+
 void copy_rows(float* out, const float* row, std::int64_t N, std::int64_t C) {
   check_count(N, "copy_rows");
   check_count(C, "copy_rows");
@@ -320,6 +342,16 @@ double reduce_to_host(const void* x, DType dtype, std::int64_t n, bool squares, 
 }  // namespace
 
 double sum(const void* x, DType dtype, std::int64_t n) { return reduce_to_host(x, dtype, n, false, "sum"); }
+
+void sum_async(float* out, const float* x, std::int64_t n) {
+  check_count(n, "sum_async");
+  if (n == 0) return fill(out, DType::f32, 0.0f, 1);
+  cudaStream_t s = current_stream();
+  const int blocks = detail::reduction_blocks(n);
+  DeviceBuffer partials(sizeof(double) * static_cast<std::size_t>(blocks));  // freed in stream order
+  detail::launch_sum_partials(partials.as<double>(), blocks, x, elem(DType::f32), n, false, s);
+  detail::launch_sum_finalize(nullptr, out, partials.as<double>(), blocks, 1.0, false, s);
+}
 
 double sum_squares(const void* x, DType dtype, std::int64_t n) {
   return reduce_to_host(x, dtype, n, true, "sum_squares");

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/cuda/launch.h"
 #include "core/dtype.h"
 
@@ -102,10 +103,21 @@ void cross_entropy_backward(float* dlogits, const float* probs, const std::int64
 
 // ---- elementwise ------------------------------------------------------------------------------------
 
-enum class BinaryOp { add, sub, mul };
+using zero::BinaryOp;
+using zero::UnaryOp;
 /// out[i] = a[i] op b[i % m] for i < n: b is either the same size as a (m == n) or a trailing suffix
 /// of a's shape repeated (a bias [C] against [N, C]: m = C). m must divide n. out may alias a or b.
 void binary(float* out, const float* a, const float* b, std::int64_t n, std::int64_t m, BinaryOp op);
+/// out[i] = f(x[i]) (core/backend.h's unary; 1/sqrt is computed exactly, not with rsqrtf).
+void unary(float* out, const float* x, std::int64_t n, UnaryOp op, float p);
+/// x[outer, n, inner] reduced over n (backend.h's reduce_dim): one thread per output, j in order.
+void reduce_dim(float* out, std::int64_t* argmax, const float* x, std::int64_t outer, std::int64_t n,
+                std::int64_t inner, bool max);
+/// dx[outer, n, inner] = g[outer, inner] at argmax, 0 elsewhere.
+void scatter_dim(float* dx, const float* g, const std::int64_t* argmax, std::int64_t outer, std::int64_t n,
+                 std::int64_t inner);
+/// *out (device f32) = sum of x[n], through fp64 partials; no synchronization.
+void sum_async(float* out, const float* x, std::int64_t n);
 /// out[N,C] = row[C] in every row (a bias before a GEMM with beta = 1).
 void copy_rows(float* out, const float* row, std::int64_t N, std::int64_t C);
 /// Inverted-dropout mask: mask[i] = 0 with probability p, else 1 / (1 - p), from a counter-based hash

@@ -45,7 +45,7 @@ void launch_cast(void* dst, Elem dt, const void* src, Elem st, std::int64_t n, c
 /// elem_bytes in {1, 2, 4, 8}; n = product of the shape.
 void launch_strided_copy(void* dst, const void* src, int elem_bytes, const StridedLayout& layout, std::int64_t n,
                          cudaStream_t s);
-/// out[i] = a[i] op b[i % m]; op 0 add, 1 sub, 2 mul; m divides n.
+/// out[i] = a[i] op b[i % m]; op 0 add, 1 sub, 2 mul, 3 div; m divides n.
 void launch_binary(float* out, const float* a, const float* b, std::int64_t n, std::int64_t m, int op,
                    cudaStream_t s);
 /// out[i] = row[i % C] for i < N*C.
@@ -77,6 +77,17 @@ void launch_nonfinite(int* flag, const void* x, Elem t, std::int64_t n, cudaStre
 /// param_out (type pt) receives the updated param rounded, unless null.
 void launch_adamw(float* param, const void* grad, Elem gt, float grad_mul, float* exp_avg, float* exp_avg_sq,
                   void* param_out, Elem pt, std::int64_t n, const AdamWScalars& sc, cudaStream_t s);
+
+// ---- ops.cu (all f32) ----
+/// out[i] = f(x[i]): op 0 sqrt, 1 1/sqrt, 2 exp, 3 log, 4 x^p.
+void launch_unary(float* out, const float* x, std::int64_t n, int op, float p, cudaStream_t s);
+/// x as [outer, n, inner] reduced over n into out[outer, inner]: op 0 sum (f32, j in order), 1 max with
+/// argmax[outer, inner] the first maximal j.
+void launch_reduce_dim(float* out, std::int64_t* argmax, const float* x, std::int64_t outer, std::int64_t n,
+                       std::int64_t inner, int op, cudaStream_t s);
+/// dx[outer, n, inner] = g[outer, inner] where j == argmax, else 0.
+void launch_scatter_dim(float* dx, const float* g, const std::int64_t* argmax, std::int64_t outer, std::int64_t n,
+                        std::int64_t inner, cudaStream_t s);
 
 // ---- nn.cu (all f32) ----
 void launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/caching_allocator.h"
 #include "core/check.h"
 
 namespace zero::cuda {
@@ -134,167 +135,57 @@ namespace {
 
 // Note [Device caching allocator]
 // cudaMalloc and cudaFree are slow (cudaFree synchronises the whole device), and a training step asks
-// for the same sizes every time. So freed blocks go to free lists keyed by (stream, rounded size) and
-// the next request of that size on that stream takes one. Sizes are rounded to 512 bytes below 1 MiB and
-// to 2 MiB above, so requests that differ a little share a list and large blocks are whole pages.
-// Keying by stream is what makes reuse safe without synchronising: a block freed on stream S may still
-// be read by kernels queued on S, but a later request on S is ordered after them. (PyTorch's
-// CUDACachingAllocator does the same, with block splitting on top; we keep whole blocks for clarity.)
-// When cudaMalloc fails the cache is released and the call retried once.
-class DeviceCachingAllocator {
- public:
-  static DeviceCachingAllocator& instance() {
-    static auto* a = new DeviceCachingAllocator();  // never destroyed: cudaFree after the runtime is gone fails
-    return *a;
-  }
+// for the same sizes every time: device blocks come from a CachingAllocator (core/caching_allocator.h)
+// keyed by (stream, rounded size), which is what makes reuse safe without synchronising. Sizes are
+// rounded to 512 bytes below 1 MiB and to 2 MiB above, so requests that differ a little share a list
+// and large blocks are whole pages. Before cached blocks are cudaFree'd the device is synchronised
+// (they may still be in use by queued kernels of their stream).
+CachingAllocator& device_allocator() {
+  static auto* a = new CachingAllocator(CachingAllocator::Source{
+      [](std::size_t n) {
+        constexpr std::size_t kSmall = 512, kLarge = std::size_t{2} << 20, kSmallLimit = std::size_t{1} << 20;
+        if (n == 0) return kSmall;
+        if (n <= kSmallLimit) return (n + kSmall - 1) / kSmall * kSmall;
+        return (n + kLarge - 1) / kLarge * kLarge;
+      },
+      [](std::size_t size) -> void* {
+        void* ptr = nullptr;
+        const cudaError_t rc = cudaMalloc(&ptr, size);
+        if (rc == cudaErrorMemoryAllocation) {
+          cudaGetLastError();
+          return nullptr;
+        }
+        ZERO_CUDA_CHECK(rc);
+        return ptr;
+      },
+      [](void* p) { ZERO_CUDA_CHECK(cudaFree(p)); },
+      [] { ZERO_CUDA_CHECK(cudaDeviceSynchronize()); }});
+  return *a;  // never destroyed: cudaFree after the runtime is gone fails
+}
 
-  void* allocate(std::size_t nbytes, cudaStream_t stream) {
-    const std::size_t size = round_up(nbytes);
-    std::lock_guard<std::mutex> lock(mutex_);
-    void* ptr = nullptr;
-    auto it = free_.find({stream, size});
-    if (it != free_.end() && !it->second.empty()) {
-      ptr = it->second.back();
-      it->second.pop_back();
-      stats_.cached -= size;
-    } else {
-      cudaError_t rc = cudaMalloc(&ptr, size);
-      if (rc == cudaErrorMemoryAllocation) {
-        cudaGetLastError();
-        release_cache_locked();
-        rc = cudaMalloc(&ptr, size);
-      }
-      if (rc == cudaErrorMemoryAllocation) {
-        cudaGetLastError();
-        ZERO_CHECK(false, "CUDA out of memory: cannot allocate {} bytes ({} bytes in use by tensors)", size,
-                   stats_.in_use);
-      }
-      ZERO_CUDA_CHECK(rc);
-      ++stats_.mallocs;
-    }
-    live_[ptr] = Block{size, stream};
-    stats_.in_use += size;
-    if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
-    return ptr;
-  }
+// Pinned host blocks: 4 KiB granularity, one list per size (key 0).
+CachingAllocator& pinned_allocator() {
+  static auto* a = new CachingAllocator(CachingAllocator::Source{
+      [](std::size_t n) { return n == 0 ? std::size_t{4096} : (n + 4095) / 4096 * 4096; },
+      [](std::size_t size) -> void* {
+        void* ptr = nullptr;
+        ZERO_CUDA_CHECK(cudaHostAlloc(&ptr, size, cudaHostAllocPortable));
+        return ptr;
+      },
+      [](void* p) { ZERO_CUDA_CHECK(cudaFreeHost(p)); },
+      {}});
+  return *a;
+}
 
-  void deallocate(void* ptr) noexcept {
-    if (ptr == nullptr) return;
-    try {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = live_.find(ptr);
-      if (it == live_.end()) {
-        std::fprintf(stderr, "zero::cuda::device_free: %p was not allocated by device_alloc\n", ptr);
-        return;
-      }
-      const Block block = it->second;
-      live_.erase(it);
-      free_[{block.stream, block.size}].push_back(ptr);
-      stats_.in_use -= block.size;
-      stats_.cached += block.size;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "zero::cuda::device_free failed: %s\n", e.what());
-    }
+// Frees never throw: a failure is reported on stderr.
+void free_to(CachingAllocator& allocator, void* ptr, const char* who) noexcept {
+  if (ptr == nullptr) return;
+  try {
+    if (!allocator.deallocate(ptr)) std::fprintf(stderr, "zero::cuda::%s: %p was not allocated here\n", who, ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero::cuda::%s failed: %s\n", who, e.what());
   }
-
-  AllocatorStats stats() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
-  }
-  void reset_peak() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stats_.peak_in_use = stats_.in_use;
-  }
-  void empty_cache() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    release_cache_locked();
-  }
-
- private:
-  struct Block {
-    std::size_t size;
-    cudaStream_t stream;
-  };
-
-  static std::size_t round_up(std::size_t n) {
-    constexpr std::size_t kSmall = 512, kLarge = std::size_t{2} << 20, kSmallLimit = std::size_t{1} << 20;
-    if (n == 0) return kSmall;
-    if (n <= kSmallLimit) return (n + kSmall - 1) / kSmall * kSmall;
-    return (n + kLarge - 1) / kLarge * kLarge;
-  }
-
-  void release_cache_locked() {
-    // Blocks may still be in use by queued kernels of their stream: wait for all of them first.
-    ZERO_CUDA_CHECK(cudaDeviceSynchronize());
-    for (auto& [key, list] : free_)
-      for (void* p : list) ZERO_CUDA_CHECK(cudaFree(p));
-    free_.clear();
-    stats_.cached = 0;
-  }
-
-  std::mutex mutex_;
-  std::map<std::pair<cudaStream_t, std::size_t>, std::vector<void*>> free_;
-  std::unordered_map<void*, Block> live_;
-  AllocatorStats stats_;
-};
-
-// Pinned host blocks: exact-size free lists (4 KiB granularity), like the CPU allocator.
-class PinnedCachingAllocator {
- public:
-  static PinnedCachingAllocator& instance() {
-    static auto* a = new PinnedCachingAllocator();
-    return *a;
-  }
-
-  void* allocate(std::size_t nbytes) {
-    const std::size_t size = nbytes == 0 ? 4096 : (nbytes + 4095) / 4096 * 4096;
-    std::lock_guard<std::mutex> lock(mutex_);
-    void* ptr = nullptr;
-    auto& list = free_[size];
-    if (!list.empty()) {
-      ptr = list.back();
-      list.pop_back();
-      stats_.cached -= size;
-    } else {
-      ZERO_CUDA_CHECK(cudaHostAlloc(&ptr, size, cudaHostAllocPortable));
-      ++stats_.mallocs;
-    }
-    live_[ptr] = size;
-    stats_.in_use += size;
-    if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
-    return ptr;
-  }
-
-  void deallocate(void* ptr) noexcept {
-    if (ptr == nullptr) return;
-    try {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = live_.find(ptr);
-      if (it == live_.end()) {
-        std::fprintf(stderr, "zero::cuda::pinned_free: %p was not allocated by pinned_alloc\n", ptr);
-        return;
-      }
-      const std::size_t size = it->second;
-      live_.erase(it);
-      free_[size].push_back(ptr);
-      stats_.in_use -= size;
-      stats_.cached += size;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "zero::cuda::pinned_free failed: %s\n", e.what());
-    }
-  }
-
-  AllocatorStats stats() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return stats_;
-  }
-
- private:
-  std::mutex mutex_;
-  std::unordered_map<std::size_t, std::vector<void*>> free_;
-  std::unordered_map<void*, std::size_t> live_;
-  AllocatorStats stats_;
-};
+}
 
 }  // namespace
 
@@ -302,20 +193,23 @@ void* device_alloc(std::size_t nbytes) { return device_alloc(nbytes, current_str
 
 void* device_alloc(std::size_t nbytes, cudaStream_t stream) {
   ZERO_CHECK(cuda_available(), "CUDA is not available on this machine (no device or driver)");
-  return DeviceCachingAllocator::instance().allocate(nbytes, stream);
+  void* ptr = device_allocator().allocate(nbytes, reinterpret_cast<std::uintptr_t>(stream));
+  ZERO_CHECK(ptr != nullptr, "CUDA out of memory: cannot allocate {} bytes ({} bytes in use by tensors)", nbytes,
+             device_allocator().stats().in_use);
+  return ptr;
 }
 
-void device_free(void* ptr) noexcept { DeviceCachingAllocator::instance().deallocate(ptr); }
-AllocatorStats allocator_stats() { return DeviceCachingAllocator::instance().stats(); }
-void reset_allocator_peak() { DeviceCachingAllocator::instance().reset_peak(); }
-void empty_cache() { DeviceCachingAllocator::instance().empty_cache(); }
+void device_free(void* ptr) noexcept { free_to(device_allocator(), ptr, "device_free"); }
+AllocatorStats allocator_stats() { return device_allocator().stats(); }
+void reset_allocator_peak() { device_allocator().reset_peak(); }
+void empty_cache() { device_allocator().empty_cache(); }
 
 void* pinned_alloc(std::size_t nbytes) {
   ZERO_CHECK(cuda_available(), "CUDA is not available on this machine (no device or driver)");
-  return PinnedCachingAllocator::instance().allocate(nbytes);
+  return pinned_allocator().allocate(nbytes);
 }
-void pinned_free(void* ptr) noexcept { PinnedCachingAllocator::instance().deallocate(ptr); }
-AllocatorStats pinned_allocator_stats() { return PinnedCachingAllocator::instance().stats(); }
+void pinned_free(void* ptr) noexcept { free_to(pinned_allocator(), ptr, "pinned_free"); }
+AllocatorStats pinned_allocator_stats() { return pinned_allocator().stats(); }
 
 void* PinnedBuffer::reserve(std::size_t nbytes) {
   if (nbytes <= capacity_ && ptr_ != nullptr) return ptr_;

@@ -20,7 +20,8 @@
 //   off by O(1). Deep compositions with many outputs may need a larger tol.
 //
 // Inputs are perturbed in place (element by element, always restored), so the function may read
-// them from its argument or capture them (a module's parameters). It must be deterministic: an op that
+// them from its argument or capture them (a module's parameters). Inputs on a device are perturbed
+// through a host copy; the output weights W live on the output's device. It must be deterministic: an op that
 // draws random numbers (dropout) makes its own Generator with a fixed seed on every call. The inputs'
 // existing .grad() values are put back afterwards.
 #pragma once
@@ -108,6 +109,7 @@ inline GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor
       Generator gen(opt.seed);
       Tensor wt = Tensor::randn(out.shape(), gen);
       w = wt.to_vector();
+      wt = wt.to(out.device());
       loss = sum(mul(out, wt));
     }
     // An output that does not require grad has no gradient path at all: zeros, checked below.
@@ -129,17 +131,26 @@ inline GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor
   double worst = -1.0;
   for (std::size_t k = 0; k < checked_inputs.size(); ++k) {
     const Tensor& p = inputs[checked_inputs[k]];
-    float* base = static_cast<float*>(p.storage()->data());
-    const std::vector<std::int64_t> offs = detail::element_offsets(p);
+    // A device input is perturbed through a host copy written back whole (small tensors only).
+    const bool on_host = p.device() == Device::cpu;
+    Tensor host = on_host ? p : p.detach().to(Device::cpu);
+    float* base = static_cast<float*>(host.storage()->data());
+    const std::vector<std::int64_t> offs = detail::element_offsets(host);
+    auto sync = [&] {
+      if (!on_host) Tensor(p).copy_(host);
+    };
     for (std::size_t e = 0; e < offs.size(); ++e) {
       float& x = base[offs[e]];
       const float orig = x;
       const float xp = static_cast<float>(orig + opt.eps), xm = static_cast<float>(orig - opt.eps);
       x = xp;
+      sync();
       const double lp = detail::weighted_loss(fn(inputs), w);
       x = xm;
+      sync();
       const double lm = detail::weighted_loss(fn(inputs), w);
       x = orig;
+      sync();
       const double num = (lp - lm) / (static_cast<double>(xp) - static_cast<double>(xm));
       const double ana = analytic[k][e];
       const double err = std::abs(num - ana) / std::max(1.0, std::abs(num));

@@ -1,7 +1,9 @@
-// The op table: one row per differentiable op (and per interesting shape of it). Each row drives
-//   - a forward check against a plain-loop reference written here, in double, and
-//   - a numerical gradient check of every f32 input (tests/unit/gradcheck.h).
-// Adding an op means adding one row to op_cases().
+// The op table: one row per differentiable op (and per interesting shape of it). Each row drives, on
+// every device this build has (cpu, and cuda when built with it; ggml's test-backend-ops does the same),
+//   - a forward check against a plain-loop reference written here, in double, from the host inputs, and
+//   - a numerical gradient check of every f32 input (tests/unit/gradcheck.h), on that device.
+// Device rows skip when the device is not present. Adding an op means adding one row to op_cases():
+// it is then tested on every backend.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,13 +11,22 @@
 #include <functional>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "autograd/ops.h"
+#include "core/backend.h"
 #include "core/tensor.h"
+#ifdef ZERO_HAS_CUDA
+#include "core/cuda/runtime.h"
+#endif
 #include "tests/unit/gradcheck.h"
 
 namespace zero {
+
+// gtest prints the device of a row by name (found by argument-dependent lookup).
+void PrintTo(Device d, std::ostream* os) { *os << device_name(d); }
+
 namespace {
 
 using test::GradcheckOptions;
@@ -23,15 +34,17 @@ using test::GradcheckOptions;
 // ---- how a row describes its inputs ----
 
 struct Input {
-  enum Kind { param, constant, indices };
+  enum Kind { param, constant, indices, positive };
   Shape shape;
-  Kind kind = param;                  // param: randn, requires grad; constant: randn, no grad
+  Kind kind = param;                  // param: randn, requires grad; constant: randn, no grad;
+                                      // positive: 0.5 + |randn|, requires grad (sqrt, log, divisors)
   float std = 1.0f;                   // spread of the random values
   std::vector<std::int64_t> idx = {};  // values of an indices (i64) input
 };
 Input param(Shape s, float std = 1.0f) { return {std::move(s), Input::param, std}; }
 Input constant(Shape s) { return {std::move(s), Input::constant}; }
 Input indices(std::vector<std::int64_t> v, Shape s) { return {std::move(s), Input::indices, 1.0f, std::move(v)}; }
+Input positive(Shape s) { return {std::move(s), Input::positive}; }
 
 // The expected output: shape and row-major values.
 struct Ref {
@@ -94,6 +107,35 @@ Ref elementwise_ref(const Tensor& a, const Tensor& b, const Shape& out_shape, do
 double add_f(double x, double y) { return x + y; }
 double sub_f(double x, double y) { return x - y; }
 double mul_f(double x, double y) { return x * y; }
+double div_f(double x, double y) { return x / y; }
+
+Ref map_ref(const Tensor& x, const std::function<double(double)>& f) {
+  Ref r{x.shape(), vals(x)};
+  for (auto& v : r.v) v = f(v);
+  return r;
+}
+
+// Sum or max of x over dimension d (keepdim keeps it as 1).
+Ref reduce_ref(const Tensor& x, int d, bool keepdim, bool max) {
+  const auto xv = vals(x);
+  const Shape& s = x.shape();
+  std::int64_t outer = 1, inner = 1;
+  for (int i = 0; i < d; ++i) outer *= s[i];
+  for (std::size_t i = d + 1; i < s.size(); ++i) inner *= s[i];
+  Ref r{{}, {}};
+  for (std::size_t i = 0; i < s.size(); ++i)
+    if (static_cast<int>(i) != d || keepdim) r.shape.push_back(static_cast<int>(i) == d ? 1 : s[i]);
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t i = 0; i < inner; ++i) {
+      double acc = max ? -INFINITY : 0.0;
+      for (std::int64_t j = 0; j < s[d]; ++j) {
+        const double v = xv[(o * s[d] + j) * inner + i];
+        acc = max ? std::max(acc, v) : acc + v;
+      }
+      r.v.push_back(acc);
+    }
+  return r;
+}
 
 // Sum of x down to `target` (right-aligned, size-1 dimensions summed).
 Ref sum_to_ref(const Tensor& x, const Shape& target) {
@@ -265,6 +307,30 @@ std::vector<OpCase> op_cases() {
          for (auto& v : r.v) v *= 2.5;
          return r;
        }},
+      {"add_scalar", {param({2, 3})}, [](const In& x) { return add(x[0], 0.75f); },
+       [](const In& x) { return map_ref(x[0], [](double v) { return v + 0.75; }); }},
+      {"div", {param({2, 3, 4}), positive({2, 3, 4})}, [](const In& x) { return div(x[0], x[1]); },
+       [](const In& x) { return elementwise_ref(x[0], x[1], {2, 3, 4}, div_f); }},
+      {"div_broadcast", {param({2, 3, 4}), positive({3, 1})}, [](const In& x) { return div(x[0], x[1]); },
+       [](const In& x) { return elementwise_ref(x[0], x[1], {2, 3, 4}, div_f); }},
+      {"div_suffix_lhs", {positive({4}), positive({2, 4})}, [](const In& x) { return div(x[0], x[1]); },
+       [](const In& x) { return elementwise_ref(x[0], x[1], {2, 4}, div_f); }},
+
+      // elementwise functions of one tensor
+      {"sqrt", {positive({2, 3, 4})}, [](const In& x) { return sqrt(x[0]); },
+       [](const In& x) { return map_ref(x[0], [](double v) { return std::sqrt(v); }); }},
+      {"rsqrt", {positive({2, 3, 4})}, [](const In& x) { return rsqrt(x[0]); },
+       [](const In& x) { return map_ref(x[0], [](double v) { return 1.0 / std::sqrt(v); }); }},
+      {"exp", {param({2, 3, 4})}, [](const In& x) { return exp(x[0]); },
+       [](const In& x) { return map_ref(x[0], [](double v) { return std::exp(v); }); }},
+      {"log", {positive({2, 3, 4})}, [](const In& x) { return log(x[0]); },
+       [](const In& x) { return map_ref(x[0], [](double v) { return std::log(v); }); }},
+      {"pow_2", {param({2, 3, 4})}, [](const In& x) { return pow(x[0], 2.0f); },
+       [](const In& x) { return map_ref(x[0], [](double v) { return v * v; }); }},
+      {"pow_3", {param({2, 3, 4})}, [](const In& x) { return pow(x[0], 3.0f); },
+       [](const In& x) { return map_ref(x[0], [](double v) { return v * v * v; }); }},
+      {"pow_fractional", {positive({2, 3, 4})}, [](const In& x) { return pow(x[0], -1.5f); },
+       [](const In& x) { return map_ref(x[0], [](double v) { return std::pow(v, -1.5); }); }},
 
       // reductions
       {"sum", {param({2, 3, 4})}, [](const In& x) { return sum(x[0]); },
@@ -279,6 +345,28 @@ std::vector<OpCase> op_cases() {
        [](const In& x) { return sum_to_ref(x[0], {3, 1}); }},
       {"sum_to_suffix", {param({2, 3, 4})}, [](const In& x) { return sum_to(x[0], {4}); },
        [](const In& x) { return sum_to_ref(x[0], {4}); }},
+      {"sum_to_inner", {param({2, 3, 4})}, [](const In& x) { return sum_to(x[0], {2, 1, 4}); },
+       [](const In& x) { return sum_to_ref(x[0], {2, 1, 4}); }},
+      {"sum_dim", {param({2, 3, 4})}, [](const In& x) { return sum(x[0], 1); },
+       [](const In& x) { return reduce_ref(x[0], 1, false, false); }},
+      {"sum_dim_last_keepdim", {param({2, 3, 4})}, [](const In& x) { return sum(x[0], -1, true); },
+       [](const In& x) { return reduce_ref(x[0], 2, true, false); }},
+      {"mean_dim_keepdim", {param({2, 3, 4})}, [](const In& x) { return mean(x[0], -1, true); },
+       [](const In& x) {
+         Ref r = reduce_ref(x[0], 2, true, false);
+         for (auto& v : r.v) v /= 4.0;
+         return r;
+       }},
+      {"mean_dim_first", {param({3, 5})}, [](const In& x) { return mean(x[0], 0); },
+       [](const In& x) {
+         Ref r = reduce_ref(x[0], 0, false, false);
+         for (auto& v : r.v) v /= 3.0;
+         return r;
+       }},
+      {"max_dim", {param({2, 3, 4})}, [](const In& x) { return max(x[0], 1); },
+       [](const In& x) { return reduce_ref(x[0], 1, false, true); }},
+      {"max_dim_last_keepdim", {param({3, 5})}, [](const In& x) { return max(x[0], -1, true); },
+       [](const In& x) { return reduce_ref(x[0], 1, true, true); }},
 
       // linear algebra
       {"matmul_2d", {param({3, 4}), param({4, 5})}, [](const In& x) { return matmul(x[0], x[1]); },
@@ -403,6 +491,7 @@ std::vector<OpCase> op_cases() {
 // gtest prints a failing parameter; the row's name says which one.
 void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
 
+// The row's inputs on the host (what the references read).
 std::vector<Tensor> make_inputs(const OpCase& c) {
   Generator gen(2024);
   std::vector<Tensor> in;
@@ -412,20 +501,62 @@ std::vector<Tensor> make_inputs(const OpCase& c) {
       continue;
     }
     Tensor t = Tensor::randn(spec.shape, gen, 0.0f, spec.std);
-    if (spec.kind == Input::param) t.set_requires_grad(true);
+    if (spec.kind == Input::positive) {
+      std::vector<float> v = t.to_vector();
+      for (float& e : v) e = 0.5f + std::abs(e);
+      t = Tensor::from_vector(v, spec.shape);
+    }
+    if (spec.kind != Input::constant) t.set_requires_grad(true);
     in.push_back(t);
   }
   return in;
 }
 
-class OpTable : public ::testing::TestWithParam<OpCase> {};
+// The same inputs as leaves on `device`.
+std::vector<Tensor> on_device(const std::vector<Tensor>& host, Device device) {
+  if (device == Device::cpu) return host;
+  std::vector<Tensor> out;
+  for (const Tensor& t : host) {
+    Tensor d = t.detach().to(device);
+    if (t.requires_grad()) d.set_requires_grad(true);
+    out.push_back(d);
+  }
+  return out;
+}
+
+bool device_present(Device device) {
+  if (device == Device::cpu) return true;
+#ifdef ZERO_HAS_CUDA
+  return cuda::cuda_available();
+#else
+  return false;
+#endif
+}
+
+// Every device this build has a backend for; rows of an absent device skip.
+std::vector<Device> backends() {
+#ifdef ZERO_HAS_CUDA
+  return {Device::cpu, Device::cuda};
+#else
+  return {Device::cpu};
+#endif
+}
+
+using Row = std::tuple<OpCase, Device>;
+class OpTable : public ::testing::TestWithParam<Row> {
+ protected:
+  void SetUp() override {
+    if (!device_present(std::get<1>(GetParam()))) GTEST_SKIP() << "no " << device_name(std::get<1>(GetParam()));
+  }
+};
 
 TEST_P(OpTable, ForwardMatchesReference) {
-  const OpCase& c = GetParam();
+  const auto& [c, device] = GetParam();
   if (!c.reference) GTEST_SKIP() << c.name << ": forward checked by its own tests";
-  const std::vector<Tensor> in = make_inputs(c);
-  const Tensor y = c.op(in);
-  const Ref ref = c.reference(in);
+  const std::vector<Tensor> host = make_inputs(c);
+  const Tensor y = c.op(on_device(host, device));
+  EXPECT_EQ(y.device(), device) << c.name << ": the output left the inputs' device";
+  const Ref ref = c.reference(host);
   ASSERT_EQ(y.shape(), ref.shape);
   const std::vector<float> got = y.to_vector();
   ASSERT_EQ(got.size(), ref.v.size());
@@ -440,17 +571,62 @@ TEST_P(OpTable, ForwardMatchesReference) {
 }
 
 TEST_P(OpTable, GradientMatchesCentralDifferences) {
-  const OpCase& c = GetParam();
-  const test::GradcheckResult r = test::gradcheck(c.op, make_inputs(c), c.grad);
+  const auto& [c, device] = GetParam();
+  const test::GradcheckResult r = test::gradcheck(c.op, on_device(make_inputs(c), device), c.grad);
   EXPECT_TRUE(r.ok) << c.name << ": " << r.message;
   EXPECT_GT(r.checked, 0);
   RecordProperty("max_error", std::to_string(r.max_error));
-  std::printf("[ gradcheck] %-28s max error %.2e over %lld elements (tol %.0e)\n", c.name.c_str(), r.max_error,
-              static_cast<long long>(r.checked), c.grad.tol);
+  std::printf("[ gradcheck] %-28s %-4s max error %.2e over %lld elements (tol %.0e)\n", c.name.c_str(),
+              std::string(device_name(device)).c_str(), r.max_error, static_cast<long long>(r.checked), c.grad.tol);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, OpTable, ::testing::ValuesIn(op_cases()),
-                         [](const ::testing::TestParamInfo<OpCase>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Ops, OpTable, ::testing::Combine(::testing::ValuesIn(op_cases()), ::testing::ValuesIn(backends())),
+                         [](const ::testing::TestParamInfo<Row>& info) {
+                           return std::get<0>(info.param).name + "_" + std::string(device_name(std::get<1>(info.param)));
+                         });
+
+// Every op of autograd/ops.h (and the differentiable views of core/tensor.h) has at least one row: a
+// new op without a row fails here. The names are the rows' prefixes.
+TEST(OpTableCoverage, EveryOpHasARow) {
+  const std::vector<std::string> ops = {
+      "add", "add_scalar", "sub", "mul", "mul_scalar", "div", "sqrt", "rsqrt", "exp", "log", "pow", "sum",
+      "mean", "sum_to", "sum_dim", "mean_dim", "max_dim", "matmul", "linear", "embedding", "layer_norm", "gelu",
+      "softmax", "causal_self_attention", "cross_entropy", "dropout", "view", "reshape", "transpose", "narrow",
+      "expand", "contiguous", "to_f16", "to_bf16"};
+  const std::vector<OpCase> rows = op_cases();
+  for (const std::string& op : ops) {
+    bool found = false;
+    for (const OpCase& c : rows) found = found || c.name.rfind(op, 0) == 0;
+    EXPECT_TRUE(found) << op << " has no row in the op table";
+  }
+}
+
+// Note [Missing kernels]: a backend without a kernel fails with one line naming the kernel and device.
+TEST(Backend, MissingKernelNamesTheKernelAndTheDevice) {
+  struct Bare : Backend {
+    Bare() : Backend(Device::cuda) {}
+  } bare;
+  float x = 1.0f, y = 0.0f;
+  try {
+    bare.unary(&y, &x, 1, UnaryOp::sqrt, 0.0f);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unary: no kernel on device cuda"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(y, 0.0f);  // nothing was written
+}
+
+TEST(Backend, MixedDevicesNameTheOpAndBothDevices) {
+  if (!device_present(Device::cuda)) GTEST_SKIP() << "needs a cuda device";
+  const Tensor a = Tensor::ones({3}), b = Tensor::ones({3}).to(Device::cuda);
+  try {
+    add(a, b);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("add: inputs are on different devices (cpu and cuda)"), std::string::npos)
+        << e.what();
+  }
+}
 
 // ---- the checker itself must be able to fail ----
 
