@@ -422,12 +422,14 @@ struct HeadScratch {
 }  // namespace
 
 namespace {
-// When T is a whole number of kPad rows, D of register tiles, and att is aligned for Eigen's packets,
-// a head's operands are read and written where they lie (q, k, v, dy in qkv / dout, the scores in att)
-// instead of through the padded copies; only the transposed operand is still packed. True for both
-// recipes here (T 64 / 256, D 32 / 64).
+// When T and D are whole numbers of kPad (so the padded sizes Tp, Dp equal T, D) and att is aligned for
+// Eigen's packets, a head's operands are read and written where they lie (q, k, v, dy in qkv / dout,
+// the scores in att) instead of through the padded copies; only the transposed operand is still
+// packed. The tile loops run over Dp columns, so D must equal Dp here: with D = 16 (Dp = 32) they would
+// read and write the next head's columns, and past the end of the buffer for the last one. True for
+// both recipes here (T 64 / 256, D 32 / 64).
 bool attention_in_place(const float* att, std::int64_t T, std::int64_t D) {
-  return T % kPad == 0 && D % kTileCols == 0 && reinterpret_cast<std::uintptr_t>(att) % EIGEN_MAX_ALIGN_BYTES == 0;
+  return T % kPad == 0 && D % kPad == 0 && reinterpret_cast<std::uintptr_t>(att) % EIGEN_MAX_ALIGN_BYTES == 0;
 }
 }  // namespace
 

@@ -421,6 +421,11 @@ std::vector<OpCase> op_cases() {
       {"causal_self_attention_padded", {param({1, 33, 120}, 0.5f)},
        [](const In& x) { return causal_self_attention(x[0], 1); },
        [](const In& x) { return attention_ref(x[0], 1); }},
+      // T = 32 but D = 16 (two heads of C = 32), less than the 32-column padded head: the padded path
+      // (the in-place one would write into the next head's columns and past the last row).
+      {"causal_self_attention_head_dim_16", {param({2, 32, 96})},
+       [](const In& x) { return causal_self_attention(x[0], 2); },
+       [](const In& x) { return attention_ref(x[0], 2); }},
       {"cross_entropy", {param({4, 6}, 2.0f), indices({0, 5, 2, 2}, {4})},
        [](const In& x) { return cross_entropy(x[0], x[1]); },
        [](const In& x) { return cross_entropy_ref(x[0], x[1]); }},
