@@ -444,8 +444,8 @@ int run(const Args& a, const CLI::App& app) {
         // A model of P parameters as one tensor: padding and bucket edges matter little at scale.
         const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
         fmt::print("Psi = {:.4g} ({} of {} weights):\n", P, human_bytes(b * P), dtype_name(zo.dtype));
-        fmt::print("  {:>5}  {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10}\n", "N", "mem stage 0", "stage 1", "stage 2",
-                   "comm s0", "s1", "s2");
+        fmt::print("  {:>5}  {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10} {:>13}\n", "N", "mem stage 0", "stage 1",
+                   "stage 2", "comm s0", "s1", "s2", "s1/2 no-rs");
         for (int n = 1; n <= 1024; n *= 2) {
           std::string mem, comm;
           for (int stage = 0; stage <= 2; ++stage) {
@@ -457,6 +457,11 @@ int run(const Args& a, const CLI::App& app) {
             comm += fmt::format(
                 " {:>10}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, o), a.bandwidth, a.latency)));
           }
+          dist::ZeroOptions no_rs = zo;  // the reduce_scatter = false scheme (stage 1 or 2: the same traffic at GAS 1)
+          no_rs.stage = 1;
+          no_rs.reduce_scatter = false;
+          comm += fmt::format(
+              " {:>13}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, no_rs), a.bandwidth, a.latency)));
           fmt::print("  {:>5} {}  {}\n", n, mem, comm);
         }
       }
