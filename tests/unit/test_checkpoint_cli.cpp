@@ -26,24 +26,14 @@
 
 #include "core/safetensors.h"
 
+#include "cli_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code;
-  std::string output;
-};
-
-Result run(const std::string& cmd) {
-  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
+using Result = zero::testing::CommandResult;
+Result run(const std::string& cmd) { return zero::testing::run_command(cmd); }
 
 std::string bin(const char* name) { return std::string(ZERO_BIN_DIR) + "/" + name; }
 std::string mpirun(int np) { return fmt::format("{} -np {} ", ZERO_MPIRUN, np); }

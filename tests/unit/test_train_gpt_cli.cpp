@@ -20,25 +20,14 @@
 #include "core/cuda/runtime.h"
 #endif
 
+#include "cli_util.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code;
-  std::string output;
-};
-
-Result run_command(const std::string& command) {
-  const std::string cmd = command + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  EXPECT_NE(pipe, nullptr);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
-}
+using Result = zero::testing::CommandResult;
+using zero::testing::run_command;
 
 Result run_train_gpt(const std::string& args) { return run_command(std::string(ZERO_BIN_DIR) + "/train_gpt " + args); }
 
