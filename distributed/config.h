@@ -1,7 +1,7 @@
 // TrainingConfig: the DeepSpeed-style JSON file train_gpt reads with --config.
 //
 // Key names and defaults are DeepSpeed's (runtime/config.py, runtime/zero/config.py,
-// runtime/precision_config.py; reference/deepspeed_zero.md §8), so a DeepSpeed config for a ZeRO-1/2
+// runtime/precision_config.py), so a DeepSpeed config for a ZeRO-1/2
 // run works here unchanged; docs/config.md lists every key. Where we differ it is said beside the field.
 //
 // Two kinds of problems, two behaviours:

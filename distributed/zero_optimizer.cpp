@@ -21,7 +21,7 @@ namespace zero::dist {
 
 // Note [Bucket order]
 // ~~~~~~~~~~~~~~~~~~~
-// Collectives must be issued by every rank in the same order with the same counts (DESIGN.md §3), but
+// Collectives must be issued by every rank in the same order with the same counts, but
 // hooks fire in whatever order each rank's autograd engine reaches the parameters. DeepSpeed fills its
 // IPG bucket in hook order and so relies on every rank firing hooks identically; a model whose graph
 // differs between ranks (a parameter unused on one rank only) would deadlock or mix up gradients.
@@ -542,7 +542,7 @@ void ZeroOptimizer::backward(const Tensor& loss) {
   ZERO_CHECK(is_floating(loss.dtype()), "ZeRO: the loss must be a float tensor, got {}", dtype_name(loss.dtype()));
   finish_pending_gather();  // Note [Exception safety]
   // The scale is fixed for a whole accumulation: step() unscales with the scale backward used, not the
-  // one the scaler moves to afterwards (reference/deepspeed_zero.md §6, "Scale ordering").
+  // one the scaler moves to afterwards (DeepSpeed unscales with the post-update scale).
   if (micro_step_ == 0) {
     backward_scale_ = scaler_.scale();
     comm_->set_step(step_count_ + skipped_steps_ + 1);

@@ -1,6 +1,5 @@
 // ZeRO: the flat layout's range arithmetic against closed forms, and the ZeRO optimizer against one
-// process running plain AdamW on the whole batch (the equivalence that is the backbone of these tests,
-// DESIGN.md §7).
+// process running plain AdamW on the whole batch (the equivalence that is the backbone of these tests).
 //
 // Every rank runs every test. A training run on N ranks gives rank r the micro-batch rows
 // [(g·N + r)·b, (g·N + r + 1)·b) of micro-step g of the same global batch, and each rank also computes
@@ -719,7 +718,7 @@ TEST(ZeroFp16, DynamicScaleEqualsStaticScaleAcrossSkipsAndRises) {
   // Power-of-two loss scales commute with fp16 rounding (away from subnormals), so a dynamic run whose
   // scale rises every other step and that skips two overflowed steps must give the weights of a
   // static-scale run that never sees those two batches. A step that unscaled with the post-update scale
-  // (reference/deepspeed_zero.md §6) would halve the gradient on every rising step and fail this.
+  // (DeepSpeed's post-update scale) would halve the gradient on every rising step and fail this.
   const Task task = gpt_task();
   const std::vector<bool> overflow = {false, false, true, false, false, true, false, false};
   for (int stage : {0, 1, 2}) {
