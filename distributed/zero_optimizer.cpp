@@ -441,17 +441,9 @@ void ZeroOptimizer::start_param_gather() {
   // Note [Overlapped all-gather]: the same chunks as all_gather_params(), issued without waiting.
   const std::int64_t padded = layout_.padded_numel();
   const std::int64_t chunk = opts_.allgather_bucket_size;
-  const std::int64_t pb = layout_.partition_begin(rank_);
   std::fill(param_gathered_.begin(), param_gathered_.end(), 0);
   try {
-    for (std::int64_t begin = 0; begin < padded; begin += chunk) {
-      const std::int64_t end = std::min(padded, begin + chunk);
-      const std::vector<std::size_t> counts = layout_.range_counts(begin, end);
-      char* recv = at(flat_params_, begin);
-      const char* send = recv;
-      if (counts[static_cast<std::size_t>(rank_)] > 0) send = at(flat_params_, std::max(begin, pb));
-      gather_works_.push_back(comm_->all_gather_async(send, recv, counts, opts_.dtype));
-    }
+    for (std::int64_t begin = 0; begin < padded; begin += chunk) gather_works_.push_back(gather_chunk(begin, true));
   } catch (...) {
     wait_for_params();  // the chunks already issued must finish; rethrows the first error
     throw;
@@ -952,24 +944,29 @@ void ZeroOptimizer::throw_nonfinite(const Tensor& grad, std::int64_t step) {
                           step, where));
 }
 
+std::shared_ptr<Work> ZeroOptimizer::gather_chunk(std::int64_t begin, bool async) {
+  // Chunk [begin, begin + allgather_bucket_size) of the flat buffer: this rank sends the part in its
+  // partition, in place, and receives the whole chunk, in place.
+  const std::int64_t end = std::min(layout_.padded_numel(), begin + opts_.allgather_bucket_size);
+  const std::vector<std::size_t> counts = layout_.range_counts(begin, end);
+  char* recv = at(flat_params_, begin);
+  const char* send = recv;
+  if (counts[static_cast<std::size_t>(rank_)] > 0) send = at(flat_params_, std::max(begin, layout_.partition_begin(rank_)));
+  if (async) return comm_->all_gather_async(send, recv, counts, opts_.dtype);
+  comm_->all_gather(send, recv, counts, opts_.dtype);
+  return nullptr;
+}
+
 void ZeroOptimizer::all_gather_params() {
   trace::Span span("all_gather params", "step");
   // Chunks are fixed ranges of the flat buffer of allgather_bucket_size elements; each rank sends the
   // part of the chunk in its partition, in place, and receives the whole chunk, in place.
   const std::int64_t padded = layout_.padded_numel();
   const std::int64_t chunk = opts_.allgather_bucket_size;
-  const std::int64_t pb = layout_.partition_begin(rank_);
   std::vector<std::shared_ptr<Work>> works;
   for (std::int64_t begin = 0; begin < padded; begin += chunk) {
-    const std::int64_t end = std::min(padded, begin + chunk);
-    const std::vector<std::size_t> counts = layout_.range_counts(begin, end);
-    char* recv = at(flat_params_, begin);
-    const char* send = recv;
-    if (counts[static_cast<std::size_t>(rank_)] > 0) send = at(flat_params_, std::max(begin, pb));
-    if (opts_.overlap_comm)
-      works.push_back(comm_->all_gather_async(send, recv, counts, opts_.dtype));
-    else
-      comm_->all_gather(send, recv, counts, opts_.dtype);
+    std::shared_ptr<Work> w = gather_chunk(begin, opts_.overlap_comm);
+    if (w) works.push_back(std::move(w));
   }
   // Every chunk must finish before a failure is rethrown: until then they write into flat_params_.
   std::exception_ptr first;

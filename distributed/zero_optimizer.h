@@ -226,6 +226,8 @@ class ZeroOptimizer {
   int acquire_buffer();
   void zero_gradients();
   void all_gather_params();
+  /// One all-gather chunk starting at flat element `begin`; the Work when `async`, else null.
+  std::shared_ptr<Work> gather_chunk(std::int64_t begin, bool async);
   void start_param_gather();
   void wait_for_param(const Tensor& param);
   void point_grads_at_flat();
