@@ -59,41 +59,57 @@ void softmax_row(float* y, const float* x, std::int64_t n) {
 
 // ---- the register tile: the inner loop of every matrix product here ----
 //
-// One call computes a kTileRows × kTileCols block of C. Its fixed trip counts let the compiler keep
-// the accumulators in vector registers (16 zmm of the 32 with AVX-512), broadcast one A value per row
-// and vectorise over the columns: each step of k is kTileRows fused multiply-adds of whole registers
-// against one row of B. Written as plain loops (no intrinsics): with -march=native GCC 12 reaches
-// ~150 GFLOP/s on one core, the machine's measured peak (docs/performance.md).
+// One call computes a kTileRows × kTileCols block of C. Each row of the block is kTileVectors whole
+// vector registers of accumulators; each step of k broadcasts one A value per row and does
+// kTileRows · kTileVectors fused multiply-adds against one row of B. The vectors are GCC/Clang vector
+// types (no intrinsics, the same code for SSE2, AVX2 and AVX-512): left to plain loops, GCC 12
+// vectorised this for AVX-512 but kept scalar FMAs for AVX2 (4 GFLOP/s instead of ~60 on one core).
+// Every element of C is still one FMA chain over k in order, so the results do not depend on the ISA.
+// kTileRows divides the attention kernels' padding (kPad); the GEMM, which has no such constraint,
+// uses kGemmTileRows: with AVX2's 16 ymm registers, 12 accumulators hide the FMA latency that 8 do not
+// (gemm_peak on an AVX2 EPYC: ~60 GFLOP/s against ~40 with 4 rows).
 #if defined(__AVX512F__)
-constexpr std::int64_t kTileRows = 8, kTileCols = 32;  // 16 zmm accumulators
+constexpr std::int64_t kVectorFloats = 16, kTileRows = 8, kGemmTileRows = 8;  // 16 zmm accumulators (of 32)
 #elif defined(__AVX__)
-constexpr std::int64_t kTileRows = 4, kTileCols = 16;  // 8 ymm accumulators (of 16)
+constexpr std::int64_t kVectorFloats = 8, kTileRows = 4, kGemmTileRows = 6;   // 8 or 12 ymm accumulators (of 16)
 #else
-constexpr std::int64_t kTileRows = 4, kTileCols = 8;   // 8 xmm accumulators (of 16): portable SSE2 builds
+constexpr std::int64_t kVectorFloats = 4, kTileRows = 4, kGemmTileRows = 4;   // 8 xmm accumulators (of 16): SSE2
 #endif
+constexpr std::int64_t kTileVectors = 2, kTileCols = kTileVectors * kVectorFloats;
+using FloatVector = float __attribute__((vector_size(kVectorFloats * sizeof(float))));
 
-// c[kTileRows, kTileCols] = alpha * sum over k in [k0, k1) of A(r, k) * b[k, 0:kTileCols]
+inline FloatVector load_vector(const float* p) {
+  FloatVector v;
+  __builtin_memcpy(&v, p, sizeof v);  // unaligned load
+  return v;
+}
+inline void store_vector(float* p, FloatVector v) { __builtin_memcpy(p, &v, sizeof v); }
+
+// c[Rows, kTileCols] = alpha * sum over k in [k0, k1) of A(r, k) * b[k, 0:kTileCols]
 //                           + beta * c (c not read when beta == 0) + bias[0:kTileCols] (if not null).
 // A(r, k) = a[r * a_rs + k * a_cs]: a row-major A has a_rs = lda, a_cs = 1, a transposed one the
 // reverse. Rows of b are ldb apart and have kTileCols readable columns.
+template <std::int64_t Rows>
 inline void tile_product(const float* a, std::int64_t a_rs, std::int64_t a_cs, const float* b, std::int64_t ldb,
                          std::int64_t k0, std::int64_t k1, float alpha, float beta, const float* bias, float* c,
                          std::int64_t ldc) {
-  float acc[kTileRows][kTileCols] = {};
+  FloatVector acc[Rows][kTileVectors] = {};
   for (std::int64_t k = k0; k < k1; ++k) {
     const float* bk = b + k * ldb;
-    for (std::int64_t r = 0; r < kTileRows; ++r) {
+    FloatVector bv[kTileVectors];
+    for (std::int64_t v = 0; v < kTileVectors; ++v) bv[v] = load_vector(bk + v * kVectorFloats);
+    for (std::int64_t r = 0; r < Rows; ++r) {
       const float ar = a[r * a_rs + k * a_cs];
-      for (std::int64_t j = 0; j < kTileCols; ++j) acc[r][j] += ar * bk[j];
+      for (std::int64_t v = 0; v < kTileVectors; ++v) acc[r][v] += ar * bv[v];
     }
   }
-  for (std::int64_t r = 0; r < kTileRows; ++r) {
+  for (std::int64_t r = 0; r < Rows; ++r) {
     float* cr = c + r * ldc;
-    for (std::int64_t j = 0; j < kTileCols; ++j) {
-      float v = alpha * acc[r][j];
-      if (beta != 0.0f) v += beta * cr[j];
-      if (bias != nullptr) v += bias[j];
-      cr[j] = v;
+    for (std::int64_t v = 0; v < kTileVectors; ++v) {
+      FloatVector out = alpha * acc[r][v];
+      if (beta != 0.0f) out += beta * load_vector(cr + v * kVectorFloats);
+      if (bias != nullptr) out += load_vector(bias + v * kVectorFloats);
+      store_vector(cr + v * kVectorFloats, out);
     }
   }
 }
@@ -104,9 +120,9 @@ inline void tile_product(const float* a, std::int64_t a_rs, std::int64_t a_cs, c
 // block of op(B) is packed into column panels [kc, kTileCols] (one panel, 32 KB, stays in L1 while a
 // tile runs over it; the block, 512 KB, stays in L2), zero-padded past N, so every tile reads whole
 // registers; a transposed B is transposed by this packing, never by a separate copy. A is read in
-// place when it is row-major (kTileRows streams along k), and packed into a [kc, kTileRows] panel when
+// place when it is row-major (kGemmTileRows streams along k), and packed into a [kc, kGemmTileRows] panel when
 // it is transposed (its columns are lda apart: a new cache line for every k) or when the last tile has
-// fewer than kTileRows rows.
+// fewer than kGemmTileRows rows.
 // Each element of C is summed over k in order, whatever the thread count: results are reproducible.
 constexpr std::int64_t kGemmKc = 256;
 constexpr std::int64_t kGemmNc = 512;
@@ -116,8 +132,8 @@ constexpr double kGemmParallelMinWork = 1 << 19;
 
 struct GemmScratch {
   AlignedBuffer b;  // packed block of op(B): [nc / kTileCols][kc][kTileCols]
-  AlignedBuffer a;  // packed panel of op(A): [kc][kTileRows]
-  AlignedBuffer c;  // an edge tile of C: [kTileRows][kTileCols]
+  AlignedBuffer a;  // packed panel of op(A): [kc][kGemmTileRows]
+  AlignedBuffer c;  // an edge tile of C: [kGemmTileRows][kTileCols]
   static GemmScratch& for_this_thread() {
     thread_local GemmScratch w;
     return w;
@@ -129,8 +145,8 @@ void gemm_rows(bool trans_a, bool trans_b, std::int64_t m0, std::int64_t m1, std
                float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
                std::int64_t ldc, const float* bias) {
   GemmScratch& w = GemmScratch::for_this_thread();
-  w.a.resize(kGemmKc * kTileRows);
-  w.c.resize(kTileRows * kTileCols);
+  w.a.resize(kGemmKc * kGemmTileRows);
+  w.c.resize(kGemmTileRows * kTileCols);
   float* ap = w.a.data();
   float* ct = w.c.data();
   alignas(64) float bias_edge[kTileCols];
@@ -157,27 +173,27 @@ void gemm_rows(bool trans_a, bool trans_b, std::int64_t m0, std::int64_t m1, std
           }
         }
       }
-      for (std::int64_t i0 = m0; i0 < m1; i0 += kTileRows) {
-        const std::int64_t rows = std::min(kTileRows, m1 - i0);
-        // op(A)[i0:i0+kTileRows, k0:k0+kc] as (pointer, row stride, column stride).
+      for (std::int64_t i0 = m0; i0 < m1; i0 += kGemmTileRows) {
+        const std::int64_t rows = std::min(kGemmTileRows, m1 - i0);
+        // op(A)[i0:i0+kGemmTileRows, k0:k0+kc] as (pointer, row stride, column stride).
         const float* a = A + i0 * lda + k0;
         std::int64_t a_rs = lda, a_cs = 1;
-        if (trans_a || rows < kTileRows) {
-          if (rows < kTileRows) std::fill(ap, ap + kc * kTileRows, 0.0f);
+        if (trans_a || rows < kGemmTileRows) {
+          if (rows < kGemmTileRows) std::fill(ap, ap + kc * kGemmTileRows, 0.0f);
           for (std::int64_t k = 0; k < kc; ++k)
             for (std::int64_t r = 0; r < rows; ++r)
-              ap[k * kTileRows + r] = trans_a ? A[(k0 + k) * lda + i0 + r] : A[(i0 + r) * lda + k0 + k];
+              ap[k * kGemmTileRows + r] = trans_a ? A[(k0 + k) * lda + i0 + r] : A[(i0 + r) * lda + k0 + k];
           a = ap;
           a_rs = 1;
-          a_cs = kTileRows;
+          a_cs = kGemmTileRows;
         }
         for (std::int64_t j0 = 0; j0 < nc; j0 += kTileCols) {
           const float* panel = w.b.data() + j0 * kc;
           float* c = C + i0 * ldc + n0 + j0;
           const float* bj = bias_k != nullptr ? bias_k + n0 + j0 : nullptr;
           const std::int64_t cols = std::min(kTileCols, nc - j0);
-          if (rows == kTileRows && cols == kTileCols) {
-            tile_product(a, a_rs, a_cs, panel, kTileCols, 0, kc, alpha, beta_k, bj, c, ldc);
+          if (rows == kGemmTileRows && cols == kTileCols) {
+            tile_product<kGemmTileRows>(a, a_rs, a_cs, panel, kTileCols, 0, kc, alpha, beta_k, bj, c, ldc);
             continue;
           }
           // An edge tile: run the whole tile on a staging copy and write back the part inside C.
@@ -187,7 +203,7 @@ void gemm_rows(bool trans_a, bool trans_b, std::int64_t m0, std::int64_t m1, std
             copy_floats(bias_edge, bj, cols);
             bj = bias_edge;
           }
-          tile_product(a, a_rs, a_cs, panel, kTileCols, 0, kc, alpha, beta_k, bj, ct, kTileCols);
+          tile_product<kGemmTileRows>(a, a_rs, a_cs, panel, kTileCols, 0, kc, alpha, beta_k, bj, ct, kTileCols);
           for (std::int64_t r = 0; r < rows; ++r) copy_floats(c + r * ldc, ct + r * kTileCols, cols);
         }
       }
@@ -210,7 +226,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
   if (M == 0 || N == 0) return;
   // Threads take contiguous runs of row tiles: no synchronisation inside, each packs its own copy of
   // op(B) (K·N floats, small beside its share of the 2·M·N·K flops).
-  const std::int64_t tiles = (M + kTileRows - 1) / kTileRows;
+  const std::int64_t tiles = (M + kGemmTileRows - 1) / kGemmTileRows;
   const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   const int threads = omp_in_parallel() ? 1
                                         : static_cast<int>(std::min<double>(
@@ -223,7 +239,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
 #pragma omp parallel num_threads(threads)
   {
     const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const std::int64_t m0 = std::min(M, tiles * t / nt * kTileRows), m1 = std::min(M, tiles * (t + 1) / nt * kTileRows);
+    const std::int64_t m0 = std::min(M, tiles * t / nt * kGemmTileRows), m1 = std::min(M, tiles * (t + 1) / nt * kGemmTileRows);
     if (m0 < m1) gemm_rows(trans_a, trans_b, m0, m1, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
   }
 }
@@ -466,7 +482,7 @@ void attention_forward(float* out, float* att, const float* qkv, std::int64_t B,
       // s = scale · q k^T, lower triangle: query tile i0 needs keys [0, i0 + kTileRows).
       for (std::int64_t i0 = 0; i0 < Tp; i0 += kTileRows)
         for (std::int64_t j0 = 0; j0 < std::min(i0 + kTileRows, T); j0 += kTileCols)
-          tile_product(qa + i0 * ldq, ldq, 1, w.kt.data() + j0, Tp, 0, D, scale, 0.0f, nullptr, sc + i0 * lds + j0, lds);
+          tile_product<kTileRows>(qa + i0 * ldq, ldq, 1, w.kt.data() + j0, Tp, 0, D, scale, 0.0f, nullptr, sc + i0 * lds + j0, lds);
       // Row softmax over keys s <= t; the rest of the row (and padding rows) becomes 0. The row is
       // processed over whole vectors (n rounded up to kRowVector, masked keys set to -inf so exp gives
       // 0): Eigen's vectorised max / exp / sum then run without scalar tails.
@@ -485,7 +501,7 @@ void attention_forward(float* out, float* att, const float* qkv, std::int64_t B,
       // out = p v: query tile i0 reads values [0, i0 + kTileRows) only (p is 0 above the diagonal).
       for (std::int64_t i0 = 0; i0 < Tp; i0 += kTileRows)
         for (std::int64_t j0 = 0; j0 < Dp; j0 += kTileCols)
-          tile_product(sc + i0 * lds, lds, 1, vb + j0, ldv, 0, std::min(i0 + kTileRows, T), 1.0f, 0.0f, nullptr,
+          tile_product<kTileRows>(sc + i0 * lds, lds, 1, vb + j0, ldv, 0, std::min(i0 + kTileRows, T), 1.0f, 0.0f, nullptr,
                        ob + i0 * ldo + j0, ldo);
       if (!in_place)
         for (std::int64_t t = 0; t < T; ++t) copy_floats(o + t * C, ob + t * Dp, D);
@@ -535,12 +551,12 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       float* r = target(dq + 2 * C);
       for (std::int64_t s0 = 0; s0 < Tp; s0 += kTileRows)
         for (std::int64_t j0 = 0; j0 < Dp; j0 += kTileCols)
-          tile_product(p + s0, 1, ldp, dya + j0, ldy, std::min(s0, T), T, 1.0f, 0.0f, nullptr, r + s0 * ldr + j0, ldr);
+          tile_product<kTileRows>(p + s0, 1, ldp, dya + j0, ldy, std::min(s0, T), T, 1.0f, 0.0f, nullptr, r + s0 * ldr + j0, ldr);
       finish(dq + 2 * C);
       // dp = dy v^T, lower triangle only.
       for (std::int64_t i0 = 0; i0 < Tp; i0 += kTileRows)
         for (std::int64_t j0 = 0; j0 < std::min(i0 + kTileRows, T); j0 += kTileCols)
-          tile_product(dya + i0 * ldy, ldy, 1, w.kt.data() + j0, Tp, 0, D, 1.0f, 0.0f, nullptr,
+          tile_product<kTileRows>(dya + i0 * ldy, ldy, 1, w.kt.data() + j0, Tp, 0, D, 1.0f, 0.0f, nullptr,
                        w.ds.data() + i0 * Tp + j0, Tp);
       // Softmax backward on the causal rows, folding in the score scale: ds = p (dp - <p, dp>) · scale.
       for (std::int64_t t = 0; t < Tp; ++t) {
@@ -559,14 +575,14 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       r = target(dq);
       for (std::int64_t i0 = 0; i0 < Tp; i0 += kTileRows)
         for (std::int64_t j0 = 0; j0 < Dp; j0 += kTileCols)
-          tile_product(w.ds.data() + i0 * Tp, Tp, 1, ka + j0, ldq, 0, std::min(i0 + kTileRows, T), 1.0f, 0.0f,
+          tile_product<kTileRows>(w.ds.data() + i0 * Tp, Tp, 1, ka + j0, ldq, 0, std::min(i0 + kTileRows, T), 1.0f, 0.0f,
                        nullptr, r + i0 * ldr + j0, ldr);
       finish(dq);
       // dk = ds^T q: key tile s0 gathers the queries t >= s0.
       r = target(dq + C);
       for (std::int64_t s0 = 0; s0 < Tp; s0 += kTileRows)
         for (std::int64_t j0 = 0; j0 < Dp; j0 += kTileCols)
-          tile_product(w.ds.data() + s0, 1, Tp, qa + j0, ldq, std::min(s0, T), T, 1.0f, 0.0f, nullptr,
+          tile_product<kTileRows>(w.ds.data() + s0, 1, Tp, qa + j0, ldq, std::min(s0, T), T, 1.0f, 0.0f, nullptr,
                        r + s0 * ldr + j0, ldr);
       finish(dq + C);
     }
