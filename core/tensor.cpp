@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "core/cpu/convert.h"
 #include "core/strided.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"
@@ -266,6 +267,12 @@ void Tensor::copy_(const Tensor& src) {
     std::memmove(raw_data(), src.raw_data(), nbytes());
     return;
   }
+  if (src.is_contiguous() && is_contiguous() && is_floating(src.dtype()) && is_floating(dtype()) &&
+      src.storage() != storage()) {
+    // Vectorised, same bits as the element loop below (tests/unit/test_tensor.cpp checks).
+    cpu::convert(raw_data(), dtype(), src.raw_data(), src.dtype(), numel());
+    return;
+  }
   std::vector<std::int64_t> src_offsets;
   src_offsets.reserve(numel());
   for_each_offset(src.shape(), src.strides(), src.offset(), [&](std::int64_t off) { src_offsets.push_back(off); });
@@ -302,6 +309,12 @@ void Tensor::fill_(float value) {
   void* base = storage()->data();
   if (is_contiguous() && dtype() == DType::f32) {
     std::fill_n(data<float>(), numel(), value);
+    return;
+  }
+  if (is_contiguous() && (dtype() == DType::f16 || dtype() == DType::bf16)) {
+    std::uint16_t bits;  // the value rounded once, then replicated
+    store_from_float(&bits, 0, dtype(), value);
+    std::fill_n(static_cast<std::uint16_t*>(raw_data()), numel(), bits);
     return;
   }
   for_each_offset(shape(), strides(), offset(), [&](std::int64_t off) { store_from_float(base, off, dtype(), value); });

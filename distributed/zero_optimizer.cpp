@@ -10,6 +10,7 @@
 #include "autograd/autograd.h"
 #include "nn/parameter_hooks.h"
 #include "core/check.h"
+#include "core/cpu/convert.h"
 #include "core/trace.h"
 #include "optim/clip.h"
 #ifdef ZERO_HAS_CUDA
@@ -145,43 +146,13 @@ namespace zero::dist {
 
 namespace {
 
-// ---- raw model-dtype loops (hot paths; Tensor::copy_ is generic but slow across dtypes) ----
+// ---- raw model-dtype loops on host buffers (hot paths) ----
 
-template <typename T>
-void to_f32_scaled(const T* src, float* dst, std::int64_t n, float factor) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]) * factor;
-}
+// dst[0:n] = f32(src[0:n]) * factor (the multiply skipped when factor is 1).
 void to_f32_scaled(const void* src, DType dtype, float* dst, std::int64_t n, float factor) {
-  switch (dtype) {
-    case DType::f16: to_f32_scaled(static_cast<const half*>(src), dst, n, factor); break;
-    case DType::bf16: to_f32_scaled(static_cast<const bfloat16*>(src), dst, n, factor); break;
-    default: to_f32_scaled(static_cast<const float*>(src), dst, n, factor); break;
-  }
-}
-
-template <typename T>
-void from_f32(const float* src, T* dst, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
-}
-void from_f32(const float* src, void* dst, DType dtype, std::int64_t n) {
-  switch (dtype) {
-    case DType::f16: from_f32(src, static_cast<half*>(dst), n); break;
-    case DType::bf16: from_f32(src, static_cast<bfloat16*>(dst), n); break;
-    default: std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float)); break;
-  }
-}
-
-// dst[i] += src[i] in the model dtype (16-bit: added in f32, rounded once).
-template <typename T>
-void accumulate(T* dst, const T* src, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(static_cast<float>(dst[i]) + static_cast<float>(src[i]));
-}
-void accumulate(void* dst, const void* src, DType dtype, std::int64_t n) {
-  switch (dtype) {
-    case DType::f16: accumulate(static_cast<half*>(dst), static_cast<const half*>(src), n); break;
-    case DType::bf16: accumulate(static_cast<bfloat16*>(dst), static_cast<const bfloat16*>(src), n); break;
-    default: accumulate(static_cast<float*>(dst), static_cast<const float*>(src), n); break;
-  }
+  cpu::convert(dst, DType::f32, src, dtype, n);
+  if (factor != 1.0f)
+    for (std::int64_t i = 0; i < n; ++i) dst[i] *= factor;
 }
 
 // x[i] *= factor in the model dtype.
@@ -235,7 +206,7 @@ void accumulate_on(Device device, void* dst, const void* src, DType dtype, std::
   if (device == Device::cuda) return cuda::accumulate(dst, dtype, src, dtype, 1.0f, n);
 #endif
   (void)device;
-  accumulate(dst, src, dtype, n);
+  cpu::accumulate(dst, dtype, src, dtype, n);
 }
 
 // Elements per chunk when the step converts gradients to fp32 (bounds the scratch buffer).
@@ -500,7 +471,7 @@ void ZeroOptimizer::sync_params_from_master() {
     if (device_ == Device::cuda)
       range(flat_params_, region_begin_, region_size_).copy_(master_);  // a device cast
     else
-      from_f32(master_.data<float>(), at(flat_params_, region_begin_), opts_.dtype, region_size_);
+      cpu::convert(at(flat_params_, region_begin_), opts_.dtype, master_.data<float>(), DType::f32, region_size_);
   }
   if (opts_.stage != 0) all_gather_params();
   flat_params_.storage()->bump_version();  // Note [Compute copies]
@@ -902,7 +873,7 @@ bool ZeroOptimizer::step() {
         }
         optim::adamw_update(master + j, g32, m + j, v + j, n, h, param_steps_[s.param]);
         // ---- 6. cast the updated master back into the model-dtype flat buffer (f32: it already is) ----
-        if (dt != DType::f32) from_f32(master + j, at(flat_params_, flat), dt, n);
+        if (dt != DType::f32) cpu::convert(at(flat_params_, flat), dt, master + j, DType::f32, n);
       }
     }
   }

@@ -6,6 +6,7 @@
 
 #include "core/backend.h"
 #include "core/check.h"
+#include "core/cpu/convert.h"
 #include "core/cpu/kernels.h"
 #include "core/strided.h"
 #include "core/tensor.h"
@@ -13,19 +14,6 @@
 namespace zero::cpu {
 
 namespace {
-
-template <typename D, typename S> void accumulate_as(D* y, const S* x, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) y[i] = static_cast<D>(static_cast<float>(y[i]) + static_cast<float>(x[i]));
-}
-
-template <typename D> void accumulate_from(D* y, const void* x, DType src, std::int64_t n) {
-  switch (src) {
-    case DType::f32: return accumulate_as(y, static_cast<const float*>(x), n);
-    case DType::f16: return accumulate_as(y, static_cast<const half*>(x), n);
-    case DType::bf16: return accumulate_as(y, static_cast<const bfloat16*>(x), n);
-    default: ZERO_CHECK(false, "accumulate: source dtype {} is not a float type", dtype_name(src));
-  }
-}
 
 class CpuBackend final : public Backend {
  public:
@@ -96,18 +84,7 @@ class CpuBackend final : public Backend {
   }
 
   void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n) override {
-    if (dst_dtype == DType::f32 && src_dtype == DType::f32) {
-      float* y = static_cast<float*>(dst);
-      const float* x = static_cast<const float*>(src);
-      for (std::int64_t i = 0; i < n; ++i) y[i] += x[i];
-      return;
-    }
-    switch (dst_dtype) {
-      case DType::f32: return accumulate_from(static_cast<float*>(dst), src, src_dtype, n);
-      case DType::f16: return accumulate_from(static_cast<half*>(dst), src, src_dtype, n);
-      case DType::bf16: return accumulate_from(static_cast<bfloat16*>(dst), src, src_dtype, n);
-      default: ZERO_CHECK(false, "accumulate: destination dtype {} is not a float type", dtype_name(dst_dtype));
-    }
+    cpu::accumulate(dst, dst_dtype, src, src_dtype, n);
   }
 
   void dropout_mask(float* mask, Generator& gen, float p, std::int64_t n) override {

@@ -332,6 +332,39 @@ TEST(TensorCopy, F32ToF16ToBf16ToF32) {
   }
 }
 
+// A contiguous copy_ between float dtypes converts in bulk (vectorised); a strided one element by
+// element. Both must give the same bits for every pair of dtypes, including NaN, infinities, signed
+// zeros, f32 subnormals and values that overflow f16; the length (1027) leaves a scalar tail.
+TEST(TensorCopy, BulkConversionMatchesElementwiseForEveryDtypePair) {
+  std::vector<float> v = magnitude_sweep();
+  v.resize(1027 * 2 - 8);
+  for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, -1e30f, 1e-40f, -1e-45f})
+    v.push_back(x);
+  v.resize(1027 * 2, 0.5f);
+  const Tensor base = Tensor::from_vector(v, {2, 1027});
+  for (DType from : {DType::f32, DType::f16, DType::bf16}) {
+    // The source in `from`, contiguous, and the same values as a transposed (strided) view.
+    const Tensor src = base.to(from);
+    Tensor src_t = Tensor::empty({1027, 2}, from);
+    src_t.copy_(src.transpose(0, 1));
+    for (DType to : {DType::f32, DType::f16, DType::bf16}) {
+      Tensor bulk = Tensor::empty({2, 1027}, to);
+      bulk.copy_(src);
+      Tensor elementwise = Tensor::empty({2, 1027}, to);
+      elementwise.copy_(src_t.transpose(0, 1));
+      const auto a = bulk.to_vector(), b = elementwise.to_vector();
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        if (std::isnan(b[i])) {
+          EXPECT_TRUE(std::isnan(a[i])) << dtype_name(from) << " -> " << dtype_name(to) << " at " << i;
+        } else {
+          EXPECT_EQ(std::bit_cast<std::uint32_t>(a[i]), std::bit_cast<std::uint32_t>(b[i]))
+              << dtype_name(from) << " -> " << dtype_name(to) << " value " << v[i];
+        }
+      }
+    }
+  }
+}
+
 TEST(TensorCopy, IntoStridedDestinationWithConversion) {
   Tensor dst = Tensor::zeros({2, 3}, DType::f16);
   dst.narrow(1, 1, 2).copy_(Tensor::from_vector({1, 2, 3, 4}, {2, 2}));
