@@ -337,8 +337,12 @@ void MpiCommunicator::control_all_reduce_values(std::span<double> values, Reduce
 // this machine's 2 cores, the setting every test and benchmark here runs in) the waiting rank burns
 // the CPU that the rank it waits for needs — and during an async collective our communication thread
 // burns the CPU of its own training thread. So we poll with MPI_Testall for a short while (which keeps
-// latency of small messages at MPI's level), then sleep briefly between polls. Measured on 4 ranks ×
+// latency of small messages at MPI's level), then sleep between polls. Measured on 4 ranks ×
 // 100 MB (docs/collectives.md): ring reduce-scatter ~105 ms with MPI_Waitall, ~55 ms with this wait.
+// The sleep grows with the time already waited (an eighth of it, 20-250 µs): a wait on a slow link
+// lasts milliseconds, and waking every 20 µs there costs the training thread that shares the core
+// (overlap_comm, one core per rank) tens of thousands of context switches a second, while adding at
+// most an eighth to any wait.
 //
 // Note [No hang]
 // A collective waits for its peers, so a peer that never arrives would hang the job. Three guards:
@@ -368,7 +372,7 @@ std::pair<int, bool> gone_peer();
 
 void MpiCommunicator::wait_all(int count, MPI_Request* requests, const int* peers) {
   constexpr double kSpinSeconds = 100e-6;
-  constexpr auto kSleep = std::chrono::microseconds(20);
+  constexpr double kMinSleepSeconds = 20e-6, kMaxSleepSeconds = 250e-6;
   const double start = MPI_Wtime();
   double deadline = start + current_.timeout_s;
   double next_probe = start + 1e-3;
@@ -410,7 +414,9 @@ void MpiCommunicator::wait_all(int count, MPI_Request* requests, const int* peer
       throw CollectiveTimeout(current_.name, current_.step, current_.timeout_s,
                               missing.empty() ? std::string("(all)") : rank_list(missing));
     }
-    if (now - start > kSpinSeconds) std::this_thread::sleep_for(kSleep);
+    if (now - start > kSpinSeconds)
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(std::clamp((now - start) / 8, kMinSleepSeconds, kMaxSleepSeconds)));
   }
 }
 
