@@ -1,5 +1,7 @@
 #include "core/cpu/convert.h"
 
+#include <omp.h>
+
 #include <bit>
 #include <cstring>
 
@@ -41,6 +43,18 @@ struct BF16 {
   }
 };
 
+// Runs body(begin, end) over [0, n), split across the OpenMP team when n is large enough to pay for
+// waking it. Each element is converted independently, so the split does not change any result.
+template <typename Body> void parallel_range(std::int64_t n, Body&& body) {
+  constexpr std::int64_t kParallelMin = 1 << 16;
+  if (n < kParallelMin || omp_in_parallel() || omp_get_max_threads() == 1) return body(std::int64_t{0}, n);
+#pragma omp parallel
+  {
+    const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    body(n * t / nt, n * (t + 1) / nt);
+  }
+}
+
 // Calls f(Codec{}) for the floating-point dtype t.
 template <typename F> void with_codec(DType t, const char* what, F&& f) {
   switch (t) {
@@ -62,7 +76,9 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::
     with_codec(src_dtype, "convert", [&](auto s) {
       using D = decltype(d);
       using S = decltype(s);
-      for (std::int64_t i = 0; i < n; ++i) D::store(dst, i, S::load(src, i));
+      parallel_range(n, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t i = begin; i < end; ++i) D::store(dst, i, S::load(src, i));
+      });
     });
   });
 }
@@ -72,7 +88,9 @@ void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, st
     with_codec(src_dtype, "accumulate", [&](auto s) {
       using D = decltype(d);
       using S = decltype(s);
-      for (std::int64_t i = 0; i < n; ++i) D::store(dst, i, D::load(dst, i) + S::load(src, i));
+      parallel_range(n, [&](std::int64_t begin, std::int64_t end) {
+        for (std::int64_t i = begin; i < end; ++i) D::store(dst, i, D::load(dst, i) + S::load(src, i));
+      });
     });
   });
 }
