@@ -7,9 +7,9 @@
 #include <mutex>
 
 #include "core/check.h"
-#include "core/gemm_precision.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
+#include "core/gemm_precision.h"
 
 namespace zero::cuda {
 
