@@ -11,11 +11,15 @@
 // (x, and the incoming gradient in backward) — the operand rounding of PyTorch's autocast. Outputs that
 // are activations (y, dx) come out in f32; the weight gradient comes out of the GEMM in the parameter's
 // dtype (one rounding of the fp32 accumulator), the dtype the ZeRO gradient buckets hold. GEMMs that hit
-// tensor cores this way: Linear (the qkv, proj, fc, fc2 projections), the tied LM head, matmul of 16-bit
-// operands, and the four products inside causal self-attention (q k^T, att v and their backward), whose
-// operands are rounded to the model's dtype. LayerNorm, GELU, softmax, cross-entropy and the embedding
-// gather stay f32 (memory-bound; their parameters use the cached f32 compute copies of Note [Compute
-// copies] in autograd/ops.h, refreshed once per step: vectors and the embedding table, not GEMM weights).
+// tensor cores this way: Linear (the qkv, proj, fc, fc2 projections), the tied LM head, matmul of
+// 16-bit operands, and the products inside causal self-attention (q k^T and att v forward, four in
+// backward), whose operands are rounded to the model's dtype while the scores and the softmax stay f32.
+// LayerNorm, GELU, softmax, cross-entropy and the embedding lookup stay f32 (memory-bound); their
+// parameters still use the cached f32 compute copies of Note [Compute copies] in autograd/ops.h,
+// refreshed once per step: norm vectors, biases, and the token/position tables for the lookup (the
+// token table's GEMM use, the tied head, reads it in 16 bits).
+// In fp16 an activation operand beyond 65504 becomes inf, as under PyTorch's autocast; dynamic loss
+// scaling sees it in the gradients and skips the step.
 // fp32 models keep plain fp32 GEMMs unless TF32 is allowed (cuda::set_allow_tf32, train_gpt --tf32),
 // PyTorch's default. The CPU has no 16-bit GEMM: there every GEMM reads f32 (the compute copies), so CPU
 // results are exactly those of an f32 GEMM of the converted values, as before.
