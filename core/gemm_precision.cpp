@@ -1,8 +1,17 @@
 #include "core/gemm_precision.h"
 
+#include <atomic>
+
 #include "core/check.h"
 
 namespace zero {
+
+namespace {
+std::atomic<bool> g_16bit_gemms{true};
+}  // namespace
+
+void set_16bit_gemms(bool on) { g_16bit_gemms.store(on); }
+bool use_16bit_gemms() { return g_16bit_gemms.load(std::memory_order_relaxed); }
 
 GemmPlan cuda_gemm_plan(DType a, DType b, DType c, bool allow_tf32) {
   ZERO_CHECK(a == b, "gemm: A is {} but B is {} (the operands must share one dtype)", dtype_name(a), dtype_name(b));
@@ -17,7 +26,7 @@ GemmPlan cuda_gemm_plan(DType a, DType b, DType c, bool allow_tf32) {
 }
 
 DType gemm_operand_dtype(Device device, DType dtype) {
-  if (device == Device::cuda && (dtype == DType::f16 || dtype == DType::bf16)) return dtype;
+  if (device == Device::cuda && (dtype == DType::f16 || dtype == DType::bf16) && use_16bit_gemms()) return dtype;
   return DType::f32;
 }
 

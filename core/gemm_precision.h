@@ -47,8 +47,15 @@ struct GemmPlan {
 GemmPlan cuda_gemm_plan(DType a, DType b, DType c, bool allow_tf32);
 
 /// The dtype a GEMM on `device` reads an operand in when the model's dtype is `dtype`: f16/bf16 on cuda
-/// (tensor cores), f32 otherwise (an f32 model; the CPU, which computes with f32 copies).
+/// (tensor cores) while 16-bit GEMMs are on, f32 otherwise (an f32 model; the CPU, which computes with
+/// f32 copies).
 DType gemm_operand_dtype(Device device, DType dtype);
+
+/// Whether f16/bf16 models on cuda run their GEMMs with 16-bit operands (default true; process-wide,
+/// read when an op runs). Off, every GEMM reads f32 (the compute copies) as on the cpu: a device run
+/// then differs from a CPU run only by summation order, for tests that compare the two.
+void set_16bit_gemms(bool on);
+bool use_16bit_gemms();
 
 /// The arithmetic the model's GEMMs run in: the precision whose peak is train_gpt's MFU denominator.
 enum class MatmulPrecision { fp32, tf32, fp16, bf16 };

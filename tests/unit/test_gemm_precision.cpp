@@ -57,6 +57,17 @@ TEST(GemmPrecision, OperandDtypeIs16BitOnlyOnCuda) {
   for (DType t : {DType::f32, DType::f16, DType::bf16}) EXPECT_EQ(gemm_operand_dtype(Device::cpu, t), DType::f32);
 }
 
+TEST(GemmPrecision, SwitchedOffEveryGemmReadsF32) {
+  EXPECT_TRUE(use_16bit_gemms());  // the default
+  set_16bit_gemms(false);
+  EXPECT_EQ(gemm_operand_dtype(Device::cuda, DType::bf16), DType::f32);
+  EXPECT_EQ(gemm_operand_dtype(Device::cuda, DType::f16), DType::f32);
+  EXPECT_EQ(matmul_precision(Device::cuda, DType::bf16, false), MatmulPrecision::fp32);
+  EXPECT_EQ(matmul_precision(Device::cuda, DType::bf16, true), MatmulPrecision::tf32);
+  set_16bit_gemms(true);
+  EXPECT_EQ(gemm_operand_dtype(Device::cuda, DType::bf16), DType::bf16);
+}
+
 TEST(GemmPrecision, MatmulPrecisionIsWhatTheGemmsRun) {
   EXPECT_EQ(matmul_precision(Device::cuda, DType::bf16, false), MatmulPrecision::bf16);
   EXPECT_EQ(matmul_precision(Device::cuda, DType::bf16, true), MatmulPrecision::bf16);  // --tf32: fp32 GEMMs only
