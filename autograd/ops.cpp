@@ -308,8 +308,8 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 
 namespace {
 // matmul of operands already in the 16-bit GEMM dtype `gt` on a device with 16-bit GEMMs: the output and
-// the gradients' GEMMs accumulate in fp32; y and the gradients come out in f32 (the `to` nodes the
-// caller put in front convert the gradients to the inputs' dtypes).
+// the gradients' GEMMs accumulate in fp32; y and both gradients come out in f32 (a 16-bit leaf's
+// AccumulateGrad rounds its gradient once; an f32 operand's gradient passes its `to` node unrounded).
 Tensor matmul_16(const Tensor& a, const Tensor& b, DType gt, std::int64_t M, std::int64_t N, std::int64_t K,
                  bool shared_b) {
   const Device dev = a.device();
