@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/backend.h"
+#include "core/gemm_precision.h"
 
 namespace zero {
 
@@ -52,6 +53,17 @@ void check_f32(const Tensor& t, const char* op, const char* what) {
 }
 
 float* f32(const Tensor& t) { return t.data<float>(); }
+
+// `t` (dense) in dtype `to`, not tracked: a GEMM operand rounded once (Note [Tensor cores for 16-bit models]).
+Tensor operand(const Tensor& t, DType to) {
+  autograd::NoGradGuard no_grad;
+  return t.dtype() == to ? dense(t) : dense(t).to(to);
+}
+
+void check_float(const Tensor& t, const char* op, const char* what) {
+  ZERO_CHECK(t.defined(), "{}: {} is undefined", op, what);
+  ZERO_CHECK(is_floating(t.dtype()), "{}: {} must be f32, f16 or bf16, got {}", op, what, dtype_name(t.dtype()));
+}
 
 // The forward of add/sub/mul/div: both operands broadcast to one shape.
 Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op, const char* name) {
@@ -294,9 +306,50 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 
 // ---- linear algebra ----
 
+namespace {
+// matmul of operands already in the 16-bit GEMM dtype `gt` on a device with 16-bit GEMMs: the output and
+// the gradients' GEMMs accumulate in fp32; y and both gradients come out in f32 (a 16-bit leaf's
+// AccumulateGrad rounds its gradient once; an f32 operand's gradient passes its `to` node unrounded).
+Tensor matmul_16(const Tensor& a, const Tensor& b, DType gt, std::int64_t M, std::int64_t N, std::int64_t K,
+                 bool shared_b) {
+  const Device dev = a.device();
+  Backend& be = backend(dev);
+  Tensor ad = dense(a), bd = dense(b);
+  Shape oshape = a.shape();
+  oshape.back() = N;
+  Tensor out = Tensor::empty(oshape, DType::f32, dev);
+  const std::int64_t batch = a.numel() / std::max<std::int64_t>(1, M * K);
+  if (shared_b) {
+    be.gemm_ex(false, false, batch * M, N, K, 1.0f, ad.raw_data(), gt, K, bd.raw_data(), gt, N, 0.0f, out.raw_data(),
+               DType::f32, N, nullptr);
+  } else {
+    be.gemm_batched_ex(false, false, M, N, K, 1.0f, ad.raw_data(), gt, K, M * K, bd.raw_data(), gt, N, K * N, 0.0f,
+                       out.raw_data(), DType::f32, N, M * N, batch);
+  }
+  record("matmul", {a, b}, out, [&be, ad, bd, gt, M, N, K, batch, shared_b](const Tensor& g) -> std::vector<Tensor> {
+    Tensor gd = operand(g, gt);
+    Tensor ga = Tensor::empty(ad.shape(), DType::f32, ad.device());
+    Tensor gb = Tensor::empty(bd.shape(), DType::f32, bd.device());
+    if (shared_b) {
+      be.gemm_ex(false, true, batch * M, K, N, 1.0f, gd.raw_data(), gt, N, bd.raw_data(), gt, N, 0.0f, ga.raw_data(),
+                 DType::f32, K, nullptr);
+      be.gemm_ex(true, false, K, N, batch * M, 1.0f, ad.raw_data(), gt, K, gd.raw_data(), gt, N, 0.0f, gb.raw_data(),
+                 DType::f32, N, nullptr);
+    } else {
+      be.gemm_batched_ex(false, true, M, K, N, 1.0f, gd.raw_data(), gt, N, M * N, bd.raw_data(), gt, N, K * N, 0.0f,
+                         ga.raw_data(), DType::f32, K, M * K, batch);
+      be.gemm_batched_ex(true, false, K, N, M, 1.0f, ad.raw_data(), gt, K, M * K, gd.raw_data(), gt, N, M * N, 0.0f,
+                         gb.raw_data(), DType::f32, N, K * N, batch);
+    }
+    return {ga, gb};
+  });
+  return out;
+}
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
-  check_f32(a, "matmul", "a");
-  check_f32(b, "matmul", "b");
+  check_float(a, "matmul", "a");
+  check_float(b, "matmul", "b");
   ZERO_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: needs at least 2-D operands, got {} and {}", shape_str(a.shape()),
              shape_str(b.shape()));
   const std::int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
@@ -305,6 +358,17 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                                                  Shape(b.shape().begin(), b.shape().end() - 2)),
              "matmul: shapes {} and {} do not match", shape_str(a.shape()), shape_str(b.shape()));
   const Device dev = op_device("matmul", {&a, &b});
+  if (a.dtype() != DType::f32 || b.dtype() != DType::f32) {
+    // A 16-bit operand: on a device with 16-bit GEMMs both operands go in that dtype (an f32 one is
+    // rounded to it; f16 with bf16 is ambiguous); elsewhere both go in f32, as `to` would convert them.
+    const DType half_t = a.dtype() != DType::f32 ? a.dtype() : b.dtype();
+    ZERO_CHECK(a.dtype() == DType::f32 || b.dtype() == DType::f32 || a.dtype() == b.dtype(),
+               "matmul: operands are {} and {}; convert one with .to()", dtype_name(a.dtype()), dtype_name(b.dtype()));
+    const DType gt = gemm_operand_dtype(dev, half_t);
+    const Tensor ac = a.dtype() == gt ? a : a.to(gt), bc = b.dtype() == gt ? b : b.to(gt);
+    if (gt == DType::f32) return matmul(ac, bc);
+    return matmul_16(ac, bc, gt, M, N, K, shared_b);
+  }
   Backend& be = backend(dev);
   Tensor ad = dense(a), bd = dense(b);
   Shape oshape = a.shape();
@@ -332,18 +396,60 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+namespace {
+// linear with a 16-bit weight read by the GEMM as it is (tensor cores; Note [Tensor cores for 16-bit
+// models]): x and the incoming gradient are rounded to the weight's dtype once, y and dx come out in f32,
+// dW in the weight's dtype (the fp32 accumulator rounded once, as the `to` node of a compute copy would
+// round an f32 dW). bias is f32 or undefined.
+Tensor linear_16(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t N, std::int64_t in,
+                 std::int64_t out_f) {
+  const DType wt = weight.dtype();
+  const Device dev = weight.device();
+  Backend& be = backend(dev);
+  Tensor xh = operand(x, wt), wd = dense(weight), bd = bias.defined() ? dense(bias) : Tensor();
+  Shape oshape = x.shape();
+  oshape.back() = out_f;
+  Tensor out = Tensor::empty(oshape, DType::f32, dev);
+  be.gemm_ex(false, true, N, out_f, in, 1.0f, xh.raw_data(), wt, in, wd.raw_data(), wt, in, 0.0f, out.raw_data(),
+             DType::f32, out_f, bias.defined() ? f32(bd) : nullptr);
+  record("linear", {x, weight, bias}, out, [&be, xh, wd, wt, N, in, out_f, has_bias = bias.defined()](const Tensor& g) {
+    Tensor gd = dense(g), gh = operand(gd, wt);
+    Tensor gx = Tensor::empty(xh.shape(), DType::f32, xh.device());
+    Tensor gw = Tensor::empty(wd.shape(), wt, wd.device()), gb;
+    be.gemm_ex(false, false, N, in, out_f, 1.0f, gh.raw_data(), wt, out_f, wd.raw_data(), wt, in, 0.0f, gx.raw_data(),
+               DType::f32, in, nullptr);
+    be.gemm_ex(true, false, out_f, in, N, 1.0f, gh.raw_data(), wt, out_f, xh.raw_data(), wt, in, 0.0f, gw.raw_data(),
+               wt, in, nullptr);
+    if (has_bias) {
+      gb = Tensor::empty({out_f}, DType::f32, gd.device());
+      be.sum_rows(f32(gb), f32(gd), N, out_f);  // from the f32 gradient
+    }
+    return std::vector<Tensor>{gx, gw, gb};
+  });
+  return out;
+}
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_f32(x, "linear", "input");
-  check_f32(weight, "linear", "weight");
+  check_float(weight, "linear", "weight");
   ZERO_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == weight.size(1),
              "linear: input {} does not match weight {} ([out, in])", shape_str(x.shape()), shape_str(weight.shape()));
   const std::int64_t in = weight.size(1), out_f = weight.size(0), N = x.numel() / std::max<std::int64_t>(1, in);
   if (bias.defined()) {
-    check_f32(bias, "linear", "bias");
+    check_float(bias, "linear", "bias");
     ZERO_CHECK(bias.shape() == Shape{out_f}, "linear: bias {} for weight {}", shape_str(bias.shape()),
                shape_str(weight.shape()));
   }
   const Device dev = op_device("linear", {&x, &weight, &bias});
+  // A 16-bit bias is added in f32 (a vector: its conversion is negligible next to the GEMM).
+  if (bias.defined() && bias.dtype() != DType::f32) return linear(x, weight, bias.to(DType::f32));
+  if (weight.dtype() != DType::f32) {
+    const DType gt = gemm_operand_dtype(dev, weight.dtype());
+    // No 16-bit GEMM here (cpu): the f32 copy's GEMM, as a layer's compute copy would (Note [Compute copies]).
+    if (gt == DType::f32) return linear(x, weight.to(DType::f32), bias);
+    return linear_16(x, weight, bias, N, in, out_f);
+  }
   Backend& be = backend(dev);
   Tensor xd = dense(x), wd = dense(weight), bd = bias.defined() ? dense(bias) : Tensor();
   Shape oshape = x.shape();
@@ -441,19 +547,29 @@ Tensor softmax(const Tensor& x) {
   return out;
 }
 
-Tensor causal_self_attention(const Tensor& qkv, std::int64_t n_head) {
+Tensor causal_self_attention(const Tensor& qkv, std::int64_t n_head, DType gemm_dtype) {
   check_f32(qkv, "causal_self_attention", "qkv");
   ZERO_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "causal_self_attention: qkv must be [B, T, 3C], got {}",
              shape_str(qkv.shape()));
   const std::int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   ZERO_CHECK(n_head > 0 && C % n_head == 0, "causal_self_attention: {} channels do not split into {} heads", C, n_head);
+  ZERO_CHECK(is_floating(gemm_dtype), "causal_self_attention: GEMM dtype must be f32, f16 or bf16, got {}",
+             dtype_name(gemm_dtype));
   const Device dev = op_device("causal_self_attention", {&qkv});
+  // f32 unless the device has 16-bit GEMMs (cpu: always f32, today's kernel).
+  const DType gt = gemm_operand_dtype(dev, gemm_dtype);
   Tensor qd = dense(qkv);
   Tensor out = Tensor::empty({B, T, C}, DType::f32, dev), att = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
-  backend(dev).attention_forward(f32(out), f32(att), f32(qd), B, T, C, n_head);
-  record("causal_self_attention", {qkv}, out, [qd, att, B, T, C, n_head](const Tensor& g) -> std::vector<Tensor> {
+  if (gt == DType::f32)
+    backend(dev).attention_forward(f32(out), f32(att), f32(qd), B, T, C, n_head);
+  else
+    backend(dev).attention_forward_ex(f32(out), f32(att), f32(qd), B, T, C, n_head, gt);
+  record("causal_self_attention", {qkv}, out, [qd, att, B, T, C, n_head, gt](const Tensor& g) -> std::vector<Tensor> {
     Tensor gd = dense(g), gqkv = Tensor::empty(qd.shape(), DType::f32, g.device());
-    backend(g.device()).attention_backward(f32(gqkv), f32(gd), f32(qd), f32(att), B, T, C, n_head);
+    if (gt == DType::f32)
+      backend(g.device()).attention_backward(f32(gqkv), f32(gd), f32(qd), f32(att), B, T, C, n_head);
+    else
+      backend(g.device()).attention_backward_ex(f32(gqkv), f32(gd), f32(qd), f32(att), B, T, C, n_head, gt);
     return {gqkv};
   });
   return out;

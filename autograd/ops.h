@@ -5,7 +5,8 @@
 // (zero::Error naming the op and both devices otherwise), and outputs and gradients stay there; a kernel
 // a device lacks is a one-line zero::Error naming the kernel and the device (Note [Missing kernels]).
 // All float ops take f32 inputs (convert f16/bf16 tensors with .to(DType::f32) first, which is
-// differentiable); they throw zero::Error for other dtypes and for mismatched shapes, naming both shapes.
+// differentiable), except the 16-bit operands of the GEMM ops below; they throw zero::Error for other
+// dtypes and for mismatched shapes, naming both shapes.
 #pragma once
 
 #include <cstdint>
@@ -53,9 +54,15 @@ Tensor max(const Tensor& x, int dim, bool keepdim = false);
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
 // ---- linear algebra ----
-/// a[..., M, K] @ b[..., K, N] -> [..., M, N]; b may also be [K, N] (shared across the batch).
+// The GEMM ops also take f16/bf16 operands (Note [Tensor cores for 16-bit models] in
+// core/gemm_precision.h): on cuda the 16-bit tensor goes into the GEMM as it is (tensor cores, fp32
+// accumulation), an f32 activation operand is rounded to its dtype once, the output is f32 and each
+// gradient comes back in its input's dtype; on cpu they compute exactly as with .to(DType::f32) first.
+/// a[..., M, K] @ b[..., K, N] -> [..., M, N] (f32); b may also be [K, N] (shared across the batch).
+/// a and b: f32, f16 or bf16; two 16-bit operands must share their dtype.
 Tensor matmul(const Tensor& a, const Tensor& b);
-/// x[..., in] @ weight[out, in]^T + bias[out] -> [..., out] (bias may be undefined).
+/// x[..., in] (f32) @ weight[out, in]^T + bias[out] -> [..., out] (f32; bias may be undefined). weight
+/// and bias: f32, f16 or bf16.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // ---- neural-network ops ----
@@ -68,8 +75,10 @@ Tensor gelu(const Tensor& x);
 /// Softmax over the last dimension.
 Tensor softmax(const Tensor& x);
 /// Fused causal self-attention: qkv[B, T, 3C] (q | k | v) with n_head heads -> [B, T, C]
-/// (scaled dot-product attention, Vaswani et al. 2017, scale 1/sqrt(C/n_head)).
-Tensor causal_self_attention(const Tensor& qkv, std::int64_t n_head);
+/// (scaled dot-product attention, Vaswani et al. 2017, scale 1/sqrt(C/n_head)). gemm_dtype: the model's
+/// dtype; f16/bf16 on cuda rounds the operands of the attention's GEMMs to it (tensor cores, fp32
+/// accumulation; qkv, out and the gradient stay f32); ignored on cpu.
+Tensor causal_self_attention(const Tensor& qkv, std::int64_t n_head, DType gemm_dtype = DType::f32);
 /// Mean cross-entropy of logits[N, V] against targets[N] (i64): a one-element tensor of shape [].
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 /// Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1-p).

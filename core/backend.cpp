@@ -48,6 +48,23 @@ void Backend::softmax_forward(float*, const float*, std::int64_t, std::int64_t) 
 void Backend::softmax_backward(float*, const float*, const float*, std::int64_t, std::int64_t) {
   missing("softmax_backward");
 }
+void Backend::gemm_ex(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const void*, DType, std::int64_t,
+                      const void*, DType, std::int64_t, float, void*, DType, std::int64_t, const float*) {
+  missing("gemm_ex");
+}
+void Backend::gemm_batched_ex(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const void*, DType,
+                              std::int64_t, std::int64_t, const void*, DType, std::int64_t, std::int64_t, float, void*,
+                              DType, std::int64_t, std::int64_t, std::int64_t) {
+  missing("gemm_batched_ex");
+}
+void Backend::attention_forward_ex(float*, float*, const float*, std::int64_t, std::int64_t, std::int64_t,
+                                   std::int64_t, DType) {
+  missing("attention_forward_ex");
+}
+void Backend::attention_backward_ex(float*, const float*, const float*, const float*, std::int64_t, std::int64_t,
+                                    std::int64_t, std::int64_t, DType) {
+  missing("attention_backward_ex");
+}
 void Backend::attention_forward(float*, float*, const float*, std::int64_t, std::int64_t, std::int64_t, std::int64_t) {
   missing("attention_forward");
 }

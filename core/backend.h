@@ -47,6 +47,25 @@ class Backend {
                             std::int64_t stride_b, float beta, float* C, std::int64_t ldc, std::int64_t stride_c,
                             std::int64_t batch);
 
+  // ---- GEMMs with 16-bit operands (Note [Tensor cores for 16-bit models] in core/gemm_precision.h) ----
+  // Only a device whose gemm_operand_dtype() is 16-bit (cuda) has these; the ops call them only there.
+  /// gemm with typed operands: A and B of one dtype (f16 or bf16), C f32 or that dtype; fp32
+  /// accumulation; bias[N] (f32, may be null) added to every row of an f32 C.
+  virtual void gemm_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                       const void* A, DType a_dtype, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb,
+                       float beta, void* C, DType c_dtype, std::int64_t ldc, const float* bias);
+  /// gemm_batched with gemm_ex's element types (no bias).
+  virtual void gemm_batched_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                               const void* A, DType a_dtype, std::int64_t lda, std::int64_t stride_a, const void* B,
+                               DType b_dtype, std::int64_t ldb, std::int64_t stride_b, float beta, void* C,
+                               DType c_dtype, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch);
+  /// attention_forward / attention_backward whose GEMMs read their operands rounded to gemm_dtype (f16,
+  /// bf16) with fp32 accumulation; every buffer is f32 as there.
+  virtual void attention_forward_ex(float* out, float* att, const float* qkv, std::int64_t B, std::int64_t T,
+                                    std::int64_t C, std::int64_t H, DType gemm_dtype);
+  virtual void attention_backward_ex(float* dqkv, const float* dout, const float* qkv, const float* att,
+                                     std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H, DType gemm_dtype);
+
   // ---- elementwise (f32) ----
   /// out[i] = a[i] op b[i % m] for i < n: b is as large as a (m == n) or a trailing suffix of a's shape
   /// repeated (a bias [C] against [N, C]); m divides n.

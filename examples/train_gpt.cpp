@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "core/cpu/kernels.h"
+#include "core/gemm_precision.h"
 #include "core/trace.h"
 #include "distributed/checkpoint.h"
 #include "distributed/config.h"
@@ -101,13 +102,28 @@ void synchronize(Device device) {
   (void)device;
 }
 
-// Dense peak FLOP/s of the device for `dtype` (0 when unknown: cpu). NVIDIA H100 datasheet, SXM (the
-// H200 has the same compute): bf16/fp16 tensor cores 989 TFLOP/s, TF32 495, plain fp32 67 (without
-// sparsity). Used as the MFU denominator, as the PaLM paper's appendix does with the A100's peak.
-double peak_flops(Device device, DType dtype, bool tf32) {
+// Dense peak FLOP/s of the device for the precision its GEMMs run in (matmul_precision(), the same
+// decision the ops take: Note [Tensor cores for 16-bit models]; 0 when unknown: cpu). NVIDIA H100
+// datasheet, SXM (the H200 has the same compute): bf16/fp16 tensor cores 989 TFLOP/s, TF32 495, plain
+// fp32 67 (without sparsity). Used as the MFU denominator, as the PaLM paper's appendix does with the
+// A100's peak.
+double peak_flops(Device device, MatmulPrecision precision) {
   if (device != Device::cuda) return 0.0;
-  if (dtype == DType::f16 || dtype == DType::bf16) return 989e12;
-  return tf32 ? 495e12 : 67e12;
+  switch (precision) {
+    case MatmulPrecision::fp16:
+    case MatmulPrecision::bf16: return 989e12;
+    case MatmulPrecision::tf32: return 495e12;
+    case MatmulPrecision::fp32: break;
+  }
+  return 67e12;
+}
+
+// What the device line says about the GEMMs (cuda only): " (TF32 matmuls)", " (bf16 tensor-core matmuls)", ...
+std::string matmul_note(Device device, MatmulPrecision precision) {
+  if (device != Device::cuda) return "";
+  if (precision == MatmulPrecision::tf32) return " (TF32 matmuls)";
+  if (precision == MatmulPrecision::fp32) return " (fp32 matmuls)";
+  return fmt::format(" ({} tensor-core matmuls)", matmul_precision_name(precision));
 }
 
 // The world's communicator for --comm on --device (Note [ZeRO on cuda] in distributed/zero_optimizer.cpp).
@@ -451,7 +467,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     const auto& layout = opt.layout();
     const dist::ZeroOptions& used = opt.options();  // bucket sizes resolved
     const auto buckets = layout.make_buckets(used.reduce_bucket_size).size();
-    fmt::print("device: {}{}\n", device_name(device), device == Device::cuda && a.tf32 ? " (TF32 matmuls)" : "");
+    fmt::print("device: {}{}\n", device_name(device), matmul_note(device, matmul_precision(device, zo.dtype, a.tf32)));
     fmt::print("zero: stage {}, {} ({}), reduce_scatter {}, overlap_comm {}, overlap_param_gather {}, {} bucket(s) "
                "of <= {} elements{}, reductions in {} on the wire\n",
                zo.stage, dtype_name(zo.dtype), comm.backend_name(), zo.reduce_scatter, zo.overlap_comm,
@@ -583,7 +599,8 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const double ms_per_step = 1000.0 * train_seconds / timed_steps;
   // Achieved model FLOP/s (PaLM appendix B: 6 Psi per token plus attention, nn::flops_per_token) and MFU.
   const double tflops = tokens_per_s * nn::flops_per_token(cfg, num_params) / 1e12;
-  const double peak = peak_flops(device, zo.dtype, a.tf32);
+  const MatmulPrecision precision = matmul_precision(device, zo.dtype, a.tf32);
+  const double peak = peak_flops(device, precision);
   const double mfu = peak > 0.0 ? tflops * 1e12 / peak : 0.0;
 
   // Traffic per optimizer step from this rank's ledger, beside the ZeRO paper's formula.
@@ -616,8 +633,8 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     fmt::print("memory per rank: model states {}, buckets {}, peak RSS {}\n", mib(mem.model_states()),
                mib(mem.buckets), mib(static_cast<double>(rss)));
     if (peak > 0.0)
-      fmt::print("compute: {:.2f} TFLOP/s per rank, MFU {:.1f}% of {:.0f} TFLOP/s ({} peak)\n", tflops, 100.0 * mfu,
-                 peak / 1e12, device_name(device));
+      fmt::print("compute: {:.2f} TFLOP/s per rank, MFU {:.1f}% of {:.0f} TFLOP/s ({} {} peak)\n", tflops,
+                 100.0 * mfu, peak / 1e12, device_name(device), matmul_precision_name(precision));
     if (!a.trace.empty()) {
       const std::int64_t traced =
           std::max<std::int64_t>(1, trace_last - std::max<std::int64_t>(trace_first, first_step + 1) + 1);
@@ -650,6 +667,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                         {"tokens_per_s", tokens_per_s},
                         {"device", std::string(device_name(device))},
                         {"tf32", a.tf32},
+                        {"matmul_precision", std::string(matmul_precision_name(precision))},
                         {"tflops", tflops},
                         {"peak_flops", peak > 0.0 ? nlohmann::json(peak) : nlohmann::json()},
                         {"mfu", peak > 0.0 ? nlohmann::json(mfu) : nlohmann::json()},

@@ -27,7 +27,8 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, Generator& gen) :
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
-  return resid_dropout->forward(proj->forward(causal_self_attention(qkv->forward(x), n_head)));
+  // The attention's own GEMMs run in the model's dtype where the device has 16-bit GEMMs (cuda).
+  return resid_dropout->forward(proj->forward(causal_self_attention(qkv->forward(x), n_head, qkv->weight.dtype())));
 }
 
 MLP::MLP(const GPTConfig& cfg, Generator& gen) {
@@ -87,7 +88,7 @@ Tensor GPT::forward(const Tensor& idx) const {
   }
   // LM head tied to the token embedding: logits = lnf(x) @ wte^T.
   autograd::ScopeGuard scope("head");
-  return linear(lnf->forward(x), wte->forward_weight(), Tensor());
+  return linear(lnf->forward(x), wte->gemm_weight(), Tensor());
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {

@@ -16,7 +16,9 @@ class Linear : public Module {
     if (bias) this->bias = register_parameter("bias", Tensor::zeros({out_features}), false);
   }
   Tensor forward(const Tensor& x) const {
-    return linear(x, compute(weight), bias.defined() ? compute(bias) : Tensor());
+    // The weight goes into the GEMM as it is where the device can (Module::gemm_operand); the bias is a
+    // vector added in f32 (its cached compute copy).
+    return linear(x, gemm_operand(weight), bias.defined() ? compute(bias) : Tensor());
   }
   Tensor weight, bias;
 };
@@ -28,8 +30,8 @@ class Embedding : public Module {
     weight = register_parameter("weight", Tensor::randn({num_embeddings, dim}, gen, 0.0f, init_std), true);
   }
   Tensor forward(const Tensor& idx) const { return embedding(compute(weight), idx); }
-  /// The weight as used for computing (f32), e.g. by a tied output layer.
-  Tensor forward_weight() const { return compute(weight); }
+  /// The weight as a tied output layer's GEMM reads it (Module::gemm_operand: 16-bit on cuda).
+  Tensor gemm_weight() const { return gemm_operand(weight); }
   Tensor weight;
 };
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "core/gemm_precision.h"
 #include "core/tensor.h"
 #include "nn/parameter_hooks.h"
 
@@ -68,6 +69,14 @@ class Module {
   Tensor compute(const Tensor& p) const {
     before_parameter_use(p);
     return p.dtype() == DType::f32 ? p : to_f32_cached(p, compute_copies_[p.impl()]);
+  }
+  /// The tensor a GEMM (linear, matmul) reads for parameter `p`: `p` itself where the device's GEMMs
+  /// take its dtype (f16/bf16 on cuda: tensor cores, no f32 copy; Note [Tensor cores for 16-bit
+  /// models] in core/gemm_precision.h), else compute(p) (cpu: the cached f32 copy, today's numerics).
+  Tensor gemm_operand(const Tensor& p) const {
+    if (gemm_operand_dtype(p.device(), p.dtype()) != p.dtype()) return compute(p);
+    before_parameter_use(p);
+    return p;
   }
 
  private:

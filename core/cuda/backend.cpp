@@ -30,6 +30,27 @@ class CudaBackend final : public Backend {
                                stride_c, batch);
   }
 
+  void gemm_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,
+               DType a_dtype, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb, float beta, void* C,
+               DType c_dtype, std::int64_t ldc, const float* bias) override {
+    cuda::gemm_ex(trans_a, trans_b, M, N, K, alpha, A, a_dtype, lda, B, b_dtype, ldb, beta, C, c_dtype, ldc, bias);
+  }
+  void gemm_batched_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                       const void* A, DType a_dtype, std::int64_t lda, std::int64_t stride_a, const void* B,
+                       DType b_dtype, std::int64_t ldb, std::int64_t stride_b, float beta, void* C, DType c_dtype,
+                       std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) override {
+    cuda::gemm_strided_batched_ex(trans_a, trans_b, M, N, K, alpha, A, a_dtype, lda, stride_a, B, b_dtype, ldb,
+                                  stride_b, beta, C, c_dtype, ldc, stride_c, batch);
+  }
+  void attention_forward_ex(float* out, float* att, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t C,
+                            std::int64_t H, DType gemm_dtype) override {
+    cuda::attention_forward(out, att, qkv, B, T, C, H, gemm_dtype);
+  }
+  void attention_backward_ex(float* dqkv, const float* dout, const float* qkv, const float* att, std::int64_t B,
+                             std::int64_t T, std::int64_t C, std::int64_t H, DType gemm_dtype) override {
+    cuda::attention_backward(dqkv, dout, qkv, att, B, T, C, H, gemm_dtype);
+  }
+
   void binary(float* out, const float* a, const float* b, std::int64_t n, std::int64_t m, BinaryOp op) override {
     cuda::binary(out, a, b, n, m, op);
   }

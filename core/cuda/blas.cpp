@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
+#include "core/gemm_precision.h"
 
 namespace zero::cuda {
 
@@ -75,11 +76,8 @@ void gemm_any(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::i
   ZERO_CHECK(M >= 0 && N >= 0 && K >= 0 && batch >= 0, "gemm: negative size (M={}, N={}, K={}, batch={})", M, N, K,
              batch);
   if (M == 0 || N == 0 || batch == 0) return;
-  ZERO_CHECK(a_type == b_type, "gemm: A is {} but B is {}", dtype_name(a_type), dtype_name(b_type));
-  ZERO_CHECK(is_floating(a_type) && is_floating(c_type), "gemm: unsupported types A {} C {}", dtype_name(a_type),
-             dtype_name(c_type));
-  ZERO_CHECK(a_type != DType::f32 || c_type == DType::f32, "gemm: f32 inputs need an f32 output, got {}",
-             dtype_name(c_type));
+  // Validates the dtypes and picks the compute type (Note [Tensor cores for 16-bit models]).
+  const GemmPlan plan = cuda_gemm_plan(a_type, b_type, c_type, g_allow_tf32.load(std::memory_order_relaxed));
   const int m = as_int(N, "N"), n = as_int(M, "M"), k = as_int(K, "K");
   // Minimum leading dimensions of the stored (row-major) operands, as cpu::gemm assumes.
   ZERO_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N,
@@ -89,9 +87,8 @@ void gemm_any(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::i
             ld_c = std::max(as_int(ldc, "ldc"), 1);
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasComputeType_t compute = a_type == DType::f32 && g_allow_tf32.load(std::memory_order_relaxed)
-                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                          : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute =
+      plan.compute == GemmCompute::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   HandleLock h;
   if (batch == 1) {
     ZERO_CUBLAS_CHECK(cublasGemmEx(h.handle(), op_b, op_a, m, n, k, &alpha, B, cuda_type(b_type), ld_b, A,
@@ -120,8 +117,19 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
 
 void gemm_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,
              DType a_type, std::int64_t lda, const void* B, DType b_type, std::int64_t ldb, float beta, void* C,
-             DType c_type, std::int64_t ldc) {
+             DType c_type, std::int64_t ldc, const float* bias) {
+  ZERO_CHECK(bias == nullptr || c_type == DType::f32, "gemm_ex: a bias needs an f32 output, got {}",
+             dtype_name(c_type));
   gemm_any(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, 0, B, b_type, ldb, 0, beta, C, c_type, ldc, 0, 1);
+  if (bias != nullptr) detail::launch_add_bias_rows(static_cast<float*>(C), ldc, bias, M, N, current_stream());
+}
+
+void gemm_strided_batched_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                             const void* A, DType a_type, std::int64_t lda, std::int64_t stride_a, const void* B,
+                             DType b_type, std::int64_t ldb, std::int64_t stride_b, float beta, void* C, DType c_type,
+                             std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
+  gemm_any(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, stride_a, B, b_type, ldb, stride_b, beta, C, c_type, ldc,
+           stride_c, batch);
 }
 
 void gemm_strided_batched(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,

@@ -113,9 +113,43 @@ AttentionDims attention_dims(std::int64_t B, std::int64_t T, std::int64_t C, std
 // GEMM over all B*H heads, and the causal softmax runs in place on the scores in `att`. Products over
 // the masked upper triangle are computed and thrown away: at T = 256 that wastes less than a
 // FlashAttention-style kernel would save in a first version, and keeps this code next to the CPU one.
+namespace {
+// A GEMM operand in the attention's GEMM dtype: the f32 buffer itself, or a copy rounded to 16 bits.
+class Operand {
+ public:
+  Operand(const float* x, std::int64_t n, DType dtype) : dtype_(dtype), ptr_(x) {
+    if (dtype == DType::f32) return;
+    copy_ = DeviceBuffer(dtype_size(dtype) * static_cast<std::size_t>(n));
+    cast(copy_.get(), dtype, x, DType::f32, n);
+    ptr_ = copy_.get();
+  }
+  const void* get() const { return ptr_; }
+  DType dtype() const { return dtype_; }
+
+ private:
+  DType dtype_;
+  const void* ptr_;
+  DeviceBuffer copy_;
+};
+
+// out[batch x [M, N]] (f32) = alpha * op(a) op(b) over strided batches of the attention's operands.
+void batched(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const Operand& a,
+             std::int64_t lda, std::int64_t sa, const Operand& b, std::int64_t ldb, std::int64_t sb, float* out,
+             std::int64_t ldc, std::int64_t sc, std::int64_t batch) {
+  gemm_strided_batched_ex(ta, tb, M, N, K, alpha, a.get(), a.dtype(), lda, sa, b.get(), b.dtype(), ldb, sb, 0.0f, out,
+                          DType::f32, ldc, sc, batch);
+}
+
+void check_gemm_dtype(DType t, const char* what) {
+  ZERO_CHECK(t == DType::f32 || t == DType::f16 || t == DType::bf16, "{}: GEMM dtype must be f32, f16 or bf16, got {}",
+             what, dtype_name(t));
+}
+}  // namespace
+
 void attention_forward(float* out, float* att, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t C,
-                       std::int64_t H) {
+                       std::int64_t H, DType gemm_dtype) {
   const AttentionDims d = attention_dims(B, T, C, H, "attention_forward");
+  check_gemm_dtype(gemm_dtype, "attention_forward");
   if (d.n == 0) return;
   cudaStream_t s = current_stream();
   const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(d.n);
@@ -125,18 +159,21 @@ void attention_forward(float* out, float* att, const float* qkv, std::int64_t B,
   detail::launch_rows_to_heads(v.as<float>(), qkv + 2 * C, 3 * C, d.B, d.T, d.H, d.D, s);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   // att = scale * q k^T  ([T,T] per head)
-  gemm_strided_batched(false, true, T, T, d.D, scale, q.as<float>(), d.D, d.TD, k.as<float>(), d.D, d.TD, 0.0f, att,
-                       T, d.TT, d.BH);
+  {
+    const Operand qo(q.as<float>(), d.n, gemm_dtype), ko(k.as<float>(), d.n, gemm_dtype);
+    batched(false, true, T, T, d.D, scale, qo, d.D, d.TD, ko, d.D, d.TD, att, T, d.TT, d.BH);
+  }
   detail::launch_causal_softmax_forward(att, d.BH * T, d.T, s);
-  // y = att v  ([T,D] per head)
-  gemm_strided_batched(false, false, T, d.D, T, 1.0f, att, T, d.TT, v.as<float>(), d.D, d.TD, 0.0f, y.as<float>(),
-                       d.D, d.TD, d.BH);
+  // y = att v  ([T,D] per head); the probabilities are rounded to gemm_dtype as the GEMM's operand only
+  const Operand ao(att, d.BH * d.TT, gemm_dtype), vo(v.as<float>(), d.n, gemm_dtype);
+  batched(false, false, T, d.D, T, 1.0f, ao, T, d.TT, vo, d.D, d.TD, y.as<float>(), d.D, d.TD, d.BH);
   detail::launch_heads_to_rows(out, C, y.as<float>(), d.B, d.T, d.H, d.D, s);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, std::int64_t B,
-                        std::int64_t T, std::int64_t C, std::int64_t H) {
+                        std::int64_t T, std::int64_t C, std::int64_t H, DType gemm_dtype) {
   const AttentionDims d = attention_dims(B, T, C, H, "attention_backward");
+  check_gemm_dtype(gemm_dtype, "attention_backward");
   if (d.n == 0) return;
   cudaStream_t s = current_stream();
   const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(d.n);
@@ -148,17 +185,21 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   detail::launch_rows_to_heads(dy.as<float>(), dout, C, d.B, d.T, d.H, d.D, s);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
   // dv = att^T dy ; datt = dy v^T
-  gemm_strided_batched(true, false, T, d.D, T, 1.0f, att, T, d.TT, dy.as<float>(), d.D, d.TD, 0.0f, dv.as<float>(),
-                       d.D, d.TD, d.BH);
-  gemm_strided_batched(false, true, T, T, d.D, 1.0f, dy.as<float>(), d.D, d.TD, v.as<float>(), d.D, d.TD, 0.0f,
-                       datt.as<float>(), T, d.TT, d.BH);
-  // softmax backward on the causal rows, folding in the score scale
+  {
+    const Operand ao(att, d.BH * d.TT, gemm_dtype), dyo(dy.as<float>(), d.n, gemm_dtype),
+        vo(v.as<float>(), d.n, gemm_dtype);
+    batched(true, false, T, d.D, T, 1.0f, ao, T, d.TT, dyo, d.D, d.TD, dv.as<float>(), d.D, d.TD, d.BH);
+    batched(false, true, T, T, d.D, 1.0f, dyo, d.D, d.TD, vo, d.D, d.TD, datt.as<float>(), T, d.TT, d.BH);
+  }
+  // softmax backward on the causal rows (f32), folding in the score scale
   detail::launch_causal_softmax_backward(datt.as<float>(), att, d.BH * T, d.T, scale, s);
   // dq = dscores k ; dk = dscores^T q
-  gemm_strided_batched(false, false, T, d.D, T, 1.0f, datt.as<float>(), T, d.TT, k.as<float>(), d.D, d.TD, 0.0f,
-                       dq.as<float>(), d.D, d.TD, d.BH);
-  gemm_strided_batched(true, false, T, d.D, T, 1.0f, datt.as<float>(), T, d.TT, q.as<float>(), d.D, d.TD, 0.0f,
-                       dk.as<float>(), d.D, d.TD, d.BH);
+  {
+    const Operand dso(datt.as<float>(), d.BH * d.TT, gemm_dtype), ko(k.as<float>(), d.n, gemm_dtype),
+        qo(q.as<float>(), d.n, gemm_dtype);
+    batched(false, false, T, d.D, T, 1.0f, dso, T, d.TT, ko, d.D, d.TD, dq.as<float>(), d.D, d.TD, d.BH);
+    batched(true, false, T, d.D, T, 1.0f, dso, T, d.TT, qo, d.D, d.TD, dk.as<float>(), d.D, d.TD, d.BH);
+  }
   detail::launch_heads_to_rows(dqkv, 3 * C, dq.as<float>(), d.B, d.T, d.H, d.D, s);
   detail::launch_heads_to_rows(dqkv + C, 3 * C, dk.as<float>(), d.B, d.T, d.H, d.D, s);
   detail::launch_heads_to_rows(dqkv + 2 * C, 3 * C, dv.as<float>(), d.B, d.T, d.H, d.D, s);

@@ -35,12 +35,18 @@ void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64
           std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc,
           const float* bias = nullptr);
 
-/// gemm with element types: A and B f32, f16 or bf16 (the same type), C f32, f16 or bf16. Always fp32
-/// accumulation (CUBLAS_COMPUTE_32F; 16-bit inputs run on tensor cores). Throws zero::Error for other
-/// combinations.
+/// gemm with element types: A and B f32, f16 or bf16 (the same type), C f32 or A's type (f32 inputs:
+/// f32 only). Always fp32 accumulation (CUBLAS_COMPUTE_32F; 16-bit inputs run on tensor cores; f32 ones
+/// in TF32 when allowed): the choice is cuda_gemm_plan's (core/gemm_precision.h). bias[N] (f32, may be
+/// null) is added to every row of an f32 C. Throws zero::Error for other combinations.
 void gemm_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,
              DType a_type, std::int64_t lda, const void* B, DType b_type, std::int64_t ldb, float beta, void* C,
-             DType c_type, std::int64_t ldc);
+             DType c_type, std::int64_t ldc, const float* bias = nullptr);
+/// gemm_strided_batched with gemm_ex's element types (no bias).
+void gemm_strided_batched_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                             const void* A, DType a_type, std::int64_t lda, std::int64_t stride_a, const void* B,
+                             DType b_type, std::int64_t ldb, std::int64_t stride_b, float beta, void* C, DType c_type,
+                             std::int64_t ldc, std::int64_t stride_c, std::int64_t batch);
 
 /// `batch` independent f32 gemms: matrix i of A starts at A + i * stride_a (elements), likewise B, C.
 void gemm_strided_batched(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
@@ -68,11 +74,13 @@ void softmax_backward(float* dinp, const float* out, const float* dout, std::int
 
 /// cpu::attention_forward's contract. Scores and outputs through cuBLAS strided-batched GEMMs over
 /// B*H heads, the causal softmax fused into one kernel in place in att; q, k, v are first gathered into
-/// head-major scratch ([B,H,T,D] each, freed when the stream reaches them).
+/// head-major scratch ([B,H,T,D] each, freed when the stream reaches them). gemm_dtype f16 or bf16: its
+/// GEMMs (two forward, four backward) read their operands rounded to it, on tensor cores with fp32
+/// accumulation (Note [Tensor cores for 16-bit models]); att, out and dqkv stay f32 either way.
 void attention_forward(float* out, float* att, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t C,
-                       std::int64_t H);
+                       std::int64_t H, DType gemm_dtype = DType::f32);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, std::int64_t B,
-                        std::int64_t T, std::int64_t C, std::int64_t H);
+                        std::int64_t T, std::int64_t C, std::int64_t H, DType gemm_dtype = DType::f32);
 
 /// Synchronizes and returns the mean loss (like cpu::cross_entropy_forward); a target outside [0, V)
 /// throws zero::Error (after the kernel ran).

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/cuda/runtime.h"
+#include "core/gemm_precision.h"
 #include "distributed/mpi_communicator.h"
 #include "distributed/nccl_communicator.h"
 #include "distributed/zero_optimizer.h"
@@ -89,6 +90,13 @@ TEST(ZeroCuda, HostStagedStagesMatchCpu) {
       o.weight_decay = 0.1f;
       o.gradient_clipping = 0.5f;
       const auto want = train(Device::cpu, world, o);
+      // A bf16 model's device GEMMs would also round their activation operands to bf16 (Note [Tensor
+      // cores for 16-bit models]); this test is about ZeRO's data path, so the device GEMMs read f32 here,
+      // as the CPU's do. tests/unit/test_tensor_cores.cpp covers the 16-bit GEMMs.
+      set_16bit_gemms(false);
+      struct Restore {
+        ~Restore() { set_16bit_gemms(true); }
+      } restore;
       const auto have = train(Device::cuda, staged, o);
       ASSERT_EQ(have.size(), want.size());
       // Different summation orders (cuBLAS, device reductions): close, not identical. bf16 rounds the

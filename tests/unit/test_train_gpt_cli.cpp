@@ -121,6 +121,7 @@ TEST_F(TrainGptCli, TinyRunWritesMetrics) {
   const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(json.find("\"device\": \"cpu\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"tflops\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"matmul_precision\": \"fp32\""), std::string::npos) << json;  // cpu: f32 GEMMs
   EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sample"), std::string::npos) << r.output;
 }
