@@ -33,9 +33,10 @@
 # Budget: every step has its own time limit, and each limit is cut to what is left of the whole
 # budget, $ZERO_GPU_CHECK_BUDGET_S seconds (default 420: 7 minutes, so start-up included a run fits in
 # 8). ZERO_GPU_BUILD=DIR builds in DIR instead of build-gpu; CUDA_ARCHS overrides the CUDA
-# architectures (default: the GPU's own compute capability).
+# architectures (default: the GPU's own compute capability). ZERO_GPU_CHECK_DRY_RUN=1 skips looking for
+# a GPU, to test this script on a machine without one: the status is then never "ok".
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 ROOT=$(pwd)
 
 out="" prebuilt="" bundle=""
@@ -44,7 +45,7 @@ while [ $# -gt 0 ]; do
     --out) out="${2:?--out needs a file}"; shift 2 ;;
     --prebuilt) prebuilt="${2:?--prebuilt needs a folder}"; shift 2 ;;
     --bundle) bundle="${2:?--bundle needs a folder}"; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -56,6 +57,10 @@ fi
 
 BUILD="${ZERO_GPU_BUILD:-$ROOT/build-gpu}"
 BUDGET="${ZERO_GPU_CHECK_BUDGET_S:-420}"
+# ZERO_GPU_CHECK_DRY_RUN=1 skips looking for the GPU, to test this script where there is none
+# (tests/bundle/check_bundle.sh): every GPU test then skips and the status can never be "ok".
+DRY_RUN="${ZERO_GPU_CHECK_DRY_RUN:-0}"
+export DRY_RUN
 if [ -z "$out" ]; then
   if [ -n "${OUT:-}" ]; then out="$OUT/gpu_check.json"; else out="$BUILD/gpu_check.json"; fi
 fi
@@ -141,6 +146,8 @@ else:
         status, reason = "failed", "no step ran"
     else:
         status, reason = "ok", "every step ran and passed"
+if status == "ok" and os.environ.get("DRY_RUN") == "1":
+    status, reason = "failed", "dry run (ZERO_GPU_CHECK_DRY_RUN=1): no GPU was used"
 result = {"status": status, "reason": reason, "machine": machine, "steps": steps, "statuses": statuses,
           "summary": summary, "total_seconds": int(total), "budget_seconds": int(budget)}
 tmp = out + ".tmp"
@@ -197,12 +204,16 @@ no_gpu() {
 }
 echo '{}' >"$WORK/machine.json"
 command -v python3 >/dev/null || { echo "gpu_check: python3 is needed to write the JSON" >&2; exit 1; }
+if [ "$DRY_RUN" = 1 ]; then
+  echo '{"dry_run": "ZERO_GPU_CHECK_DRY_RUN=1: no GPU looked for"}' >"$WORK/machine.json"
+else
 if ! command -v nvidia-smi >/dev/null; then no_gpu "nvidia-smi not found (no NVIDIA driver installed)"; fi
 if ! timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$WORK/smi.txt" 2>&1; then
   no_gpu "nvidia-smi failed: $(head -n 1 "$WORK/smi.txt")"
 fi
 timeout 20 nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -n 1 | grep -o '[0-9.]*$' >"$WORK/smi_cuda.txt"
 compgen -G '/dev/nvidia[0-9]*' >/dev/null || no_gpu "no /dev/nvidia[0-9]* device node"
+fi
 
 # The probe: from the bundle, else compiled here from tools/gpu_probe.cpp (seconds).
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -232,9 +243,14 @@ else
   BIN="$BUILD/bin"
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   PROBE="$WORK/gpu_probe"
-  timeout 60 "$NVCC" -O2 -o "$PROBE" tools/gpu_probe.cpp -ldl >"$WORK/probe_build.log" 2>&1 ||
+  [ "$DRY_RUN" = 1 ] || timeout 60 "$NVCC" -O2 -o "$PROBE" tools/gpu_probe.cpp -ldl >"$WORK/probe_build.log" 2>&1 ||
     { record machine failed 0 info="$WORK/machine.json"; finish failed "could not build tools/gpu_probe.cpp with $NVCC: $(tail -n 1 "$WORK/probe_build.log")"; }
 fi
+if [ "$DRY_RUN" = 1 ]; then
+  GPU_CC=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cuda_architectures"][0])' \
+           "${prebuilt:-/nonexistent}/manifest.json" 2>/dev/null || echo 90)
+  record machine ok 0 info="$WORK/machine.json"
+else
 timeout 30 "$PROBE" >"$WORK/probe.json" 2>"$WORK/probe.err"
 probe_rc=$?
 python3 - "$WORK/smi.txt" "$WORK/smi_cuda.txt" "$WORK/probe.json" "$WORK/probe.err" "$prebuilt" "$WORK/machine.json" <<'PY'
@@ -289,6 +305,7 @@ if [ -n "$prebuilt" ]; then
     finish failed "libnccl.so.2 not found (neither in the bundle, the toolkit nor an nvidia-nccl wheel)"
   fi
 fi
+fi  # DRY_RUN
 
 # ---- 1. build (or prebuilt bundle) ---------------------------------------------------------------------
 if [ -z "$prebuilt" ]; then
