@@ -7,7 +7,8 @@
 #   DIR/lib/    every shared library they load except glibc, libstdc++/libgcc_s and what a CUDA machine
 #               has (the driver, the CUDA runtime, cuBLAS); each library's RUNPATH is set to $ORIGIN
 #               (patchelf) and each binary's to $ORIGIN/../lib, so nothing depends on the environment;
-#               Open MPI's plugins and help files are mirrored below DIR as its /usr layout has them;
+#               Open MPI's plugins and help files are mirrored below DIR as its /usr layout has them,
+#               PMIx's plugins are in DIR/pmix (hwloc's optional plugins are not carried);
 #   DIR/share/zero/   the test data and example configs the test binary reads (tests/unit/test_paths.h
 #               looks there, beside the binary, first);
 #   DIR/data/corpus.txt   data/tinyshakespeare.txt if present, else scripts/make_corpus.py's text;
@@ -38,7 +39,8 @@ if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ] && [ ! -f "$dir/manifes
   exit 2
 fi
 command -v patchelf >/dev/null ||
-  { echo "gpu_bundle: patchelf is needed to point the carried libraries at each other (apt-get install patchelf)" >&2; exit 1; }
+  { echo "gpu_bundle: patchelf is needed to point the carried libraries at each other (apt-get install patchelf)" >&2
+    exit 1; }
 
 # ---- build ----
 mkdir -p "$build"
@@ -100,8 +102,8 @@ if command -v mpirun >/dev/null && command -v ompi_info >/dev/null; then
     cp -rL "$src/." "$dir/${src#"$prefix"/}/"
     mpi_dirs+=("$dir/${src#"$prefix"/}")
   done
-  # Debian's Open MPI runs on an external PMIx whose own plugins live under its prefix;
-  # PMIX_INSTALL_PREFIX=DIR/pmix moves it (gpu_check.sh sets it).
+  # Debian's Open MPI runs on an external PMIx whose own plugins live under its prefix:
+  # PMIX_MCA_mca_base_component_path=DIR/pmix/lib/pmix points it there (gpu_check.sh sets it).
   for pmix in /usr/lib/*/pmix2 /usr/lib/*/pmix; do
     [ -d "$pmix/lib/pmix" ] || continue
     mkdir -p "$dir/pmix/lib"
@@ -183,9 +185,11 @@ fi
 
 # ---- manifest ----
 size_kb=$(du -sk "$dir" | cut -f1)
+nccl_h="$(sed -n 's/^ZERO_NCCL_INCLUDE_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")/nccl.h"
+nccl_version=$(grep -s -o 'NCCL_\(MAJOR\|MINOR\|PATCH\) [0-9]*' "$nccl_h" | awk '{print $2}' | paste -sd. || true)
+commit=$(cd "$root" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
 python3 - "$dir/manifest.json" "$with_cuda" "$archs" "$cpu_arch" "$size_kb" "${external[*]-}" \
-  "$(cat "$dir/data/corpus.txt.source")" "$(cd "$root" && git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-  "$(grep -o 'NCCL_MAJOR [0-9]*\|NCCL_MINOR [0-9]*\|NCCL_PATCH [0-9]*' "$(sed -n 's/^ZERO_NCCL_INCLUDE_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")/nccl.h" 2>/dev/null | awk '{print $2}' | paste -sd.)" <<'PY'
+  "$(cat "$dir/data/corpus.txt.source")" "$commit" "$nccl_version" <<'PY'
 import json, os, sys
 out, cuda, archs, cpu_arch, size_kb, external, corpus, commit, nccl = sys.argv[1:]
 d = os.path.dirname(out)

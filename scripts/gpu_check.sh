@@ -162,6 +162,9 @@ PY
   exit $?
 }
 
+# jget FILE EXPR: a Python expression over the JSON in FILE (named d), printed.
+jget() { python3 -c "import json, math, sys; d = json.load(open(sys.argv[1])); print($2)" "$1"; }
+
 # limit WANTED: WANTED seconds, cut to what is left of the budget (10 s kept for the JSON).
 limit() {
   local left=$(( BUDGET - ($(date +%s) - T_START) - 10 ))
@@ -233,22 +236,25 @@ for mod in ("nvidia.nccl", "nvidia.cublas", "nvidia.cuda_runtime", "nvidia.cu13"
 print(":".join(dict.fromkeys(dirs)))
 PY
 )
-  export LD_LIBRARY_PATH="$prebuilt/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${wheels:+:$wheels}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  LD_LIBRARY_PATH="$prebuilt/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${wheels:+:$wheels}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH
   PROBE="$BIN/gpu_probe"
+  # The bundle's Open MPI: its plugins and help files (OPAL_PREFIX), PMIx's plugins, its orted (PATH:
+  # an MPI singleton starts one), and none of hwloc's optional plugins a different hwloc might have.
   if [ -x "$BIN/mpirun" ]; then
-    export OPAL_PREFIX="$prebuilt" PATH="$BIN:$PATH"
-    [ -d "$prebuilt/pmix" ] && export PMIX_INSTALL_PREFIX="$prebuilt/pmix"
+    export OPAL_PREFIX="$prebuilt" PATH="$BIN:$PATH" HWLOC_PLUGINS_PATH="$prebuilt/lib/hwloc"
+    [ -d "$prebuilt/pmix" ] && export PMIX_MCA_mca_base_component_path="$prebuilt/pmix/lib/pmix"
   fi
 else
   BIN="$BUILD/bin"
   export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   PROBE="$WORK/gpu_probe"
   [ "$DRY_RUN" = 1 ] || timeout 60 "$NVCC" -O2 -o "$PROBE" tools/gpu_probe.cpp -ldl >"$WORK/probe_build.log" 2>&1 ||
-    { record machine failed 0 info="$WORK/machine.json"; finish failed "could not build tools/gpu_probe.cpp with $NVCC: $(tail -n 1 "$WORK/probe_build.log")"; }
+    { record machine failed 0 info="$WORK/machine.json"
+      finish failed "could not build tools/gpu_probe.cpp with $NVCC: $(tail -n 1 "$WORK/probe_build.log")"; }
 fi
 if [ "$DRY_RUN" = 1 ]; then
-  GPU_CC=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["cuda_architectures"][0])' \
-           "${prebuilt:-/nonexistent}/manifest.json" 2>/dev/null || echo 90)
+  GPU_CC=$(jget "${prebuilt:-/nonexistent}/manifest.json" 'd["cuda_architectures"][0]' 2>/dev/null || echo 90)
   record machine ok 0 info="$WORK/machine.json"
 else
 timeout 30 "$PROBE" >"$WORK/probe.json" 2>"$WORK/probe.err"
@@ -287,7 +293,7 @@ print("DRV=" + str(i.get("driver_cuda_version") or "none"), "RT=" + str(i.get("c
 echo "gpu: $(cat "$WORK/smi.txt"); driver supports CUDA $DRV, runtime $RT; probe exit $probe_rc"
 case $probe_rc in
   0) ;;
-  2) no_gpu "the probe found no usable device ($(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("probe", {}).get("error"))' "$WORK/machine.json"))" ;;
+  2) no_gpu "the probe found no usable device ($(jget "$WORK/machine.json" 'd.get("probe", {}).get("error")'))" ;;
   3) record machine driver_too_old 0 info="$WORK/machine.json"
      finish driver_too_old "the driver supports CUDA $DRV, older than the CUDA $RT runtime this build uses" ;;
   *) record machine failed 0 info="$WORK/machine.json"
@@ -295,8 +301,7 @@ case $probe_rc in
 esac
 record machine ok 0 info="$WORK/machine.json"
 if [ -n "$prebuilt" ]; then
-  built_for=$(python3 -c 'import json,sys; print(" ".join(str(a) for a in json.load(open(sys.argv[1])).get("cuda_architectures", [])))' \
-              "$prebuilt/manifest.json" 2>/dev/null)
+  built_for=$(jget "$prebuilt/manifest.json" '" ".join(str(a) for a in d.get("cuda_architectures", []))' 2>/dev/null)
   case " $built_for " in
     *" $GPU_CC "*) ;;
     *) finish failed "the bundle's CUDA code is for sm_${built_for:-?}, the GPU is sm_$GPU_CC" ;;
@@ -334,6 +339,9 @@ else
 fi
 
 # ---- 2. the GPU tests ----------------------------------------------------------------------------------
+# One machine: Open MPI's isolated launcher starts local processes without the ssh/rsh it otherwise
+# insists on finding (a bare GPU machine has neither).
+export OMPI_MCA_plm=isolated
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 HAVE_MPIRUN=0
@@ -374,8 +382,9 @@ verdict = {"status": status, "reason": reason, "tests_run": len(ran), "skipped_t
 json.dump(verdict, open(out, "w"))
 print(f"   {len(ran)} tests ran, {len(skipped)} skipped, {len(failed)} failed")
 PY
-  local st; st=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' "$WORK/$name.verdict.json")
-  local why; why=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["reason"])' "$WORK/$name.verdict.json")
+  local st why
+  st=$(jget "$WORK/$name.verdict.json" 'd["status"]')
+  why=$(jget "$WORK/$name.verdict.json" 'd["reason"]')
   record "$name" "$st" "$STEP_SECONDS" result="$WORK/$name.verdict.json" detail="$WORK/$name.tail.json" reason="$why"
   # The counts at the top level of the step, where finish looks for skipped tests.
   python3 - "$RESULTS" "$name" "$WORK/$name.verdict.json" <<'PY'
@@ -439,8 +448,8 @@ train_run() {  # train_run NAME TIMEOUT [launcher...] -- flags...
   local rc=$? status=ok reason=""
   if [ $rc -ne 0 ]; then
     status=failed reason="$STEP_REASON"
-  elif ! python3 -c 'import json,math,sys; m=json.load(open(sys.argv[1])); sys.exit(0 if m.get("device")=="cuda" and math.isfinite(m.get("train_loss") or math.nan) else 1)' \
-         "$WORK/$name.metrics.json" 2>/dev/null; then
+  elif [ "$(jget "$WORK/$name.metrics.json" \
+             'd.get("device") == "cuda" and math.isfinite(d.get("train_loss") or math.nan)' 2>/dev/null)" != True ]; then
     status=failed reason="metrics missing, not on cuda, or a non-finite loss"
   fi
   record "$name" "$status" "$STEP_SECONDS" metrics="$WORK/$name.metrics.json" detail="$WORK/$name.tail.json" \

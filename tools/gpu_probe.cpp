@@ -10,8 +10,8 @@
 //                          the libnccl.so.2 the dynamic loader finds (as the project's binaries
 //                          would), and its path; 0 and null when there is none.
 // Exit status: 0 a usable device, 2 no device (or no driver), 3 the driver is older than the runtime
-// needs, 1 any other CUDA error. Built by nvcc with the runtime linked statically, so that it needs nothing but
-// the driver (libcuda.so.1) to start:
+// needs, 1 any other CUDA error. Built by nvcc with the runtime linked statically, so that it needs
+// nothing but the driver (libcuda.so.1) to start:
 //   nvcc -O2 -o gpu_probe tools/gpu_probe.cpp -ldl
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>

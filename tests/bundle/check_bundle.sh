@@ -16,7 +16,10 @@
 #   tests/bundle/check_bundle.sh DIR
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-[ $# -eq 1 ] && [ -f "$1/manifest.json" ] || { echo "usage: tests/bundle/check_bundle.sh BUNDLE_DIR (made by scripts/gpu_bundle.sh)" >&2; exit 2; }
+if [ $# -ne 1 ] || [ ! -f "$1/manifest.json" ]; then
+  echo "usage: tests/bundle/check_bundle.sh BUNDLE_DIR (a folder made by scripts/gpu_bundle.sh)" >&2
+  exit 2
+fi
 dir=$(cd "$1" && pwd)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
@@ -75,8 +78,25 @@ fi
 pass "zero_tests reads tests/data from beside itself (a damaged copy there makes GptParity fail)"
 
 # ---- 3. train_gpt on the bundled corpus ----
-mpi_env=(OPAL_PREFIX="$dir")
-[ -d "$dir/pmix" ] && mpi_env+=(PMIX_INSTALL_PREFIX="$dir/pmix")
+# The environment gpu_check.sh --prebuilt gives the bundle's Open MPI, and nothing more.
+mpi_env=(OPAL_PREFIX="$dir" PATH="$dir/bin" HWLOC_PLUGINS_PATH="$dir/lib/hwloc" OMPI_MCA_plm=isolated
+         OMP_NUM_THREADS=1)
+[ -d "$dir/pmix" ] && mpi_env+=(PMIX_MCA_mca_base_component_path="$dir/pmix/lib/pmix")
+# Where root may make a private mount namespace, the system's Open MPI, PMIx and hwloc plugin and
+# data folders are hidden as well, as on a machine that has none.
+isolate=() hidden=""
+if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
+  mkdir -p "$scratch/empty"
+  mounts=""
+  for d in $(ompi_info --path pkglibdir --parsable 2>/dev/null | awk -F: '{print $NF}') \
+           $(ompi_info --path pkgdatadir --parsable 2>/dev/null | awk -F: '{print $NF}') \
+           /usr/lib/*/pmix2 /usr/lib/*/pmix /usr/lib/*/hwloc; do
+    [ -d "$d" ] || continue
+    mounts+="mount --bind '$scratch/empty' '$d' && "
+    hidden+=" $d"
+  done
+  [ -n "$mounts" ] && isolate=(unshare -m sh -c "${mounts}exec \"\$0\" \"\$@\"")
+fi
 tiny=(--data "$dir/data/corpus.txt" --steps 3 --n-layer 1 --n-head 2 --n-embd 32 --block 32 --batch 4
       --eval-every 0 --eval-iters 2 --sample 0 --log-every 1)
 check_metrics() {  # check_metrics FILE WORLD
@@ -87,14 +107,15 @@ ok = m["steps"] == 3 and m["world_size"] == int(sys.argv[2]) and math.isfinite(m
 sys.exit(0 if ok else 1)
 PY
 }
-env -i "${mpi_env[@]}" OMP_NUM_THREADS=1 "$dir/bin/train_gpt" "${tiny[@]}" --metrics "$scratch/m1.json" \
+"${isolate[@]}" env -i "${mpi_env[@]}" "$dir/bin/train_gpt" "${tiny[@]}" --metrics "$scratch/m1.json" \
   >"$scratch/train1.log" 2>&1 || { tail -n 20 "$scratch/train1.log" >&2; fail "train_gpt (1 process)"; }
 check_metrics "$scratch/m1.json" 1
-pass "train_gpt: 3 steps on the bundled corpus, train loss $(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["train_loss"], 3))' "$scratch/m1.json")"
+loss=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["train_loss"], 3))' "$scratch/m1.json")
+pass "train_gpt: 3 steps on the bundled corpus, train loss $loss${hidden:+ (hidden:$hidden)}"
 if [ -x "$dir/bin/mpirun" ]; then
   as_root=()
   [ "$(id -u)" = 0 ] && as_root=(--allow-run-as-root)
-  env -i "${mpi_env[@]}" PATH="$dir/bin:/usr/bin:/bin" OMP_NUM_THREADS=1 "$dir/bin/mpirun" "${as_root[@]}" \
+  "${isolate[@]}" env -i "${mpi_env[@]}" "$dir/bin/mpirun" "${as_root[@]}" \
     --oversubscribe --bind-to none -np 2 "$dir/bin/train_gpt" "${tiny[@]}" --zero-stage 2 \
     --metrics "$scratch/m2.json" >"$scratch/train2.log" 2>&1 ||
     { tail -n 20 "$scratch/train2.log" >&2; fail "the bundle's mpirun -np 2 train_gpt"; }
