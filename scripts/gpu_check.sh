@@ -139,6 +139,8 @@ else:
     if bad:
         status = "failed"
         reason = "; ".join(f"{k}: {steps[k].get('reason') or steps[k].get('status')}" for k in bad)
+        if skipped:
+            reason += f"; and {len(skipped)} GPU test(s) skipped"
     elif skipped:
         status = "tests_skipped"
         reason = f"{len(skipped)} GPU test(s) skipped: " + ", ".join(skipped[:20])

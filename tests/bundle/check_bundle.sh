@@ -11,7 +11,9 @@
 #   3. train_gpt trains a tiny model for 3 steps on the bundled corpus (an MPI singleton, with the
 #      bundle's Open MPI plugins: OPAL_PREFIX as gpu_check.sh sets it), and 2 ranks under the bundled
 #      mpirun when there is one; the metrics must show finite losses;
-#   4. the GPU test filters of gpu_check.sh leave out no test whose name says it needs a GPU.
+#   4. the GPU test filters of gpu_check.sh leave out no test whose name says it needs a GPU;
+#   5. gpu_check.sh --prebuilt DIR in its dry-run mode (no GPU looked for) runs every step and does not
+#      report "ok": the GPU tests skip, the training runs on cuda fail.
 #
 #   tests/bundle/check_bundle.sh DIR
 set -euo pipefail
@@ -132,4 +134,18 @@ list --gtest_filter="$unit_filter" >"$scratch/gpu.txt"
 missed=$(comm -23 "$scratch/all.txt" "$scratch/gpu.txt" | grep -Ei 'cuda|gpu|nccl' | grep -v '^TrainGptCli\.' || true)
 [ -z "$missed" ] || fail "gpu_check.sh's UNIT_FILTER misses: $missed"
 pass "UNIT_FILTER selects $(wc -l <"$scratch/gpu.txt") of $(wc -l <"$scratch/all.txt") unit tests, every one named for a GPU"
+# ---- 5. gpu_check.sh cannot pass without a GPU ----
+ZERO_GPU_CHECK_DRY_RUN=1 "$root/scripts/gpu_check.sh" --prebuilt "$dir" --out "$scratch/gpu_check.json" \
+  >"$scratch/gpu_check.log" 2>&1 && fail "gpu_check.sh exited 0 without a GPU"
+python3 - "$scratch/gpu_check.json" <<'PY' || { tail -n 30 "$scratch/gpu_check.log" >&2; fail "gpu_check.sh's dry run"; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+steps = r["steps"]
+ok = (r["status"] in ("failed", "tests_skipped") and steps["unit_tests"]["tests_run"] > 0
+      and all(name in steps for name in ("dist_tests_np1", "train_fp16_zero2_1gpu", "bench_bf16")))
+print(f'{r["status"]}: {steps["unit_tests"]["tests_run"]} GPU unit tests ran, '
+      f'{len(steps["unit_tests"]["skipped_tests"])} skipped')
+sys.exit(0 if ok else 1)
+PY
+pass "gpu_check.sh --prebuilt without a GPU: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["status"], "-", r["reason"][:120])' "$scratch/gpu_check.json")"
 echo "check_bundle: $dir is self-contained ($(du -sh "$dir" | cut -f1))"
