@@ -195,7 +195,8 @@ out, cuda, archs, cpu_arch, size_kb, external, corpus, commit, nccl = sys.argv[1
 d = os.path.dirname(out)
 json.dump({"commit": commit, "cuda": cuda == "ON", "cuda_architectures": [int(a) for a in archs.split(";") if a],
            "cpu_arch": cpu_arch, "binaries": sorted(os.listdir(os.path.join(d, "bin"))),
-           "libraries": sorted(os.listdir(os.path.join(d, "lib"))),
+           "libraries": sorted(f for f in os.listdir(os.path.join(d, "lib"))
+                               if os.path.isfile(os.path.join(d, "lib", f))),
            "left_to_the_gpu_machine": {"libraries": external.split(), "nccl_built_against": nccl or None},
            "corpus": corpus, "size_bytes": int(size_kb) * 1024}, open(out, "w"), indent=1)
 PY

@@ -203,6 +203,10 @@ run_step() {
 
 # ---- 0. the GPU, before anything is built --------------------------------------------------------------
 no_gpu() {
+  if [ -s "$WORK/smi.txt" ] && [ "$(cat "$WORK/machine.json")" = '{}' ]; then
+    python3 -c 'import json,sys; json.dump({"nvidia_smi": open(sys.argv[1]).read().strip()}, open(sys.argv[2], "w"))' \
+      "$WORK/smi.txt" "$WORK/machine.json"
+  fi
   record machine no_gpu 0 info="$WORK/machine.json" 2>/dev/null
   echo "gpu_check: no GPU: $1" >&2
   finish no_gpu "$1"
@@ -376,7 +380,7 @@ status = "ok"
 if rc != 0 or failed or not files:
     status = "failed"
     reason = reason or "a test failed"
-    if not files: reason += "; no gtest JSON report"
+    if not files and rc != 125: reason += "; no gtest JSON report"  # 125: not run at all
 elif not ran:
     status, reason = "failed", "the filter matched no test"
 verdict = {"status": status, "reason": reason, "tests_run": len(ran), "skipped_tests": sorted(skipped),
