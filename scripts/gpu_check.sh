@@ -216,12 +216,11 @@ command -v python3 >/dev/null || { echo "gpu_check: python3 is needed to write t
 if [ "$DRY_RUN" = 1 ]; then
   echo '{"dry_run": "ZERO_GPU_CHECK_DRY_RUN=1: no GPU looked for"}' >"$WORK/machine.json"
 else
-if ! command -v nvidia-smi >/dev/null; then no_gpu "nvidia-smi not found (no NVIDIA driver installed)"; fi
-if ! timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$WORK/smi.txt" 2>&1; then
-  no_gpu "nvidia-smi failed: $(head -n 1 "$WORK/smi.txt")"
-fi
-timeout 20 nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -n 1 | grep -o '[0-9.]*$' >"$WORK/smi_cuda.txt"
-compgen -G '/dev/nvidia[0-9]*' >/dev/null || no_gpu "no /dev/nvidia[0-9]* device node"
+  command -v nvidia-smi >/dev/null || no_gpu "nvidia-smi not found (no NVIDIA driver installed)"
+  timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$WORK/smi.txt" 2>&1 ||
+    no_gpu "nvidia-smi failed: $(head -n 1 "$WORK/smi.txt")"
+  timeout 20 nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -n 1 | grep -o '[0-9.]*$' >"$WORK/smi_cuda.txt"
+  compgen -G '/dev/nvidia[0-9]*' >/dev/null || no_gpu "no /dev/nvidia[0-9]* device node"
 fi
 
 # The probe: from the bundle, else compiled here from tools/gpu_probe.cpp (seconds).

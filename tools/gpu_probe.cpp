@@ -6,7 +6,7 @@
 //                          is built with (cudaRuntimeGetVersion, same encoding),
 //   device_count, error    cudaGetDeviceCount's count and, when it fails, the error's name,
 //   devices                name, compute capability and memory of each device,
-//   nccl_version, nccl_library   ncclGetVersion (1000 * major + 100 * minor + patch for NCCL 2.x) of
+//   nccl_version, nccl_library   ncclGetVersion (10000 * major + 100 * minor + patch since NCCL 2.9) of
 //                          the libnccl.so.2 the dynamic loader finds (as the project's binaries
 //                          would), and its path; 0 and null when there is none.
 // Exit status: 0 a usable device, 2 no device (or no driver), 3 the driver is older than the runtime
