@@ -36,16 +36,17 @@
 # architectures (default: the GPU's own compute capability). ZERO_GPU_CHECK_DRY_RUN=1 skips looking for
 # a GPU, to test this script on a machine without one: the status is then never "ok".
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
-ROOT=$(pwd)
+SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+ROOT=$(cd "$(dirname "$SELF")/.." && pwd)
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }  # paths given are the caller's
 
 out="" prebuilt="" bundle=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) out="${2:?--out needs a file}"; shift 2 ;;
-    --prebuilt) prebuilt="${2:?--prebuilt needs a folder}"; shift 2 ;;
-    --bundle) bundle="${2:?--bundle needs a folder}"; shift 2 ;;
-    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    --out) out=$(absolute "${2:?--out needs a file}"); shift 2 ;;
+    --prebuilt) prebuilt=$(absolute "${2:?--prebuilt needs a folder}"); shift 2 ;;
+    --bundle) bundle=$(absolute "${2:?--bundle needs a folder}"); shift 2 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SELF"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +55,9 @@ if [ -n "$prebuilt" ]; then
   [ -x "$prebuilt/bin/zero_tests" ] || { echo "gpu_check: $prebuilt is not a bundle (no bin/zero_tests)" >&2; exit 2; }
   prebuilt=$(cd "$prebuilt" && pwd)
 fi
+[ -n "${ZERO_DATA:-}" ] && ZERO_DATA=$(absolute "$ZERO_DATA")
+[ -n "${ZERO_GPU_BUILD:-}" ] && ZERO_GPU_BUILD=$(absolute "$ZERO_GPU_BUILD")
+cd "$ROOT" || exit 2
 
 BUILD="${ZERO_GPU_BUILD:-$ROOT/build-gpu}"
 BUDGET="${ZERO_GPU_CHECK_BUDGET_S:-420}"
