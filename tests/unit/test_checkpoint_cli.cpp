@@ -27,6 +27,7 @@
 #include "core/safetensors.h"
 
 #include "cli_util.h"
+#include "test_paths.h"
 
 namespace {
 
@@ -35,7 +36,7 @@ namespace fs = std::filesystem;
 using Result = zero::testing::CommandResult;
 Result run(const std::string& cmd) { return zero::testing::run_command(cmd); }
 
-std::string bin(const char* name) { return std::string(ZERO_BIN_DIR) + "/" + name; }
+std::string bin(const char* name) { return zero::testing::bin_dir() + "/" + name; }
 std::string mpirun(int np) { return fmt::format("{} -np {} ", ZERO_MPIRUN, np); }
 
 // Per-step log lines keyed by step (evaluation lines left out).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "distributed/config.h"
+#include "test_paths.h"
 
 namespace zero::dist {
 namespace {
@@ -34,7 +35,7 @@ const std::map<std::string, Expected>& expected() {
   return e;
 }
 
-std::filesystem::path config_dir() { return std::filesystem::path(ZERO_EXAMPLE_CONFIG_DIR); }
+std::filesystem::path config_dir() { return std::filesystem::path(zero::testing::example_config_dir()); }
 
 TEST(ExampleConfigs, EveryFileIsKnown) {
   std::vector<std::string> found;

@@ -11,6 +11,7 @@
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "test_paths.h"
 
 namespace {
 
@@ -18,7 +19,7 @@ using namespace zero;
 using nlohmann::json;
 
 json load_reference() {
-  std::ifstream in(std::string(ZERO_TEST_DATA_DIR) + "/gpt_reference.json");
+  std::ifstream in(zero::testing::test_data_dir() + "/gpt_reference.json");
   EXPECT_TRUE(in.good()) << "missing tests/data/gpt_reference.json";
   return json::parse(in);
 }

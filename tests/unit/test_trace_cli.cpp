@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cli_util.h"
+#include "test_paths.h"
 
 namespace {
 
@@ -37,7 +38,7 @@ class TraceCli : public ::testing::Test {
 const std::string kModel = " --n-layer 2 --n-head 2 --n-embd 16 --block 8 --reduce-bucket-size 900";
 
 TEST_F(TraceCli, TwoRankStage2TraceAccountsForTheSteps) {
-  const std::string bin = ZERO_BIN_DIR;
+  const std::string bin = zero::testing::bin_dir();
   const std::string data = " --data " + (dir_ / "text.txt").string();
   const fs::path path = dir_ / "trace.json";
   const CommandResult train =
@@ -106,7 +107,7 @@ TEST_F(TraceCli, TwoRankStage2TraceAccountsForTheSteps) {
 }
 
 TEST_F(TraceCli, BadTraceStepsIsOneLine) {
-  const std::string cmd = std::string(ZERO_BIN_DIR) + "/train_gpt --data " + (dir_ / "text.txt").string() + kModel +
+  const std::string cmd = zero::testing::bin_dir() + "/train_gpt --data " + (dir_ / "text.txt").string() + kModel +
                           " --steps 2 --sample 0 ";
   for (const std::string& args :
        {std::string("--trace-steps 1:2"), "--trace " + (dir_ / "t.json").string() + " --trace-steps 3:2",

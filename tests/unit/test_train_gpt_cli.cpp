@@ -21,6 +21,7 @@
 #endif
 
 #include "cli_util.h"
+#include "test_paths.h"
 
 namespace {
 
@@ -29,7 +30,7 @@ namespace fs = std::filesystem;
 using Result = zero::testing::CommandResult;
 using zero::testing::run_command;
 
-Result run_train_gpt(const std::string& args) { return run_command(std::string(ZERO_BIN_DIR) + "/train_gpt " + args); }
+Result run_train_gpt(const std::string& args) { return run_command(zero::testing::bin_dir() + "/train_gpt " + args); }
 
 // Lines of `out` that start with "error:" (what our ranks print; mpirun adds banners of its own).
 int error_lines(const std::string& out) {
@@ -225,7 +226,7 @@ TEST_F(TrainGptCli, SourceLocationOnlyWithVerbose) {
 }
 
 TEST_F(TrainGptCli, BadTimeoutInTheEnvironmentNamesTheVariable) {
-  const Result r = run_command("ZERO_COLLECTIVE_TIMEOUT_S=soon " + std::string(ZERO_BIN_DIR) + "/train_gpt --data " +
+  const Result r = run_command("ZERO_COLLECTIVE_TIMEOUT_S=soon " + zero::testing::bin_dir() + "/train_gpt --data " +
                                path("text.txt") + " --steps 1 --sample 0");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("error: ZERO_COLLECTIVE_TIMEOUT_S"), std::string::npos) << r.output;
@@ -236,7 +237,7 @@ TEST_F(TrainGptCli, BadTimeoutInTheEnvironmentNamesTheVariable) {
 std::string mpirun(int np) { return std::string(ZERO_MPIRUN) + " -np " + std::to_string(np) + " "; }
 
 TEST_F(TrainGptCli, AnErrorEveryRankHitsIsPrintedOnceUnderMpirun) {
-  const std::string exe = std::string(ZERO_BIN_DIR) + "/train_gpt --data " + path("text.txt");
+  const std::string exe = zero::testing::bin_dir() + "/train_gpt --data " + path("text.txt");
   // Found before MPI starts (flags), and after (the batch does not split over 4 ranks).
   for (const std::string bad : {" --zero-stage 5", " --steps abc", " --reduce-bucket-size 0", " --batch 10 --block 8"}) {
     const Result r = run_command(mpirun(4) + exe + bad + " --sample 0");
@@ -265,7 +266,7 @@ TEST_F(TrainGptCli, EveryWayOfLeavingEarlyEndsTheJobWithinTheTimeout) {
   };
   for (const EarlyLeave& m : modes) {
     const auto start = std::chrono::steady_clock::now();
-    const Result r = run_command("ZERO_COLLECTIVE_TIMEOUT_S=2 " + mpirun(4) + std::string(ZERO_BIN_DIR) +
+    const Result r = run_command("ZERO_COLLECTIVE_TIMEOUT_S=2 " + mpirun(4) + zero::testing::bin_dir() +
                                  "/zero_leave_early " + m.mode);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_NE(r.exit_code, 0) << m.mode << ": " << r.output;
@@ -279,7 +280,7 @@ TEST_F(TrainGptCli, EveryWayOfLeavingEarlyEndsTheJobWithinTheTimeout) {
     EXPECT_EQ(error_lines(r.output), 1) << m.mode << ": " << r.output;
     for (const std::string& text : m.expect) EXPECT_NE(r.output.find(text), std::string::npos) << m.mode << ": " << r.output;
   }
-  const Result ok = run_command(mpirun(4) + std::string(ZERO_BIN_DIR) + "/zero_leave_early none");
+  const Result ok = run_command(mpirun(4) + zero::testing::bin_dir() + "/zero_leave_early none");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_NE(ok.output.find("done: 65536"), std::string::npos) << ok.output;
 }

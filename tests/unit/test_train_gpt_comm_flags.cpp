@@ -11,6 +11,8 @@
 #include <fstream>
 #include <string>
 
+#include "test_paths.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -21,7 +23,7 @@ struct CliRun {
 };
 
 CliRun train_gpt(const std::string& args) {
-  const std::string cmd = std::string(ZERO_BIN_DIR) + "/train_gpt " + args + " 2>&1";
+  const std::string cmd = zero::testing::bin_dir() + "/train_gpt " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   std::string out;

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "test_paths.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -25,7 +27,7 @@ struct Output {
 };
 
 Output train_gpt(const std::string& args) {
-  const std::string cmd = std::string(ZERO_BIN_DIR) + "/train_gpt " + args + " 2>&1";
+  const std::string cmd = zero::testing::bin_dir() + "/train_gpt " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   EXPECT_NE(pipe, nullptr);
   std::string out;
@@ -104,7 +106,7 @@ TEST_F(TrainGptProgress, ExampleConfigsTrain) {
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.file);
-    const Output r = train_gpt(tiny() + " --steps 2 --config " + (fs::path(ZERO_EXAMPLE_CONFIG_DIR) / c.file).string());
+    const Output r = train_gpt(tiny() + " --steps 2 --config " + (fs::path(zero::testing::example_config_dir()) / c.file).string());
     ASSERT_EQ(r.exit_code, 0) << joined(r);
     const std::string out = joined(r);
     EXPECT_NE(out.find(std::string("data parallel: ") + c.split), std::string::npos) << out;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cli_util.h"
+#include "test_paths.h"
 
 namespace {
 
@@ -37,7 +38,7 @@ class ZeroExplainCli : public ::testing::Test {
 const std::string kModel = " --n-layer 1 --n-head 2 --n-embd 16 --block 8 --reduce-bucket-size 700";
 
 TEST_F(ZeroExplainCli, JsonEqualsWhatTrainGptMeasures) {
-  const std::string bin = ZERO_BIN_DIR;
+  const std::string bin = zero::testing::bin_dir();
   const std::string data = " --data " + (dir_ / "text.txt").string();
   const std::vector<std::string> schemes = {"--zero-stage 0", "--zero-stage 1 --dtype bf16", "--zero-stage 2",
                                             "--zero-stage 2 --config " + (dir_ / "no_rs.json").string()};
@@ -76,7 +77,7 @@ TEST_F(ZeroExplainCli, JsonEqualsWhatTrainGptMeasures) {
 }
 
 TEST_F(ZeroExplainCli, BadInputIsOneLine) {
-  const std::string bin = std::string(ZERO_BIN_DIR) + "/zero_explain";
+  const std::string bin = zero::testing::bin_dir() + "/zero_explain";
   for (const std::string& args :
        {std::string("--world-size 0"), std::string("--zero-stage 3"), std::string("--n-embd 10 --n-head 4"),
         std::string("--format yaml"), std::string("--data /nonexistent.txt"), std::string("--reduce-bucket-size 0")}) {

@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Packs a self-contained folder that scripts/gpu_check.sh --prebuilt DIR runs on a GPU machine which has
+# the NVIDIA driver and CUDA toolkit but nothing else this project needs (no Eigen, fmt, MPI, GTest):
+#   DIR/bin/    zero_tests, zero_dist_tests, train_gpt, gpu_probe (tools/gpu_probe.cpp), and Open MPI's
+#               mpirun and orted (best effort), stripped; built for a portable CPU level (ZERO_ARCH,
+#               default x86-64-v3: AVX2 + FMA), never -march=native;
+#   DIR/lib/    every shared library they load except glibc, libstdc++/libgcc_s and what a CUDA machine
+#               has (the driver, the CUDA runtime, cuBLAS); each library's RUNPATH is set to $ORIGIN
+#               (patchelf) and each binary's to $ORIGIN/../lib, so nothing depends on the environment;
+#               Open MPI's plugins and help files are mirrored below DIR as its /usr layout has them,
+#               PMIx's plugins are in DIR/pmix (hwloc's optional plugins are not carried);
+#   DIR/share/zero/   the test data and example configs the test binary reads (tests/unit/test_paths.h
+#               looks there, beside the binary, first);
+#   DIR/data/corpus.txt   data/tinyshakespeare.txt if present, else scripts/make_corpus.py's text;
+#   DIR/manifest.json     what was built, for which CUDA architectures, and what was left out.
+# NCCL is carried when it is at most ZERO_BUNDLE_NCCL_MAX_MB (default 24) MiB: recent NCCL releases
+# are ~200 MiB (device code for every architecture), more than a bundle may weigh, so such a NCCL is
+# left to the GPU machine (its toolkit, or the nvidia-nccl wheel) and the manifest says so.
+# The step fails when `ldd` shows any library resolving outside DIR, the base system and the toolkit.
+#
+#   scripts/gpu_bundle.sh DIR          (or scripts/gpu_check.sh --bundle DIR)
+#
+# ZERO_BUNDLE_BUILD=DIR builds there (default build-bundle); ZERO_BUNDLE_CUDA=ON|OFF|AUTO (default ON:
+# OFF makes a CPU-only bundle, which only tests/bundle/check_bundle.sh has a use for); CUDA_ARCHS
+# (default 90, the H100/H200); ZERO_ARCH (default x86-64-v3).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+[ $# -eq 1 ] || { echo "usage: scripts/gpu_bundle.sh DIR" >&2; exit 2; }
+dir="$1"
+build="${ZERO_BUNDLE_BUILD:-$root/build-bundle}"
+cuda="${ZERO_BUNDLE_CUDA:-ON}"
+archs="${CUDA_ARCHS:-90}"
+cpu_arch="${ZERO_ARCH:-x86-64-v3}"
+nccl_max_mb="${ZERO_BUNDLE_NCCL_MAX_MB:-24}"
+
+# A folder that holds anything but an earlier bundle is never overwritten.
+if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ] && [ ! -f "$dir/manifest.json" ]; then
+  echo "gpu_bundle: $dir exists and is not a bundle (no manifest.json); give an empty or new folder" >&2
+  exit 2
+fi
+command -v patchelf >/dev/null ||
+  { echo "gpu_bundle: patchelf is needed to point the carried libraries at each other (apt-get install patchelf)" >&2
+    exit 1; }
+
+# ---- build ----
+mkdir -p "$build"
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+echo "gpu_bundle: building (Release, -march=$cpu_arch, CUDA $cuda, sm_$archs) in $build"
+t0=$(date +%s)
+# The install RUNPATH at build time: the binaries look in ../lib first, then the standard toolkit path.
+# shellcheck disable=SC2016
+if ! cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DZERO_CUDA="$cuda" -DZERO_BUILD_BENCH=OFF \
+       -DZERO_INSTALL=OFF -DZERO_NATIVE=OFF -DZERO_ARCH="$cpu_arch" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
+       -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib;/usr/local/cuda/lib64' \
+       "${launcher[@]}" >"$build/bundle.configure.log" 2>&1; then
+  tail -n 30 "$build/bundle.configure.log" >&2
+  echo "gpu_bundle: configure failed (log: $build/bundle.configure.log)" >&2
+  exit 1
+fi
+if ! cmake --build "$build" -j"$(nproc)" --target zero_tests zero_dist_tests train_gpt >"$build/bundle.build.log" 2>&1; then
+  tail -n 30 "$build/bundle.build.log" >&2
+  echo "gpu_bundle: build failed (log: $build/bundle.build.log)" >&2
+  exit 1
+fi
+with_cuda=$(grep -q '^ZERO_WITH_CUDA:INTERNAL=ON' "$build/CMakeCache.txt" 2>/dev/null && echo ON ||
+            (grep -q 'CUDA backend ON' "$build/bundle.configure.log" && echo ON || echo OFF))
+echo "gpu_bundle: built in $(( $(date +%s) - t0 ))s (CUDA backend $with_cuda)"
+
+# ---- pack ----
+rm -rf "$dir"
+mkdir -p "$dir/bin" "$dir/lib" "$dir/share/zero/tests" "$dir/share/zero/examples" "$dir/data"
+dir=$(cd "$dir" && pwd)
+cp "$build"/bin/{zero_tests,zero_dist_tests,train_gpt} "$dir/bin/"
+if [ "$with_cuda" = ON ]; then
+  nvcc=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+  "${nvcc:-nvcc}" -O2 -o "$dir/bin/gpu_probe" "$root/tools/gpu_probe.cpp" -ldl
+fi
+cp -r "$root/tests/data" "$dir/share/zero/tests/data"
+cp -r "$root/examples/configs" "$dir/share/zero/examples/configs"
+if [ -f "$root/data/tinyshakespeare.txt" ]; then
+  cp "$root/data/tinyshakespeare.txt" "$dir/data/corpus.txt"
+  echo "Tiny Shakespeare" >"$dir/data/corpus.txt.source"
+else
+  python3 "$root/scripts/make_corpus.py" "$dir/data/corpus.txt"
+  echo "synthetic corpus from the repository's text (scripts/make_corpus.py): losses not comparable" \
+    >"$dir/data/corpus.txt.source"
+fi
+
+# Open MPI: mpirun and orted (an MPI singleton starts one), and the plugin and help folders under the
+# prefix-relative paths that OPAL_PREFIX=DIR makes Open MPI read (gpu_check.sh sets it).
+mpi_dirs=()
+if command -v mpirun >/dev/null && command -v ompi_info >/dev/null; then
+  cp -L "$(command -v mpirun)" "$dir/bin/mpirun"
+  command -v orted >/dev/null && cp -L "$(command -v orted)" "$dir/bin/orted"
+  prefix=$(ompi_info --path prefix --parsable | awk -F: '{print $NF}')
+  for key in pkglibdir pkgdatadir; do
+    src=$(ompi_info --path "$key" --parsable | awk -F: '{print $NF}')
+    case "$src" in "$prefix"/*) ;; *) continue ;; esac
+    [ -d "$src" ] || continue
+    mkdir -p "$dir/${src#"$prefix"/}"
+    cp -rL "$src/." "$dir/${src#"$prefix"/}/"
+    mpi_dirs+=("$dir/${src#"$prefix"/}")
+  done
+  # Debian's Open MPI runs on an external PMIx whose own plugins live under its prefix:
+  # PMIX_MCA_mca_base_component_path=DIR/pmix/lib/pmix points it there (gpu_check.sh sets it).
+  for pmix in /usr/lib/*/pmix2 /usr/lib/*/pmix; do
+    [ -d "$pmix/lib/pmix" ] || continue
+    mkdir -p "$dir/pmix/lib"
+    cp -rL "$pmix/lib/pmix" "$dir/pmix/lib/"
+    [ -d "$pmix/share" ] && cp -rL "$pmix/share" "$dir/pmix/"
+    mpi_dirs+=("$dir/pmix/lib/pmix")
+    break
+  done
+fi
+
+# Base system and CUDA-machine libraries stay behind; everything else is copied, with what it needs.
+is_base() {  # glibc, the compiler's C++ runtime, the dynamic loader
+  case "$(basename "$1")" in
+    libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|libutil.so.*|libresolv.so.*|ld-linux*.so.*| \
+    libstdc++.so.*|libgcc_s.so.*) return 0 ;;
+  esac
+  return 1
+}
+is_cuda_machine() {  # the driver and the toolkit's runtime and cuBLAS
+  case "$(basename "$1")" in
+    libcuda.so.*|libnvidia-*.so*|libcudart.so.*|libcublas.so.*|libcublasLt.so.*) return 0 ;;
+  esac
+  return 1
+}
+external=()
+copy_deps() {  # copy_deps FILE...: copies every non-base dependency ldd resolves for FILE
+  local lib
+  for lib in $(ldd "$@" 2>/dev/null | awk '/=> \//{print $3}' | sort -u); do
+    is_base "$lib" && continue
+    is_cuda_machine "$lib" && continue
+    local name; name=$(basename "$lib")
+    [ -e "$dir/lib/$name" ] && continue
+    if [[ "$name" == libnccl.so* ]] && [ "$(stat -L -c %s "$lib")" -gt $(( nccl_max_mb * 1024 * 1024 )) ]; then
+      [[ " ${external[*]-} " == *" $name "* ]] || external+=("$name")
+      continue
+    fi
+    cp -L "$lib" "$dir/lib/$name"
+  done
+}
+bins=("$dir"/bin/*)
+copy_deps "${bins[@]}"
+plugins=()
+for d in "${mpi_dirs[@]}"; do while IFS= read -r f; do plugins+=("$f"); done < <(find "$d" -name '*.so' -type f); done
+[ ${#plugins[@]} -gt 0 ] && copy_deps "${plugins[@]}"
+copy_deps "$dir"/lib/*.so*  # what the copies need in turn
+strip --strip-unneeded "${bins[@]}" "$dir"/lib/*.so* 2>/dev/null || true
+# Each carried library finds its neighbours; each plugin finds the carried libraries.
+for f in "$dir"/lib/*.so*; do patchelf --set-rpath '$ORIGIN' "$f"; done
+for f in "${plugins[@]}"; do patchelf --set-rpath "\$ORIGIN/$(realpath --relative-to="$(dirname "$f")" "$dir/lib")" "$f"; done
+for f in "$dir"/bin/mpirun "$dir"/bin/orted "$dir"/bin/gpu_probe; do
+  [ -e "$f" ] && patchelf --set-rpath '$ORIGIN/../lib' "$f"
+done
+
+# ---- check: from elsewhere, with an empty environment, nothing may resolve outside DIR, the base
+# system and the CUDA machine's own libraries (NCCL only when it was left out above) ----
+bad=$(cd / && for f in "$dir"/bin/* "$dir"/lib/*.so* "${plugins[@]}"; do
+        [ "$(head -c 4 "$f" | tail -c 3)" = ELF ] || continue
+        env -i /usr/bin/ldd "$f" 2>&1 | sed "s|^|$f: |"
+      done | awk -v d="$(cd "$dir" && pwd)" '
+        / => / { lib = $2; path = $4 }
+        / => / && $4 == "not" { print; next }
+        / => \// { if (index(path, d "/") == 1) next; print }' |
+      while IFS= read -r line; do
+        path=$(awk '{print $4}' <<<"$line")
+        name=$(awk '{print $2}' <<<"$line")
+        [ "$path" != "not" ] && { is_base "$path" || is_cuda_machine "$path"; } && continue
+        [[ " ${external[*]-} " == *" $name "* ]] && continue
+        # A plugin of a transport this machine may lack (InfiniBand, Omni-Path, ...) is allowed to miss
+        # a library Open MPI itself does not need: Open MPI skips a plugin that does not load.
+        owner=$(dirname "${line%%:*}")
+        [ "$path" = "not" ] && [ "$owner" != "$dir/bin" ] && [ "$owner" != "$dir/lib" ] && continue
+        echo "$line"
+      done)
+if [ -n "$bad" ]; then
+  echo "$bad" >&2
+  echo "gpu_bundle: the libraries above resolve outside $dir (or not at all)" >&2
+  exit 1
+fi
+
+# ---- manifest ----
+size_kb=$(du -sk "$dir" | cut -f1)
+nccl_h="$(sed -n 's/^ZERO_NCCL_INCLUDE_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")/nccl.h"
+nccl_version=$(grep -s -o 'NCCL_\(MAJOR\|MINOR\|PATCH\) [0-9]*' "$nccl_h" | awk '{print $2}' | paste -sd. || true)
+commit=$(cd "$root" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+python3 - "$dir/manifest.json" "$with_cuda" "$archs" "$cpu_arch" "$size_kb" "${external[*]-}" \
+  "$(cat "$dir/data/corpus.txt.source")" "$commit" "$nccl_version" <<'PY'
+import json, os, sys
+out, cuda, archs, cpu_arch, size_kb, external, corpus, commit, nccl = sys.argv[1:]
+d = os.path.dirname(out)
+json.dump({"commit": commit, "cuda": cuda == "ON", "cuda_architectures": [int(a) for a in archs.split(";") if a],
+           "cpu_arch": cpu_arch, "binaries": sorted(os.listdir(os.path.join(d, "bin"))),
+           "libraries": sorted(f for f in os.listdir(os.path.join(d, "lib"))
+                               if os.path.isfile(os.path.join(d, "lib", f))),
+           "left_to_the_gpu_machine": {"libraries": external.split(), "nccl_built_against": nccl or None},
+           "corpus": corpus, "size_bytes": int(size_kb) * 1024}, open(out, "w"), indent=1)
+PY
+echo "gpu_bundle: $dir is $(( size_kb / 1024 )) MiB; left to the GPU machine: ${external[*]:-nothing}"
+echo "gpu_bundle: on the GPU machine: scripts/gpu_check.sh --prebuilt $dir"
