@@ -1,0 +1,199 @@
+// Double-precision references and per-element error bounds for the CUDA kernels' f32 arithmetic, shared
+// by the GPU tests (test_cuda_kernels.cpp: device result against the double reference) and by the host
+// stand-ins (test_cuda_kernel_math.cpp: the kernels' exact algorithm evaluated on the host, which runs
+// without a GPU and shows that a correct kernel stays inside the bound, and by how much).
+//
+// Note [Kernel error bounds]
+// Every bound is a first-order rounding-error analysis (Higham, "Accuracy and Stability of Numerical
+// Algorithms", 2nd ed., ch. 2-4) of the formula the kernel evaluates, with u = 2^-24 the unit roundoff
+// of f32: each f32 operation contributes at most u times the magnitude of its result, a sum of n terms
+// in any order at most (n - 1) u times the sum of the terms' magnitudes, and a transcendental function
+// (tanhf, expf) at most `ulps` units in the last place of its result (2 for CUDA's, CUDA C Programming
+// Guide, "Mathematical Functions": tanhf 2, expf 2). An FMA rounds once where the formula counts two
+// roundings, so the bounds hold whether or not nvcc contracts. Second-order terms (products of two u's)
+// are below 1e-6 of the bound at these sizes; the bounds carry a factor 1.05 for them and nothing else,
+// so a kernel that is a few ulp worse than its formula allows fails.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/cuda/kernel_math.h"
+
+namespace zero::kernel_bounds {
+
+constexpr double kU = 1.0 / 16777216.0;  // 2^-24, unit roundoff of f32
+constexpr double kSecondOrder = 1.05;
+
+/// The spacing of f32 numbers at |y| (2^(e - 23) for 2^e <= |y| < 2^(e+1)); the smallest normal's for
+/// tiny y.
+inline double ulp_f32(double y) {
+  const double a = std::max(std::abs(y), static_cast<double>(std::numeric_limits<float>::min()));
+  int e = 0;
+  std::frexp(a, &e);  // a = m 2^e, 0.5 <= m < 1
+  return std::ldexp(1.0, e - 24);
+}
+
+/// y moved by k units in the last place (f32), k of either sign.
+inline float shift_ulps(float y, int k) {
+  for (; k > 0; --k) y = std::nextafter(y, std::numeric_limits<float>::infinity());
+  for (; k < 0; ++k) y = std::nextafter(y, -std::numeric_limits<float>::infinity());
+  return y;
+}
+
+// ---- GELU ------------------------------------------------------------------------------------------------
+
+// The formula in double, from the same f32 constants the kernel uses.
+inline double gelu_arg_ref(float x) {
+  const double xd = x;
+  return static_cast<double>(cuda::detail::kGeluScale) * (xd + static_cast<double>(cuda::detail::kGeluCubic) * xd * xd * xd);
+}
+inline double gelu_ref(float x) { return 0.5 * x * (1.0 + std::tanh(gelu_arg_ref(x))); }
+inline double gelu_backward_ref(float x, float dy) {
+  const double xd = x, t = std::tanh(gelu_arg_ref(x));
+  const double c = cuda::detail::kGeluCubic, s = cuda::detail::kGeluScale;
+  return dy * (0.5 * (1.0 + t) + 0.5 * xd * (1.0 - t * t) * s * (1.0 + 3.0 * c * xd * xd));
+}
+
+// Error of the f32 t = tanhf(u(x)) against tanh of the exact argument: `ulps` ulp from tanhf itself, plus
+// the argument's own error (5 roundings, all terms of one sign: <= 5 u |u(x)|) times dtanh/du = 1 - t^2.
+inline double gelu_tanh_error(float x, double ulps) {
+  const double a = gelu_arg_ref(x), t = std::tanh(a);
+  return ulps * ulp_f32(t) + 5.0 * kU * std::abs(a) * (1.0 - t * t);
+}
+
+/// Bound on |gelu_from_tanh(x, tanhf(u)) - gelu(x)|: y = (0.5 x)(1 + t): 0.5 |x| (dt + u |1 + t|) + u |y|.
+/// Where x << 0, 1 + t cancels and the bound is absolute, about 0.5 |x| dt.
+inline double gelu_bound(float x, double tanh_ulps) {
+  const double t = std::tanh(gelu_arg_ref(x)), dt = gelu_tanh_error(x, tanh_ulps);
+  return kSecondOrder * (0.5 * std::abs(x) * (dt + kU * std::abs(1.0 + t)) + kU * std::abs(gelu_ref(x)));
+}
+
+// Note [GELU backward error]
+// r = dy (A + B), A = 0.5 (1 + t), B = K' (1 - t^2), K' = 0.5 x sqrt(2/pi) (1 + 3·0.044715 x^2), K = |K'|.
+// - The error dt of t moves r by |dy| dt |dA/dt + dB/dt| <= |dy| dt (0.5 + 2 K |t|). This is the
+//   cancellation in 1 - t^2: near t = ±1 an error of one ulp of t (6e-8) costs 2 K ulp absolute, and K
+//   grows like |x|^3 (K ≈ 16 at |x| = 5), while B itself goes to 0. A relative tolerance on r cannot
+//   absorb it; an absolute one of 1e-6 does not either once two implementations' tanh differ by a few ulp.
+// - Evaluating 1 - t*t in f32 errs by u t^2 + u |1 - t^2| <= 2u absolute, times K.
+// - The remaining roundings are relative: 1 for A (1 + t), 7 for B (two products, 3c·x·x and + 1 inside
+//   u', the final product), 1 for A + B, 1 for the product with dy.
+inline double gelu_backward_bound(float x, float dy, double tanh_ulps) {
+  const double xd = x, t = std::tanh(gelu_arg_ref(x)), dt = gelu_tanh_error(x, tanh_ulps);
+  const double K = 0.5 * std::abs(xd) * cuda::detail::kGeluScale * (1.0 + 3.0 * cuda::detail::kGeluCubic * xd * xd);
+  const double A = 0.5 * (1.0 + t), B = K * (1.0 - t * t);
+  const double ady = std::abs(static_cast<double>(dy));
+  const double inner = dt * (0.5 + 2.0 * K * std::abs(t)) + kU * (2.0 * K + A + 7.0 * B + std::abs(A + B));
+  return kSecondOrder * (ady * inner + kU * std::abs(gelu_backward_ref(x, dy)));
+}
+
+// ---- LayerNorm parameter gradients -------------------------------------------------------------------------
+
+/// dweight[c] = dw0[c] + sum_r (x[r,c] - mean[r]) rstd[r] dy[r,c] and dbias[c] = db0[c] + sum_r dy[r,c] in
+/// double, from the f32 inputs (mean, rstd as the forward stored them), with the bound of the kernel's
+/// reduction (kernel_math.h): a term of dweight takes 3 roundings ((x - m), × rstd, × dy), then passes
+/// through at most L = ceil(N / (8 G)) additions in its row lane, 8 lane additions, G group additions and
+/// the final += into dst, so |error| <= (3 + L + 8 + G + 1) u (sum_r |term_r| + |dw0|); dbias the same
+/// without the 3.
+struct LnParamsRef {
+  std::vector<double> dweight, dbias, dweight_bound, dbias_bound;
+};
+
+inline LnParamsRef layernorm_params_ref(const std::vector<float>& dout, const std::vector<float>& inp,
+                                        const std::vector<float>& mean, const std::vector<float>& rstd,
+                                        const std::vector<float>& dw0, const std::vector<float>& db0,
+                                        std::int64_t N, std::int64_t C) {
+  const int G = cuda::detail::layernorm_param_groups(N);
+  const std::int64_t lanes = static_cast<std::int64_t>(G) * cuda::detail::kLnRowLanes;
+  const double L = static_cast<double>((N + lanes - 1) / lanes);
+  const double chain = L + cuda::detail::kLnRowLanes + G + 1;
+  LnParamsRef ref;
+  ref.dweight.assign(C, 0.0);
+  ref.dbias.assign(C, 0.0);
+  std::vector<double> abs_w(C, 0.0), abs_b(C, 0.0);
+  for (std::int64_t r = 0; r < N; ++r)
+    for (std::int64_t c = 0; c < C; ++c) {
+      const double dy = dout[r * C + c];
+      const double term = (static_cast<double>(inp[r * C + c]) - mean[r]) * rstd[r] * dy;
+      ref.dweight[c] += term;
+      ref.dbias[c] += dy;
+      abs_w[c] += std::abs(term);
+      abs_b[c] += std::abs(dy);
+    }
+  ref.dweight_bound.resize(C);
+  ref.dbias_bound.resize(C);
+  for (std::int64_t c = 0; c < C; ++c) {
+    ref.dweight[c] += dw0[c];
+    ref.dbias[c] += db0[c];
+    ref.dweight_bound[c] = kSecondOrder * (3.0 + chain) * kU * (abs_w[c] + std::abs(dw0[c]));
+    ref.dbias_bound[c] = kSecondOrder * chain * kU * (abs_b[c] + std::abs(db0[c]));
+  }
+  return ref;
+}
+
+// ---- causal softmax (attention) ---------------------------------------------------------------------------
+
+/// Row `row` of att[rows, T] (query position t = row % T), exact in double: softmax of a[0..t], zeros
+/// after. The bound of the kernel's evaluation (one warp per row, lane l sums s = l, l + 32, ..., then a
+/// 5-step butterfly): e_s = expf(a_s - m) errs by |a_s - m| u (the subtraction) + 2 expf_ulps u
+/// (relative); the sum of the e's by (ceil((t+1)/32) + 5) u plus the largest e error; 1/sum and the
+/// product one u each. So |p_s error| <= p_s (err(e_s) + err(sum) + 2u).
+inline void causal_softmax_ref(std::vector<double>& p, std::vector<double>& bound, const std::vector<float>& a,
+                               int t, int T, double exp_ulps) {
+  p.assign(T, 0.0);
+  bound.assign(T, 0.0);
+  double m = -std::numeric_limits<double>::infinity();
+  for (int s = 0; s <= t; ++s) m = std::max(m, static_cast<double>(a[s]));
+  double sum = 0.0, worst_e = 0.0;
+  for (int s = 0; s <= t; ++s) {
+    p[s] = std::exp(a[s] - m);
+    sum += p[s];
+    worst_e = std::max(worst_e, std::abs(a[s] - m) * kU + 2.0 * exp_ulps * kU);
+  }
+  const double err_sum = ((t + 1 + 31) / 32 + 5) * kU + worst_e;
+  for (int s = 0; s <= t; ++s) {
+    p[s] /= sum;
+    bound[s] = kSecondOrder * p[s] * (std::abs(a[s] - m) * kU + 2.0 * exp_ulps * kU + err_sum + 2.0 * kU);
+  }
+}
+
+/// The backward row: dp_s = p_s (dp_s - dot) scale, dot = sum_{s<=t} p_s dp_s, exact in double from the
+/// f32 p and dp; bound: dot errs by (1 + ceil((t+1)/32) + 5) u sum |p dp| (a product, then the lane
+/// chain and the butterfly), then the subtraction, the two products: 3 u |p (dp - dot) scale|.
+inline void causal_softmax_backward_ref(std::vector<double>& g, std::vector<double>& bound,
+                                        const std::vector<float>& p, const std::vector<float>& dp, int t, int T,
+                                        double scale) {
+  g.assign(T, 0.0);
+  bound.assign(T, 0.0);
+  double dot = 0.0, abs_dot = 0.0;
+  for (int s = 0; s <= t; ++s) {
+    dot += static_cast<double>(p[s]) * dp[s];
+    abs_dot += std::abs(static_cast<double>(p[s]) * dp[s]);
+  }
+  const double err_dot = (1.0 + (t + 1 + 31) / 32 + 5) * kU * abs_dot;
+  for (int s = 0; s <= t; ++s) {
+    g[s] = p[s] * (dp[s] - dot) * scale;
+    bound[s] = kSecondOrder * (std::abs(p[s] * scale) * err_dot + 3.0 * kU * std::abs(g[s]));
+  }
+}
+
+/// Largest |got - want| / bound over the elements (<= 1 means within the bound); also the largest
+/// |got - want| itself.
+struct Worst {
+  double ratio = 0.0, abs_error = 0.0;
+  std::size_t index = 0;
+  void add(std::size_t i, double got, double want, double bound) {
+    const double err = std::abs(got - want);
+    const double r = std::isnan(got) ? std::numeric_limits<double>::infinity() : (bound > 0 ? err / bound : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0));
+    if (r > ratio) {
+      ratio = r;
+      index = i;
+    }
+    abs_error = std::max(abs_error, err);
+  }
+};
+
+}  // namespace zero::kernel_bounds
