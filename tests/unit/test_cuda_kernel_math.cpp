@@ -15,6 +15,7 @@
 
 #include "core/cpu/kernels.h"
 #include "core/cuda/kernel_math.h"
+#include "core/cuda/sum_to_plan.h"
 #include "tests/unit/kernel_bounds.h"
 
 namespace zero {
@@ -258,6 +259,20 @@ TEST(CudaKernelMath, RowGridsCoverEveryRowOnce) {
           ++hits[row];
     EXPECT_EQ(std::set<int>(hits.begin(), hits.end()), std::set<int>{1}) << "grid " << grid;
   }
+}
+
+// ---- the CUDA backend's sum_to plan ----
+
+TEST(CudaKernelMath, SumToTheSameElementsIsACopy) {
+  using kd::plan_sum_to;
+  using kd::SumToPlan;
+  EXPECT_EQ(plan_sum_to({4, 8}, {4, 8}), SumToPlan::copy);     // same shape
+  EXPECT_EQ(plan_sum_to({1, 8}, {8}), SumToPlan::copy);        // leading ones only
+  EXPECT_EQ(plan_sum_to({1, 1, 3, 8}, {1, 3, 8}), SumToPlan::copy);
+  EXPECT_EQ(plan_sum_to({4, 8}, {8}), SumToPlan::rows);        // a bias gradient
+  EXPECT_EQ(plan_sum_to({2, 4, 8}, {1, 4, 8}), SumToPlan::rows);
+  EXPECT_EQ(plan_sum_to({4, 8}, {4, 1}), SumToPlan::host);     // over the inner dimension
+  EXPECT_EQ(plan_sum_to({2, 4, 8}, {2, 1, 8}), SumToPlan::host);
 }
 
 }  // namespace
