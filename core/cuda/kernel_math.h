@@ -79,4 +79,12 @@ ZERO_HD constexpr int row_grid(std::int64_t rows, int rows_per_block) {
   return static_cast<int>(b < 1 ? 1 : (b > kMaxRowGrid ? kMaxRowGrid : b));
 }
 
+/// Threads per block of a block-per-row kernel (softmax, cross-entropy) over rows of C: a multiple of 32,
+/// at least 32, at most 256. Thread i sums elements i, i + threads, ... in order, then block_sum (a warp
+/// butterfly, the warp sums through shared memory, a second butterfly) adds the threads.
+ZERO_HD constexpr int row_block_threads(int C) {
+  const int t = (C + 31) / 32 * 32;
+  return t < 32 ? 32 : (t > 256 ? 256 : t);
+}
+
 }  // namespace zero::cuda::detail

@@ -168,12 +168,6 @@ __global__ void softmax_backward_kernel(float* dinp, const float* out, const flo
   }
 }
 
-// Threads per block for a block-per-row kernel over rows of C: a multiple of 32, at most 256.
-inline int row_block_threads(int C) {
-  const int t = (C + 31) / 32 * 32;
-  return t < 32 ? 32 : (t > 256 ? 256 : t);
-}
-
 // ---- attention: head layout changes and the causal softmax (the GEMMs are cuBLAS) ----
 
 __global__ void rows_to_heads_kernel(float* dst, const float* src, std::int64_t row_stride, int T, int H, int D,

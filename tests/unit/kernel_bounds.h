@@ -134,49 +134,152 @@ inline LnParamsRef layernorm_params_ref(const std::vector<float>& dout, const st
   return ref;
 }
 
-// ---- causal softmax (attention) ---------------------------------------------------------------------------
+// ---- softmax rows (softmax, cross-entropy, the causal softmax of attention) --------------------------------
 
-/// Row `row` of att[rows, T] (query position t = row % T), exact in double: softmax of a[0..t], zeros
-/// after. The bound of the kernel's evaluation (one warp per row, lane l sums s = l, l + 32, ..., then a
-/// 5-step butterfly): e_s = expf(a_s - m) errs by |a_s - m| u (the subtraction) + 2 expf_ulps u
-/// (relative); the sum of the e's by (ceil((t+1)/32) + 5) u plus the largest e error; 1/sum and the
-/// product one u each. So |p_s error| <= p_s (err(e_s) + err(sum) + 2u).
-inline void causal_softmax_ref(std::vector<double>& p, std::vector<double>& bound, const std::vector<float>& a,
-                               int t, int T, double exp_ulps) {
+/// Additions a sum of `len` terms passes through in a warp-per-row kernel (lane chains of ceil(len/32),
+/// then the 5-step butterfly).
+inline double warp_chain(std::int64_t len) { return static_cast<double>((len + 31) / 32 + 5); }
+/// The same for a block-per-row kernel: thread chains, a butterfly, the warp sums, a second butterfly.
+inline double block_chain(std::int64_t len) {
+  const int threads = cuda::detail::row_block_threads(static_cast<int>(len));
+  return static_cast<double>((len + threads - 1) / threads + 10);
+}
+
+/// p[0..T) = softmax of a[0..len) in double, zeros from len on. The bound of the kernels' evaluation:
+/// e_s = expf(a_s - m) errs by |a_s - m| u (the subtraction) + 2 exp_ulps u (relative); their sum by
+/// `chain` u plus the largest e error; 1/sum and the product one u each. So |p_s error| <= p_s (err(e_s)
+/// + err(sum) + 2u). Above `len` the kernels write exact zeros (bound 0).
+inline void softmax_row_ref(std::vector<double>& p, std::vector<double>& bound, const float* a, std::int64_t len,
+                            std::int64_t T, double chain, double exp_ulps) {
   p.assign(T, 0.0);
   bound.assign(T, 0.0);
   double m = -std::numeric_limits<double>::infinity();
-  for (int s = 0; s <= t; ++s) m = std::max(m, static_cast<double>(a[s]));
+  for (std::int64_t s = 0; s < len; ++s) m = std::max(m, static_cast<double>(a[s]));
   double sum = 0.0, worst_e = 0.0;
-  for (int s = 0; s <= t; ++s) {
+  for (std::int64_t s = 0; s < len; ++s) {
     p[s] = std::exp(a[s] - m);
     sum += p[s];
     worst_e = std::max(worst_e, std::abs(a[s] - m) * kU + 2.0 * exp_ulps * kU);
   }
-  const double err_sum = ((t + 1 + 31) / 32 + 5) * kU + worst_e;
-  for (int s = 0; s <= t; ++s) {
+  const double err_sum = chain * kU + worst_e;
+  for (std::int64_t s = 0; s < len; ++s) {
     p[s] /= sum;
     bound[s] = kSecondOrder * p[s] * (std::abs(a[s] - m) * kU + 2.0 * exp_ulps * kU + err_sum + 2.0 * kU);
   }
 }
 
-/// The backward row: dp_s = p_s (dp_s - dot) scale, dot = sum_{s<=t} p_s dp_s, exact in double from the
-/// f32 p and dp; bound: dot errs by (1 + ceil((t+1)/32) + 5) u sum |p dp| (a product, then the lane
-/// chain and the butterfly), then the subtraction, the two products: 3 u |p (dp - dot) scale|.
-inline void causal_softmax_backward_ref(std::vector<double>& g, std::vector<double>& bound,
-                                        const std::vector<float>& p, const std::vector<float>& dp, int t, int T,
-                                        double scale) {
+/// Row t of a causal softmax (query position t of att[., T]): softmax_row_ref over a[0..t].
+inline void causal_softmax_ref(std::vector<double>& p, std::vector<double>& bound, const std::vector<float>& a,
+                               int t, int T, double exp_ulps) {
+  softmax_row_ref(p, bound, a.data(), t + 1, T, warp_chain(t + 1), exp_ulps);
+}
+
+/// The backward row: g_s = p_s (dp_s - dot) scale, dot = sum_{s<len} p_s dp_s, in double from the f32 p
+/// and dp. Bound: dot errs by (1 + chain) u sum |p dp| (a product, then the chain); then the
+/// subtraction and the two products: 3 u |p (dp - dot) scale|.
+inline void softmax_backward_row_ref(std::vector<double>& g, std::vector<double>& bound, const float* p, const float* dp,
+                                     std::int64_t len, std::int64_t T, double scale, double chain) {
   g.assign(T, 0.0);
   bound.assign(T, 0.0);
   double dot = 0.0, abs_dot = 0.0;
-  for (int s = 0; s <= t; ++s) {
+  for (std::int64_t s = 0; s < len; ++s) {
     dot += static_cast<double>(p[s]) * dp[s];
     abs_dot += std::abs(static_cast<double>(p[s]) * dp[s]);
   }
-  const double err_dot = (1.0 + (t + 1 + 31) / 32 + 5) * kU * abs_dot;
-  for (int s = 0; s <= t; ++s) {
+  const double err_dot = (1.0 + chain) * kU * abs_dot;
+  for (std::int64_t s = 0; s < len; ++s) {
     g[s] = p[s] * (dp[s] - dot) * scale;
     bound[s] = kSecondOrder * (std::abs(p[s] * scale) * err_dot + 3.0 * kU * std::abs(g[s]));
+  }
+}
+
+inline void causal_softmax_backward_ref(std::vector<double>& g, std::vector<double>& bound,
+                                        const std::vector<float>& p, const std::vector<float>& dp, int t, int T,
+                                        double scale) {
+  softmax_backward_row_ref(g, bound, p.data(), dp.data(), t + 1, T, scale, warp_chain(t + 1));
+}
+
+/// Bound on one row's cross-entropy loss -log(max(p, 1e-30)) given the bound p_bound on the probability
+/// of the target (softmax_row_ref): the relative error of p, plus logf's log_ulps ulp.
+inline double cross_entropy_loss_bound(double p, double p_bound, double log_ulps) {
+  return kSecondOrder * (p_bound / p + log_ulps * ulp_f32(-std::log(p)));
+}
+
+// ---- LayerNorm forward and input gradient (one warp per row) ------------------------------------------------
+
+/// Row of LayerNorm in double from the f32 x, w, b: y, mean, rstd, with the bounds of the kernel's f32
+/// evaluation (chain = warp_chain(C)):
+/// - mean: (chain + 1) u sum|x| / C (the sum, the division);
+/// - var = sum (x - m)^2 / C: the first-order effect of m's error cancels (sum (x - m) = 0), each term
+///   takes 3 roundings (subtraction, doubled by the square, the square), then the chain and the division:
+///   (chain + 4) u var;
+/// - rstd = 1 / sqrtf(var + eps): half var's relative error (after + eps: one more u), sqrtf and the
+///   division one u each;
+/// - y = ((x - m) s) w + b: |w| (dm s + |x - m| s (ds/s + 2u)) + u |(x - m) s w| + u |y|.
+struct LnRowRef {
+  std::vector<double> y, y_bound;
+  double mean = 0, rstd = 0, mean_bound = 0, rstd_bound = 0;
+};
+inline LnRowRef layernorm_row_ref(const float* x, const float* w, const float* b, std::int64_t C, float eps) {
+  LnRowRef r;
+  const double chain = warp_chain(C);
+  double sum = 0, abs_sum = 0;
+  for (std::int64_t i = 0; i < C; ++i) {
+    sum += x[i];
+    abs_sum += std::abs(static_cast<double>(x[i]));
+  }
+  const double m = sum / C;
+  double var = 0;
+  for (std::int64_t i = 0; i < C; ++i) var += (x[i] - m) * (x[i] - m);
+  var /= C;
+  const double s = 1.0 / std::sqrt(var + eps);
+  const double dm = (chain + 1) * kU * abs_sum / C;
+  const double dvar_rel = ((chain + 4) * kU * var + kU * (var + eps)) / (var + eps);
+  const double ds_rel = 0.5 * dvar_rel + 2 * kU;
+  r.mean = m;
+  r.rstd = s;
+  r.mean_bound = kSecondOrder * dm;
+  r.rstd_bound = kSecondOrder * ds_rel * s;
+  r.y.resize(C);
+  r.y_bound.resize(C);
+  for (std::int64_t i = 0; i < C; ++i) {
+    const double z = (x[i] - m) * s * w[i];
+    r.y[i] = z + b[i];
+    r.y_bound[i] = kSecondOrder * (std::abs(w[i]) * (dm * s + std::abs(x[i] - m) * s * (ds_rel + 2 * kU)) +
+                                   kU * std::abs(z) + kU * std::abs(r.y[i]));
+  }
+  return r;
+}
+
+/// dx of one row in double from the f32 dy, x, w and the f32 mean m and rstd s the forward stored:
+/// dx = (w dy - A - norm B) s, norm = (x - m) s, A = mean(w dy), B = mean(w dy norm). Bound (chain =
+/// warp_chain(C)): A errs by (chain + 2) u mean|w dy|, B by (chain + 5) u mean|w dy norm| (norm 2
+/// roundings, the products, the chain, the division); then s (u |w dy| + dA + |norm| dB + 3 u |norm B|
+/// + u |w dy - A| + u |w dy - A - norm B|) + u |dx|: two subtractions that may cancel, so the bound is
+/// absolute in their inputs.
+inline void layernorm_backward_row_ref(std::vector<double>& dx, std::vector<double>& bound, const float* dy,
+                                       const float* x, const float* w, float m, float s, std::int64_t C) {
+  const double chain = warp_chain(C);
+  double A = 0, B = 0, absA = 0, absB = 0;
+  for (std::int64_t i = 0; i < C; ++i) {
+    const double norm = (x[i] - static_cast<double>(m)) * s, dn = static_cast<double>(w[i]) * dy[i];
+    A += dn;
+    B += dn * norm;
+    absA += std::abs(dn);
+    absB += std::abs(dn * norm);
+  }
+  A /= C;
+  B /= C;
+  const double dA = (chain + 2) * kU * absA / C, dB = (chain + 5) * kU * absB / C;
+  dx.resize(C);
+  bound.resize(C);
+  for (std::int64_t i = 0; i < C; ++i) {
+    const double norm = (x[i] - static_cast<double>(m)) * s, dn = static_cast<double>(w[i]) * dy[i];
+    const double inner = dn - A - norm * B;
+    dx[i] = inner * s;
+    bound[i] = kSecondOrder * (s * (kU * std::abs(dn) + dA + std::abs(norm) * dB + 3 * kU * std::abs(norm * B) +
+                                    kU * std::abs(dn - A) + kU * std::abs(inner)) +
+                               kU * std::abs(dx[i]));
   }
 }
 

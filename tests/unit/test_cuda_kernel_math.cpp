@@ -181,7 +181,7 @@ TEST(CudaKernelMath, LayerNormParamReductionStandInWithinBound) {
 
 // ---- causal softmax: one warp per row, 32 lanes, a 5-step butterfly ----
 
-float butterfly_sum(float lanes[32]) {
+float butterfly_sum(float* lanes) {  // 32 values, combined in place
   for (int offset = 16; offset > 0; offset /= 2) {
     float next[32];
     for (int l = 0; l < 32; ++l) next[l] = lanes[l] + lanes[l ^ offset];
@@ -236,6 +236,116 @@ TEST(CudaKernelMath, CausalSoftmaxStandInWithinBound) {
               T, wf.abs_error, wf.ratio, wb.abs_error, wb.ratio);
   EXPECT_LE(wf.ratio, 1.0);  // includes the exact zeros above the diagonal (bound 0)
   EXPECT_LE(wb.ratio, 1.0);
+}
+
+// ---- LayerNorm forward and input gradient, warp per row ----
+
+// Lane l of a warp sums f(i) for i = l, l + 32, ... < len in order; then the butterfly.
+template <class F>
+float warp_sum_stand_in(std::int64_t len, F f) {
+  float lanes[32] = {};
+  for (int lane = 0; lane < 32; ++lane)
+    for (std::int64_t i = lane; i < len; i += 32) lanes[lane] += f(i);
+  return butterfly_sum(lanes);
+}
+
+// block_sum (core/cuda/device_util.cuh) over `threads` threads: each warp's butterfly, warp sums through
+// shared memory, then lanes < warps hold them (the others 0) and a second butterfly.
+template <class F>
+float block_sum_stand_in(std::int64_t len, int threads, F f) {
+  std::vector<float> per_thread(threads, 0.0f);
+  for (int th = 0; th < threads; ++th)
+    for (std::int64_t i = th; i < len; i += threads) per_thread[th] += f(i);
+  const int warps = threads / 32;
+  float scratch[32] = {};
+  for (int w = 0; w < warps; ++w) scratch[w] = butterfly_sum(per_thread.data() + 32 * w);
+  return butterfly_sum(scratch);
+}
+
+TEST(CudaKernelMath, LayerNormRowStandInWithinBound) {
+  for (std::int64_t C : {1, 33, 100, 768, 4096}) {
+    SCOPED_TRACE(::testing::Message() << "C=" << C);
+    const std::int64_t N = 64;
+    const auto x = uniform(N * C, 70 + C, -2.0f, 2.0f), w = uniform(C, 71, 0.5f, 1.5f), b = uniform(C, 72, -1.0f, 1.0f);
+    const auto dy = uniform(N * C, 73 + C, -1.0f, 1.0f);
+    kb::Worst wy, wm, ws, wdx;
+    std::vector<double> dx_ref, dx_bound;
+    for (std::int64_t r = 0; r < N; ++r) {
+      const float* xr = x.data() + r * C;
+      const float* dyr = dy.data() + r * C;
+      // layernorm_forward_kernel
+      const float m = warp_sum_stand_in(C, [&](std::int64_t i) { return xr[i]; }) / static_cast<float>(C);
+      const float var = warp_sum_stand_in(C, [&](std::int64_t i) {
+                          const float d = xr[i] - m;
+                          return d * d;
+                        }) / static_cast<float>(C);
+      const float s = 1.0f / std::sqrt(var + 1e-5f);
+      const auto ref = kb::layernorm_row_ref(xr, w.data(), b.data(), C, 1e-5f);
+      wm.add(r, m, ref.mean, ref.mean_bound);
+      ws.add(r, s, ref.rstd, ref.rstd_bound);
+      for (std::int64_t i = 0; i < C; ++i) wy.add(r * C + i, (xr[i] - m) * s * w[i] + b[i], ref.y[i], ref.y_bound[i]);
+      // layernorm_backward_input_kernel, from the f32 mean and rstd
+      const float dnorm_mean = warp_sum_stand_in(C, [&](std::int64_t i) { return w[i] * dyr[i]; }) / static_cast<float>(C);
+      const float dnorm_norm_mean = warp_sum_stand_in(C, [&](std::int64_t i) {
+                                      const float norm = (xr[i] - m) * s;
+                                      return w[i] * dyr[i] * norm;
+                                    }) / static_cast<float>(C);
+      kb::layernorm_backward_row_ref(dx_ref, dx_bound, dyr, xr, w.data(), m, s, C);
+      for (std::int64_t i = 0; i < C; ++i) {
+        const float norm = (xr[i] - m) * s;
+        wdx.add(r * C + i, (w[i] * dyr[i] - dnorm_mean - norm * dnorm_norm_mean) * s, dx_ref[i], dx_bound[i]);
+      }
+    }
+    std::printf("[ measured ] layernorm row stand-in C=%lld: y worst |err| %.3g (err/bound %.3f), mean %.3g (%.3f), "
+                "rstd %.3g (%.3f), dx %.3g (%.3f)\n",
+                static_cast<long long>(C), wy.abs_error, wy.ratio, wm.abs_error, wm.ratio, ws.abs_error, ws.ratio,
+                wdx.abs_error, wdx.ratio);
+    EXPECT_LE(wy.ratio, 1.0);
+    EXPECT_LE(wm.ratio, 1.0);
+    EXPECT_LE(ws.ratio, 1.0);
+    EXPECT_LE(wdx.ratio, 1.0);
+  }
+}
+
+// ---- softmax and cross-entropy, block per row ----
+
+TEST(CudaKernelMath, SoftmaxRowStandInWithinBound) {
+  for (std::int64_t C : {1, 65, 1000, 3000, 50304}) {
+    SCOPED_TRACE(::testing::Message() << "C=" << C);
+    const std::int64_t N = C > 10000 ? 2 : 16;
+    const int threads = kd::row_block_threads(static_cast<int>(C));
+    const auto x = uniform(N * C, 80 + C, -10.0f, 10.0f), dy = uniform(N * C, 81 + C, -1.0f, 1.0f);
+    kb::Worst wf, wb, wl;
+    std::vector<double> p, pb, g, gb;
+    for (std::int64_t r = 0; r < N; ++r) {
+      const float* xr = x.data() + r * C;
+      float mx = -INFINITY;
+      for (std::int64_t i = 0; i < C; ++i) mx = std::fmax(mx, xr[i]);
+      std::vector<float> e(C);
+      for (std::int64_t i = 0; i < C; ++i) e[i] = device_exp_model(xr[i] - mx, static_cast<int>((i * 7 + r) % 5) - 2);
+      const float inv = 1.0f / block_sum_stand_in(C, threads, [&](std::int64_t i) { return e[i]; });
+      std::vector<float> y(C);
+      for (std::int64_t i = 0; i < C; ++i) y[i] = e[i] * inv;
+      kb::softmax_row_ref(p, pb, xr, C, C, kb::block_chain(C), kModelUlps);
+      for (std::int64_t i = 0; i < C; ++i) wf.add(r * C + i, y[i], p[i], pb[i]);
+      // cross_entropy_forward_kernel's loss for target r % C: -logf(p), logf within 1 ulp (modelled as
+      // the correctly rounded log moved by one ulp: 1.5 ulp)
+      const std::int64_t target = r % C;
+      const float loss = -kb::shift_ulps(static_cast<float>(std::log(static_cast<double>(y[target]))), 1);
+      wl.add(r, loss, -std::log(p[target]), kb::cross_entropy_loss_bound(p[target], pb[target], 1.5));
+      // softmax_backward_kernel from the f32 y
+      const float* dyr = dy.data() + r * C;
+      const float dot = block_sum_stand_in(C, threads, [&](std::int64_t i) { return y[i] * dyr[i]; });
+      kb::softmax_backward_row_ref(g, gb, y.data(), dyr, C, C, 1.0, kb::block_chain(C));
+      for (std::int64_t i = 0; i < C; ++i) wb.add(r * C + i, y[i] * (dyr[i] - dot), g[i], gb[i]);
+    }
+    std::printf("[ measured ] softmax row stand-in C=%lld: forward worst |err| %.3g (err/bound %.3f), backward %.3g "
+                "(%.3f), cross-entropy loss %.3g (%.3f)\n",
+                static_cast<long long>(C), wf.abs_error, wf.ratio, wb.abs_error, wb.ratio, wl.abs_error, wl.ratio);
+    EXPECT_LE(wf.ratio, 1.0);
+    EXPECT_LE(wb.ratio, 1.0);
+    EXPECT_LE(wl.ratio, 1.0);
+  }
 }
 
 // ---- Note [Row grids] ----
