@@ -24,7 +24,8 @@ inline SumToPlan plan_sum_to(const std::vector<std::int64_t>& x_shape, const std
   if (n == m) return SumToPlan::copy;
   std::vector<std::int64_t> core = shape;  // leading ones do not change the layout: [1, C] sums like [C]
   while (!core.empty() && core.front() == 1) core.erase(core.begin());
-  if (core.size() <= x_shape.size() && std::equal(core.begin(), core.end(), x_shape.end() - static_cast<std::ptrdiff_t>(core.size())))
+  if (core.size() <= x_shape.size() &&
+      std::equal(core.begin(), core.end(), x_shape.end() - static_cast<std::ptrdiff_t>(core.size())))
     return SumToPlan::rows;
   return SumToPlan::host;
 }

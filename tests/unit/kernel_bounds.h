@@ -15,6 +15,8 @@
 // so a kernel that is a few ulp worse than its formula allows fails.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -49,7 +51,8 @@ inline float shift_ulps(float y, int k) {
 // The formula in double, from the same f32 constants the kernel uses.
 inline double gelu_arg_ref(float x) {
   const double xd = x;
-  return static_cast<double>(cuda::detail::kGeluScale) * (xd + static_cast<double>(cuda::detail::kGeluCubic) * xd * xd * xd);
+  return static_cast<double>(cuda::detail::kGeluScale) *
+         (xd + static_cast<double>(cuda::detail::kGeluCubic) * xd * xd * xd);
 }
 inline double gelu_ref(float x) { return 0.5 * x * (1.0 + std::tanh(gelu_arg_ref(x))); }
 inline double gelu_backward_ref(float x, float dy) {
@@ -104,8 +107,8 @@ struct LnParamsRef {
 
 inline LnParamsRef layernorm_params_ref(const std::vector<float>& dout, const std::vector<float>& inp,
                                         const std::vector<float>& mean, const std::vector<float>& rstd,
-                                        const std::vector<float>& dw0, const std::vector<float>& db0,
-                                        std::int64_t N, std::int64_t C) {
+                                        const std::vector<float>& dw0, const std::vector<float>& db0, std::int64_t N,
+                                        std::int64_t C) {
   const int G = cuda::detail::layernorm_param_groups(N);
   const std::int64_t lanes = static_cast<std::int64_t>(G) * cuda::detail::kLnRowLanes;
   const double L = static_cast<double>((N + lanes - 1) / lanes);
@@ -149,8 +152,9 @@ inline double block_chain(std::int64_t len) {
 /// e_s = expf(a_s - m) errs by |a_s - m| u (the subtraction) + 2 exp_ulps u (relative); their sum by
 /// `chain` u plus the largest e error; 1/sum and the product one u each. So |p_s error| <= p_s (err(e_s)
 /// + err(sum) + 2u). Above `len` the kernels write exact zeros (bound 0).
-inline void softmax_row_ref(std::vector<double>& p, std::vector<double>& bound, const float* a, std::int64_t len,
-                            std::int64_t T, double chain, double exp_ulps) {
+template <class Elem>  // float, or double for scores that are themselves computed (attention)
+void softmax_row_ref(std::vector<double>& p, std::vector<double>& bound, const Elem* a, std::int64_t len,
+                     std::int64_t T, double chain, double exp_ulps) {
   p.assign(T, 0.0);
   bound.assign(T, 0.0);
   double m = -std::numeric_limits<double>::infinity();
@@ -169,16 +173,16 @@ inline void softmax_row_ref(std::vector<double>& p, std::vector<double>& bound, 
 }
 
 /// Row t of a causal softmax (query position t of att[., T]): softmax_row_ref over a[0..t].
-inline void causal_softmax_ref(std::vector<double>& p, std::vector<double>& bound, const std::vector<float>& a,
-                               int t, int T, double exp_ulps) {
+inline void causal_softmax_ref(std::vector<double>& p, std::vector<double>& bound, const std::vector<float>& a, int t,
+                               int T, double exp_ulps) {
   softmax_row_ref(p, bound, a.data(), t + 1, T, warp_chain(t + 1), exp_ulps);
 }
 
 /// The backward row: g_s = p_s (dp_s - dot) scale, dot = sum_{s<len} p_s dp_s, in double from the f32 p
 /// and dp. Bound: dot errs by (1 + chain) u sum |p dp| (a product, then the chain); then the
 /// subtraction and the two products: 3 u |p (dp - dot) scale|.
-inline void softmax_backward_row_ref(std::vector<double>& g, std::vector<double>& bound, const float* p, const float* dp,
-                                     std::int64_t len, std::int64_t T, double scale, double chain) {
+inline void softmax_backward_row_ref(std::vector<double>& g, std::vector<double>& bound, const float* p,
+                                     const float* dp, std::int64_t len, std::int64_t T, double scale, double chain) {
   g.assign(T, 0.0);
   bound.assign(T, 0.0);
   double dot = 0.0, abs_dot = 0.0;
@@ -193,9 +197,8 @@ inline void softmax_backward_row_ref(std::vector<double>& g, std::vector<double>
   }
 }
 
-inline void causal_softmax_backward_ref(std::vector<double>& g, std::vector<double>& bound,
-                                        const std::vector<float>& p, const std::vector<float>& dp, int t, int T,
-                                        double scale) {
+inline void causal_softmax_backward_ref(std::vector<double>& g, std::vector<double>& bound, const std::vector<float>& p,
+                                        const std::vector<float>& dp, int t, int T, double scale) {
   softmax_backward_row_ref(g, bound, p.data(), dp.data(), t + 1, T, scale, warp_chain(t + 1));
 }
 
@@ -283,6 +286,118 @@ inline void layernorm_backward_row_ref(std::vector<double>& dx, std::vector<doub
   }
 }
 
+// ---- causal attention (kernels.cpp: cuBLAS GEMMs around the causal softmax) --------------------------
+
+/// Causal attention in double, per head, with first-order error bounds propagated through the device's
+/// steps (core/cuda/kernels.cpp attention_forward / attention_backward): a cuBLAS dot product of length K
+/// errs by K u sum|terms| in any summation order (Higham 2002, eq. 3.5), +1 u for alpha; the causal
+/// softmax as above with the scores' error added (a shift da of the scores moves p_s by at most
+/// p_s (|da_s| + max |da|)). The backward takes `att` (the attention weights the forward produced) as
+/// its exact input, as the kernel does. qkv [B, T, 3C], dout [B, T, C], att [B, H, T, T].
+struct AttentionRef {
+  std::vector<double> att, att_bound, out, out_bound, dqkv, dqkv_bound;
+};
+
+inline AttentionRef attention_ref(const std::vector<float>& qkv, const std::vector<float>& att_in,
+                                  const std::vector<float>& dout, std::int64_t B, std::int64_t T, std::int64_t C,
+                                  std::int64_t H, double exp_ulps) {
+  const std::int64_t D = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const double u = kU;
+  AttentionRef r;
+  r.att.assign(B * H * T * T, 0.0);
+  r.att_bound.assign(B * H * T * T, 0.0);
+  r.out.assign(B * T * C, 0.0);
+  r.out_bound.assign(B * T * C, 0.0);
+  r.dqkv.assign(B * T * 3 * C, 0.0);
+  r.dqkv_bound.assign(B * T * 3 * C, 0.0);
+  auto at = [&](std::int64_t part, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t d) {
+    return static_cast<double>(qkv[(b * T + t) * 3 * C + part * C + h * D + d]);
+  };
+  std::vector<double> scores(T), da(T), p, pb, dp(T), dp_err(T);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t head = (b * H + h) * T * T;
+      std::vector<double> ds(T * T, 0.0), ds_err(T * T, 0.0);  // [query, key]
+      for (std::int64_t t = 0; t < T; ++t) {
+        // scores: scale q_t . k_s (length D)
+        double worst_da = 0.0;
+        for (std::int64_t s = 0; s <= t; ++s) {
+          double dot = 0.0, abs_dot = 0.0;
+          for (std::int64_t d = 0; d < D; ++d) {
+            dot += at(0, b, t, h, d) * at(1, b, s, h, d);
+            abs_dot += std::abs(at(0, b, t, h, d) * at(1, b, s, h, d));
+          }
+          scores[s] = scale * dot;
+          da[s] = (D + 1) * u * scale * abs_dot;
+          worst_da = std::max(worst_da, da[s]);
+        }
+        softmax_row_ref(p, pb, scores.data(), t + 1, T, warp_chain(t + 1), exp_ulps);
+        for (std::int64_t s = 0; s <= t; ++s) {
+          r.att[head + t * T + s] = p[s];
+          r.att_bound[head + t * T + s] = pb[s] + kSecondOrder * p[s] * (da[s] + worst_da);
+        }
+        // out_t = sum_s att_ts v_s (length T; the zeros above the diagonal are exact)
+        for (std::int64_t d = 0; d < D; ++d) {
+          double o = 0.0, err = 0.0, abs_o = 0.0;
+          for (std::int64_t s = 0; s <= t; ++s) {
+            o += p[s] * at(2, b, s, h, d);
+            abs_o += std::abs(p[s] * at(2, b, s, h, d));
+            err += r.att_bound[head + t * T + s] * std::abs(at(2, b, s, h, d));
+          }
+          r.out[(b * T + t) * C + h * D + d] = o;
+          r.out_bound[(b * T + t) * C + h * D + d] = kSecondOrder * (err + T * u * abs_o);
+        }
+        // backward from att_in's row: datt_s = dout_t . v_s (length D), then the causal softmax backward
+        // with the score scale folded in
+        const float* pr = att_in.data() + head + t * T;
+        double dot = 0.0, abs_dot = 0.0, dot_err = 0.0;
+        for (std::int64_t s = 0; s <= t; ++s) {
+          double a = 0.0, abs_a = 0.0;
+          for (std::int64_t d = 0; d < D; ++d) {
+            const double g = dout[(b * T + t) * C + h * D + d];
+            a += g * at(2, b, s, h, d);
+            abs_a += std::abs(g * at(2, b, s, h, d));
+          }
+          dp[s] = a;
+          dp_err[s] = D * u * abs_a;
+          dot += pr[s] * a;
+          abs_dot += std::abs(pr[s] * a);
+          dot_err += std::abs(pr[s]) * dp_err[s];
+        }
+        dot_err += (1.0 + warp_chain(t + 1)) * u * abs_dot;
+        for (std::int64_t s = 0; s <= t; ++s) {
+          ds[t * T + s] = pr[s] * (dp[s] - dot) * scale;
+          ds_err[t * T + s] = std::abs(pr[s] * scale) * (dp_err[s] + dot_err) + 3 * u * std::abs(ds[t * T + s]);
+        }
+      }
+      // dq_t = sum_s ds_ts k_s; dk_t = sum_s ds_st q_s; dv_t = sum_s att_st dout_s (length T each)
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t d = 0; d < D; ++d) {
+          double dq = 0, dq_abs = 0, dq_err = 0, dk = 0, dk_abs = 0, dk_err = 0, dv = 0, dv_abs = 0;
+          for (std::int64_t s = 0; s < T; ++s) {
+            dq += ds[t * T + s] * at(1, b, s, h, d);
+            dq_abs += std::abs(ds[t * T + s] * at(1, b, s, h, d));
+            dq_err += ds_err[t * T + s] * std::abs(at(1, b, s, h, d));
+            dk += ds[s * T + t] * at(0, b, s, h, d);
+            dk_abs += std::abs(ds[s * T + t] * at(0, b, s, h, d));
+            dk_err += ds_err[s * T + t] * std::abs(at(0, b, s, h, d));
+            const double g = dout[(b * T + s) * C + h * D + d];
+            dv += att_in[head + s * T + t] * g;
+            dv_abs += std::abs(att_in[head + s * T + t] * g);
+          }
+          const std::int64_t row = (b * T + t) * 3 * C + h * D + d;
+          r.dqkv[row] = dq;
+          r.dqkv_bound[row] = kSecondOrder * (dq_err + T * u * dq_abs);
+          r.dqkv[row + C] = dk;
+          r.dqkv_bound[row + C] = kSecondOrder * (dk_err + T * u * dk_abs);
+          r.dqkv[row + 2 * C] = dv;
+          r.dqkv_bound[row + 2 * C] = kSecondOrder * T * u * dv_abs;
+        }
+    }
+  return r;
+}
+
 /// Largest |got - want| / bound over the elements (<= 1 means within the bound); also the largest
 /// |got - want| itself.
 struct Worst {
@@ -290,7 +405,9 @@ struct Worst {
   std::size_t index = 0;
   void add(std::size_t i, double got, double want, double bound) {
     const double err = std::abs(got - want);
-    const double r = std::isnan(got) ? std::numeric_limits<double>::infinity() : (bound > 0 ? err / bound : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0));
+    const double r = std::isnan(got)
+                         ? std::numeric_limits<double>::infinity()
+                         : (bound > 0 ? err / bound : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0));
     if (r > ratio) {
       ratio = r;
       index = i;
@@ -298,5 +415,21 @@ struct Worst {
     abs_error = std::max(abs_error, err);
   }
 };
+
+/// |got[i] - want[i]| <= bound[i] everywhere (NaN never passes); the failure names the worst element
+/// (by error / bound) and how far past its bound it is.
+inline ::testing::AssertionResult within_bounds(const std::vector<float>& got, const std::vector<double>& want,
+                                                const std::vector<double>& bound) {
+  if (got.size() != want.size() || got.size() != bound.size())
+    return ::testing::AssertionFailure() << "sizes differ: " << got.size() << ", " << want.size() << ", "
+                                         << bound.size();
+  Worst w;
+  for (std::size_t i = 0; i < got.size(); ++i) w.add(i, got[i], want[i], bound[i]);
+  if (w.ratio > 1.0)
+    return ::testing::AssertionFailure() << "element " << w.index << " of " << got.size() << ": got " << got[w.index]
+                                         << ", exact " << want[w.index] << ", bound " << bound[w.index] << " (error "
+                                         << w.ratio << " times the bound)";
+  return ::testing::AssertionSuccess() << "worst error " << w.abs_error << ", " << w.ratio << " of its bound";
+}
 
 }  // namespace zero::kernel_bounds

@@ -32,7 +32,11 @@ struct FakeGroup {
     issued.push_back(i);
   }
   void grouped(int calls) {
-    detail::run_grouped([&] { start(); }, [&] { for (int i = 0; i < calls; ++i) call(i); }, [&] { end(); });
+    detail::run_grouped([&] { start(); },
+                        [&] {
+                          for (int i = 0; i < calls; ++i) call(i);
+                        },
+                        [&] { end(); });
   }
 };
 
