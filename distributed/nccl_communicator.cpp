@@ -10,6 +10,7 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -30,6 +31,20 @@ namespace zero::dist {
   } while (0)
 
 namespace detail {
+void StreamFree::operator()(cudaStream_t s) const {
+  cudaStreamDestroy(s);
+  cudaGetLastError();
+}
+void EventFree::operator()(cudaEvent_t e) const {
+  cudaEventDestroy(e);
+  cudaGetLastError();
+}
+void DeviceFree::operator()(double* p) const {
+  cudaFree(p);
+  cudaGetLastError();
+}
+void PinnedFree::operator()(double* p) const { cuda::pinned_free(p); }
+
 // Owns the NCCL communicator; shared by the NcclCommunicator and its outstanding Works, so a Work that
 // outlives the communicator can still ask NCCL for errors.
 struct NcclHandle {
@@ -140,6 +155,14 @@ bool all_equal(std::span<const std::size_t> counts) {
   return true;
 }
 
+// Runs `body` (NCCL calls) inside ncclGroupStart / ncclGroupEnd, closing the group on every path
+// (detail::run_grouped, distributed/scoped.h).
+template <class Body>
+void nccl_group(Body&& body) {
+  detail::run_grouped([] { ZERO_NCCL_CHECK(ncclGroupStart()); }, std::forward<Body>(body),
+                      [] { ZERO_NCCL_CHECK(ncclGroupEnd()); });
+}
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -191,12 +214,19 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> bootstrap, Nccl
   // ready in the middle of backward is scheduled ahead of the compute kernels queued behind it instead
   // of waiting for them. Ordering with the compute stream is by events only (order_after_compute and
   // NcclWork::wait), never by synchronising the device.
+  // Each resource is owned the moment it exists (a throw further down frees it).
   int least = 0, greatest = 0;
   ZERO_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  ZERO_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
-  ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-  ZERO_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&control_dev_), sizeof(double)));
-  control_host_ = static_cast<double*>(cuda::pinned_alloc(sizeof(double)));
+  cudaStream_t stream = nullptr;
+  ZERO_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+  stream_.reset(stream);
+  cudaEvent_t ready = nullptr;
+  ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  ready_.reset(ready);
+  double* control = nullptr;
+  ZERO_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&control), sizeof(double)));
+  control_dev_.reset(control);
+  control_host_.reset(static_cast<double*>(cuda::pinned_alloc(sizeof(double))));
 
   ncclUniqueId id{};
   if (rank_ == 0) ZERO_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -206,50 +236,48 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> bootstrap, Nccl
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  // Nothing may still use the stream or the control buffers when they go.
-  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  // Nothing may still use the stream or the control buffers when they go (the members release them
+  // after this body, in reverse order of declaration).
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_.get());
   handle_.reset();  // ncclCommDestroy once the last Work is gone too
-  if (ready_ != nullptr) cudaEventDestroy(ready_);
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  if (control_dev_ != nullptr) cudaFree(control_dev_);
-  cuda::pinned_free(control_host_);
   cudaGetLastError();
 }
 
 void NcclCommunicator::order_after_compute() {
-  ZERO_CUDA_CHECK(cudaEventRecord(ready_, cuda::current_stream()));
-  ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  ZERO_CUDA_CHECK(cudaEventRecord(ready_.get(), cuda::current_stream()));
+  ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
 }
 
 std::shared_ptr<Work> NcclCommunicator::finish(std::shared_ptr<void> scratch) {
   cudaEvent_t done = nullptr;
   ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  const cudaError_t rc = cudaEventRecord(done, stream_);
+  const cudaError_t rc = cudaEventRecord(done, stream_.get());
   if (rc != cudaSuccess) cudaEventDestroy(done);
   ZERO_CUDA_CHECK(rc);
   return std::make_shared<NcclWork>(handle_, done, std::move(scratch));
 }
 
 std::shared_ptr<void> NcclCommunicator::fp32_scratch(std::size_t count) {
-  void* ptr = cuda::device_alloc(count * sizeof(float), stream_);
+  void* ptr = cuda::device_alloc(count * sizeof(float), stream_.get());
   return std::shared_ptr<void>(ptr, [](void* p) { cuda::device_free(p); });
 }
 
 std::shared_ptr<Work> NcclCommunicator::issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
   order_after_compute();
+  cudaStream_t stream = stream_.get();
   if (count == 0) return finish(nullptr);
   ncclComm_t comm = handle_->comm;
   // A max is exact in any type; only sums need the fp32 detour.
   if (op == ReduceOp::sum && widen(dtype)) {
     auto scratch = fp32_scratch(count);
     float* wide = static_cast<float*>(scratch.get());
-    cuda::StreamGuard on_comm(stream_);
+    cuda::StreamGuard on_comm(stream);
     cuda::cast(wide, DType::f32, buf, dtype, static_cast<std::int64_t>(count));
-    ZERO_NCCL_CHECK(ncclAllReduce(wide, wide, count, ncclFloat32, ncclSum, comm, stream_));
+    ZERO_NCCL_CHECK(ncclAllReduce(wide, wide, count, ncclFloat32, ncclSum, comm, stream));
     cuda::cast(buf, dtype, wide, DType::f32, static_cast<std::int64_t>(count));
     return finish(std::move(scratch));
   }
-  ZERO_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm, stream_));
+  ZERO_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(dtype), nccl_op(op), comm, stream));
   return finish(nullptr);
 }
 
@@ -260,6 +288,7 @@ std::shared_ptr<Work> NcclCommunicator::issue_all_reduce(void* buf, std::size_t 
 std::shared_ptr<Work> NcclCommunicator::issue_reduce_scatter(const void* send, void* recv,
                                                              std::span<const std::size_t> counts, DType dtype) {
   order_after_compute();
+  cudaStream_t stream = stream_.get();
   const auto offsets = prefix_offsets(counts);
   const std::size_t total = offsets.back() + counts.back();
   if (total == 0) return finish(nullptr);
@@ -270,7 +299,7 @@ std::shared_ptr<Work> NcclCommunicator::issue_reduce_scatter(const void* send, v
   const void* src = send;
   ncclDataType_t type = nccl_type(dtype);
   std::size_t elem = dtype_size(dtype);
-  cuda::StreamGuard on_comm(stream_);
+  cuda::StreamGuard on_comm(stream);
   if (widen(dtype)) {
     scratch = fp32_scratch(total);
     cuda::cast(scratch.get(), DType::f32, send, dtype, static_cast<std::int64_t>(total));
@@ -282,17 +311,17 @@ std::shared_ptr<Work> NcclCommunicator::issue_reduce_scatter(const void* send, v
   // With fp32 scratch the reduced slice lands in the scratch (in place) and is narrowed into recv after.
   void* dst = scratch ? static_cast<void*>(static_cast<char*>(scratch.get()) + offsets[rank_] * elem) : recv;
   if (all_equal(counts)) {
-    ZERO_NCCL_CHECK(ncclReduceScatter(src, dst, counts[0], type, ncclSum, comm, stream_));
+    ZERO_NCCL_CHECK(ncclReduceScatter(src, dst, counts[0], type, ncclSum, comm, stream));
   } else {
-    ZERO_NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < world_size_; ++r) {
-      if (counts[r] == 0) continue;
-      const void* slice = base + offsets[r] * elem;
-      // recvbuff matters only at the root; elsewhere pass the (valid) send slice.
-      void* out = r == rank_ ? dst : const_cast<void*>(slice);
-      ZERO_NCCL_CHECK(ncclReduce(slice, out, counts[r], type, ncclSum, r, comm, stream_));
-    }
-    ZERO_NCCL_CHECK(ncclGroupEnd());
+    nccl_group([&] {
+      for (int r = 0; r < world_size_; ++r) {
+        if (counts[r] == 0) continue;
+        const void* slice = base + offsets[r] * elem;
+        // recvbuff matters only at the root; elsewhere pass the (valid) send slice.
+        void* out = r == rank_ ? dst : const_cast<void*>(slice);
+        ZERO_NCCL_CHECK(ncclReduce(slice, out, counts[r], type, ncclSum, r, comm, stream));
+      }
+    });
   }
   if (scratch && mine > 0) cuda::cast(recv, dtype, dst, DType::f32, static_cast<std::int64_t>(mine));
   return finish(std::move(scratch));
@@ -302,6 +331,7 @@ std::shared_ptr<Work> NcclCommunicator::issue_reduce_scatter(const void* send, v
 std::shared_ptr<Work> NcclCommunicator::issue_all_gather(const void* send, void* recv,
                                                          std::span<const std::size_t> counts, DType dtype) {
   order_after_compute();
+  cudaStream_t stream = stream_.get();
   const auto offsets = prefix_offsets(counts);
   const std::size_t total = offsets.back() + counts.back();
   if (total == 0) return finish(nullptr);
@@ -310,56 +340,60 @@ std::shared_ptr<Work> NcclCommunicator::issue_all_gather(const void* send, void*
   const std::size_t elem = dtype_size(dtype);
   char* base = static_cast<char*>(recv);
   if (all_equal(counts)) {
-    ZERO_NCCL_CHECK(ncclAllGather(send, recv, counts[0], type, comm, stream_));
+    ZERO_NCCL_CHECK(ncclAllGather(send, recv, counts[0], type, comm, stream));
   } else {
-    ZERO_NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < world_size_; ++r) {
-      if (counts[r] == 0) continue;
-      void* slice = base + offsets[r] * elem;
-      const void* src = r == rank_ ? send : slice;
-      ZERO_NCCL_CHECK(ncclBroadcast(src, slice, counts[r], type, r, comm, stream_));
-    }
-    ZERO_NCCL_CHECK(ncclGroupEnd());
+    nccl_group([&] {
+      for (int r = 0; r < world_size_; ++r) {
+        if (counts[r] == 0) continue;
+        void* slice = base + offsets[r] * elem;
+        const void* src = r == rank_ ? send : slice;
+        ZERO_NCCL_CHECK(ncclBroadcast(src, slice, counts[r], type, r, comm, stream));
+      }
+    });
   }
   return finish(nullptr);
 }
 
 std::shared_ptr<Work> NcclCommunicator::issue_reduce(void* buf, std::size_t count, DType dtype, int root) {
   order_after_compute();
+  cudaStream_t stream = stream_.get();
   if (count == 0) return finish(nullptr);
   ncclComm_t comm = handle_->comm;
   if (widen(dtype)) {
     auto scratch = fp32_scratch(count);
     float* wide = static_cast<float*>(scratch.get());
-    cuda::StreamGuard on_comm(stream_);
+    cuda::StreamGuard on_comm(stream);
     cuda::cast(wide, DType::f32, buf, dtype, static_cast<std::int64_t>(count));
-    ZERO_NCCL_CHECK(ncclReduce(wide, wide, count, ncclFloat32, ncclSum, root, comm, stream_));
+    ZERO_NCCL_CHECK(ncclReduce(wide, wide, count, ncclFloat32, ncclSum, root, comm, stream));
     if (rank_ == root) cuda::cast(buf, dtype, wide, DType::f32, static_cast<std::int64_t>(count));
     return finish(std::move(scratch));
   }
-  ZERO_NCCL_CHECK(ncclReduce(buf, buf, count, nccl_type(dtype), ncclSum, root, comm, stream_));
+  ZERO_NCCL_CHECK(ncclReduce(buf, buf, count, nccl_type(dtype), ncclSum, root, comm, stream));
   return finish(nullptr);
 }
 
 std::shared_ptr<Work> NcclCommunicator::issue_broadcast(void* buf, std::size_t count, DType dtype, int root) {
   order_after_compute();
+  cudaStream_t stream = stream_.get();
   if (count == 0) return finish(nullptr);
-  ZERO_NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, handle_->comm, stream_));
+  ZERO_NCCL_CHECK(ncclBroadcast(buf, buf, count, nccl_type(dtype), root, handle_->comm, stream));
   return finish(nullptr);
 }
 
 std::shared_ptr<Work> NcclCommunicator::issue_barrier() {
   order_after_compute();
-  ZERO_NCCL_CHECK(ncclAllReduce(control_dev_, control_dev_, 1, ncclFloat64, ncclSum, handle_->comm, stream_));
+  cudaStream_t stream = stream_.get();
+  ZERO_NCCL_CHECK(ncclAllReduce(control_dev_.get(), control_dev_.get(), 1, ncclFloat64, ncclSum, handle_->comm, stream));
   return finish(nullptr);
 }
 
 double NcclCommunicator::control_all_reduce(double value, ReduceOp op) {
   // Ordered after every collective issued before it (same stream); the value itself is on the host.
+  cudaStream_t stream = stream_.get();
   *control_host_ = value;
-  ZERO_CUDA_CHECK(cudaMemcpyAsync(control_dev_, control_host_, sizeof(double), cudaMemcpyHostToDevice, stream_));
-  ZERO_NCCL_CHECK(ncclAllReduce(control_dev_, control_dev_, 1, ncclFloat64, nccl_op(op), handle_->comm, stream_));
-  ZERO_CUDA_CHECK(cudaMemcpyAsync(control_host_, control_dev_, sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(control_dev_.get(), control_host_.get(), sizeof(double), cudaMemcpyHostToDevice, stream));
+  ZERO_NCCL_CHECK(ncclAllReduce(control_dev_.get(), control_dev_.get(), 1, ncclFloat64, nccl_op(op), handle_->comm, stream));
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(control_host_.get(), control_dev_.get(), sizeof(double), cudaMemcpyDeviceToHost, stream));
   finish(nullptr)->wait();
   return *control_host_;
 }

@@ -27,6 +27,7 @@
 #include <utility>
 
 #include "distributed/communicator.h"
+#include "distributed/scoped.h"
 
 struct ncclComm;  // nccl.h: typedef struct ncclComm* ncclComm_t
 
@@ -34,6 +35,19 @@ namespace zero::dist {
 
 namespace detail {
 struct NcclHandle;
+// Releasers for the communicator's CUDA resources (never throw).
+struct StreamFree {
+  void operator()(cudaStream_t s) const;
+};
+struct EventFree {
+  void operator()(cudaEvent_t e) const;
+};
+struct DeviceFree {
+  void operator()(double* p) const;
+};
+struct PinnedFree {
+  void operator()(double* p) const;
+};
 }  // namespace detail
 
 struct NcclOptions {
@@ -68,7 +82,7 @@ class NcclCommunicator final : public Communicator {
 
   int device() const { return device_; }
   /// The stream the collectives run on.
-  cudaStream_t comm_stream() const { return stream_; }
+  cudaStream_t comm_stream() const { return stream_.get(); }
   const NcclOptions& options() const { return options_; }
 
  protected:
@@ -97,11 +111,13 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0;
   int world_size_ = 1;
   int device_ = 0;
-  cudaStream_t stream_ = nullptr;
-  cudaEvent_t ready_ = nullptr;  // recorded on the compute stream before each collective
+  // Owned, so a constructor that throws half-way (NCCL init failing, say) frees what it had acquired.
+  // Destroyed in reverse order, after ~NcclCommunicator has drained the stream and released NCCL.
+  detail::UniqueHandle<cudaStream_t, detail::StreamFree> stream_;
+  detail::UniqueHandle<cudaEvent_t, detail::EventFree> ready_;  // recorded on the compute stream before each collective
+  detail::UniqueHandle<double*, detail::DeviceFree> control_dev_;   // device double for control_all_reduce and barrier
+  detail::UniqueHandle<double*, detail::PinnedFree> control_host_;  // pinned
   std::shared_ptr<detail::NcclHandle> handle_;
-  double* control_dev_ = nullptr;   // device double for control_all_reduce and barrier
-  double* control_host_ = nullptr;  // pinned
 };
 
 /// The local rank and the number of ranks on this node, from the launcher's environment

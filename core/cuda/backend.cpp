@@ -7,6 +7,7 @@
 #include "core/backend.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
+#include "core/cuda/sum_to_plan.h"
 #include "core/tensor.h"
 
 namespace zero::cuda {
@@ -73,14 +74,11 @@ class CudaBackend final : public Backend {
     cuda::sum_rows(out, x, N, C, false);
   }
   void sum_to(float* out, const float* x, const Shape& x_shape, const Shape& shape) override {
-    // Leading ones do not change the layout: [1, C] sums like [C].
-    Shape core = shape;
-    while (!core.empty() && core.front() == 1) core.erase(core.begin());
-    const int nd = static_cast<int>(x_shape.size()), cd = static_cast<int>(core.size());
     const std::int64_t m = shape_numel(shape), n = shape_numel(x_shape);
-    if (cd <= nd && std::equal(core.begin(), core.end(), x_shape.end() - cd)) {
-      cuda::sum_rows(out, x, n / std::max<std::int64_t>(1, m), m, false);
-      return;
+    switch (detail::plan_sum_to(x_shape, shape)) {
+      case detail::SumToPlan::copy: cuda::copy_async(out, x, static_cast<std::size_t>(n) * sizeof(float)); return;
+      case detail::SumToPlan::rows: cuda::sum_rows(out, x, n / std::max<std::int64_t>(1, m), m, false); return;
+      case detail::SumToPlan::host: break;
     }
     // Reductions over inner dimensions (rare in the models here): on the host, then back.
     std::vector<float> hx(static_cast<std::size_t>(n)), hy(static_cast<std::size_t>(m));

@@ -1,13 +1,14 @@
 // CUDA kernels on raw contiguous device buffers (row-major), mirroring core/cpu/kernels.h.
 //
 // Every function with a name from cpu:: has the same signature and the same contract as its CPU
-// twin, with device pointers; the CPU kernel is the reference the tests compare against
-// (tests/unit/test_cuda_kernels.cpp). All of them run asynchronously on the current stream
+// twin, with device pointers; tests/unit/test_cuda_kernels.cpp checks each against a double-precision
+// reference or the CPU kernel (Note [CUDA test tolerances] in tests/unit/cuda_test_util.h). All of them run asynchronously on the current stream
 // (core/cuda/runtime.h) unless they return a host value, which synchronizes. Validation that needs the
 // data (embedding indices, cross-entropy targets) is deferred: the kernel skips the bad element and
 // sets a device flag; the next check_device_errors() — cross_entropy_forward and synchronize() call it —
-// throws zero::Error. Sizes must fit the kernels' index types: rows N, sizes n up to 2^63, a row length
-// (C, V, T) up to 2^31 - 1; GEMM dimensions and leading dimensions up to 2^31 - 1 (cuBLAS).
+// throws zero::Error. Sizes must fit the kernels' index types: rows N, sizes n up to 2^63 (row kernels loop over
+// rows past the grid's 2^31 - 1 blocks: Note [Row grids] in kernel_math.h), a row length (C, V, T) up to
+// 2^31 - 1; GEMM dimensions and leading dimensions up to 2^31 - 1 (cuBLAS).
 //
 // Beyond the CPU set, what the GPU path needs to stay on the device: dtype-generic elementwise helpers
 // (fill, cast, scale, accumulate, strided copy), deterministic reductions into device scalars, the

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "core/cuda/kernel_math.h"
+
 namespace zero::cuda {
 
 /// The per-step constants of one AdamW update, formed on the host exactly as optim::adamw_update forms
@@ -94,8 +96,8 @@ void launch_layernorm_forward(float* out, float* mean, float* rstd, const float*
                               const float* bias, std::int64_t N, int C, float eps, cudaStream_t s);
 void launch_layernorm_backward_input(float* dinp, const float* dout, const float* inp, const float* weight,
                                      const float* mean, const float* rstd, std::int64_t N, int C, cudaStream_t s);
-/// Number of row groups G the parameter-gradient pass uses (partials are [G, C] each).
-int layernorm_param_groups(std::int64_t N);
+// layernorm_param_groups(N) (kernel_math.h): the row groups G of the parameter-gradient pass, whose
+// partials are [G, C] each.
 void launch_layernorm_backward_params(float* part_dweight, float* part_dbias, int groups, const float* dout,
                                       const float* inp, const float* mean, const float* rstd, std::int64_t N, int C,
                                       cudaStream_t s);

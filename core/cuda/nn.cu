@@ -5,85 +5,90 @@
 // in the hundreds) and to one block otherwise (softmax, cross-entropy over a vocabulary), so each row's
 // statistics come from shuffles without a second pass through memory.
 #include "core/cuda/device_util.cuh"
+#include "core/cuda/kernel_math.h"
 
 namespace zero::cuda::detail {
 
 namespace {
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr int kWarpsPerBlock = kThreads / 32;
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x % 32; }
-// The row of a warp-per-row kernel.
+// The first row of a warp-per-row kernel's warp, and the step to its next row (Note [Row grids],
+// kernel_math.h). Every lane of a warp has the same rows, so the warp shuffles stay converged.
 __device__ __forceinline__ std::int64_t warp_row() {
   return static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
 }
-inline int warp_rows_grid(std::int64_t rows) { return static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+__device__ __forceinline__ std::int64_t warp_row_stride() {
+  return static_cast<std::int64_t>(gridDim.x) * (blockDim.x / 32);
+}
+inline int warp_rows_grid(std::int64_t rows) { return row_grid(rows, kWarpsPerBlock); }
 
 // ---- LayerNorm (Ba et al. 2016; llm.c's formulation) ----
 
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                                          const float* bias, std::int64_t N, int C, float eps) {
-  const std::int64_t row = warp_row();
-  if (row >= N) return;  // the whole warp leaves together
   const int lane = lane_id();
-  const float* x = inp + row * C;
-  float sum = 0.0f;
-  for (int i = lane; i < C; i += 32) sum += x[i];
-  const float m = warp_sum(sum) / static_cast<float>(C);
-  float var = 0.0f;
-  for (int i = lane; i < C; i += 32) {
-    const float d = x[i] - m;
-    var += d * d;
-  }
-  var = warp_sum(var) / static_cast<float>(C);
-  const float s = 1.0f / sqrtf(var + eps);
-  float* y = out + row * C;
-  for (int i = lane; i < C; i += 32) y[i] = (x[i] - m) * s * weight[i] + bias[i];
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = s;
+  for (std::int64_t row = warp_row(); row < N; row += warp_row_stride()) {  // whole warps
+    const float* x = inp + row * C;
+    float sum = 0.0f;
+    for (int i = lane; i < C; i += 32) sum += x[i];
+    const float m = warp_sum(sum) / static_cast<float>(C);
+    float var = 0.0f;
+    for (int i = lane; i < C; i += 32) {
+      const float d = x[i] - m;
+      var += d * d;
+    }
+    var = warp_sum(var) / static_cast<float>(C);
+    const float s = 1.0f / sqrtf(var + eps);
+    float* y = out + row * C;
+    for (int i = lane; i < C; i += 32) y[i] = (x[i] - m) * s * weight[i] + bias[i];
+    if (lane == 0) {
+      mean[row] = m;
+      rstd[row] = s;
+    }
   }
 }
 
 __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp, const float* weight,
                                                 const float* mean, const float* rstd, std::int64_t N, int C) {
-  const std::int64_t row = warp_row();
-  if (row >= N) return;
   const int lane = lane_id();
-  const float* dy = dout + row * C;
-  const float* x = inp + row * C;
-  const float m = mean[row], s = rstd[row];
-  float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-  for (int i = lane; i < C; i += 32) {
-    const float norm = (x[i] - m) * s;
-    const float dnorm = weight[i] * dy[i];
-    dnorm_mean += dnorm;
-    dnorm_norm_mean += dnorm * norm;
-  }
-  dnorm_mean = warp_sum(dnorm_mean) / static_cast<float>(C);
-  dnorm_norm_mean = warp_sum(dnorm_norm_mean) / static_cast<float>(C);
-  float* dx = dinp + row * C;
-  for (int i = lane; i < C; i += 32) {
-    const float norm = (x[i] - m) * s;
-    dx[i] = (weight[i] * dy[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
+  for (std::int64_t row = warp_row(); row < N; row += warp_row_stride()) {
+    const float* dy = dout + row * C;
+    const float* x = inp + row * C;
+    const float m = mean[row], s = rstd[row];
+    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+    for (int i = lane; i < C; i += 32) {
+      const float norm = (x[i] - m) * s;
+      const float dnorm = weight[i] * dy[i];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean = warp_sum(dnorm_mean) / static_cast<float>(C);
+    dnorm_norm_mean = warp_sum(dnorm_norm_mean) / static_cast<float>(C);
+    float* dx = dinp + row * C;
+    for (int i = lane; i < C; i += 32) {
+      const float norm = (x[i] - m) * s;
+      dx[i] = (weight[i] * dy[i] - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
   }
 }
 
 // dweight and dbias are sums over all N rows. Atomics would make them depend on scheduling, so each block
 // (32 columns x 8 row lanes) sums a fixed set of rows into one partial per column and row group; a second
-// kernel adds the G partials in order. Threads of a warp read 32 consecutive columns of one row.
+// kernel adds the G partials in order (the exact order is spelled out in kernel_math.h). Threads of a warp
+// read 32 consecutive columns of one row.
 __global__ void layernorm_backward_params_kernel(float* part_dweight, float* part_dbias, const float* dout,
                                                  const float* inp, const float* mean, const float* rstd,
                                                  std::int64_t N, int C) {
-  __shared__ float s_dw[8][33];
-  __shared__ float s_db[8][33];
+  __shared__ float s_dw[kLnRowLanes][kLnColumns + 1];
+  __shared__ float s_db[kLnRowLanes][kLnColumns + 1];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int c = blockIdx.x * 32 + tx;
+  const int c = blockIdx.x * kLnColumns + tx;
   float dw = 0.0f, db = 0.0f;
   if (c < C) {
-    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.y) * 8 + ty; r < N;
-         r += static_cast<std::int64_t>(gridDim.y) * 8) {
+    for (std::int64_t r = static_cast<std::int64_t>(blockIdx.y) * kLnRowLanes + ty; r < N;
+         r += static_cast<std::int64_t>(gridDim.y) * kLnRowLanes) {
       const float dy = dout[r * C + c];
       dw += (inp[r * C + c] - mean[r]) * rstd[r] * dy;
       db += dy;
@@ -94,7 +99,7 @@ __global__ void layernorm_backward_params_kernel(float* part_dweight, float* par
   __syncthreads();
   if (ty == 0 && c < C) {
     float tw = 0.0f, tb = 0.0f;
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < kLnRowLanes; ++k) {
       tw += s_dw[k][tx];
       tb += s_db[k][tx];
     }
@@ -116,56 +121,51 @@ __global__ void column_finalize_kernel(float* dst, const float* partials, int gr
 __global__ void gelu_forward_kernel(float* out, const float* inp, std::int64_t n) {
   for (std::int64_t i = global_thread(); i < n; i += grid_stride()) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
+    out[i] = gelu_from_tanh(x, tanhf(gelu_tanh_arg(x)));
   }
 }
 
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, std::int64_t n) {
   for (std::int64_t i = global_thread(); i < n; i += grid_stride()) {
     const float x = inp[i];
-    const float t = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
-    // d/dx [0.5 x (1 + tanh u)] = 0.5 (1 + t) + 0.5 x (1 - t^2) u'(x),  u' = sqrt(2/pi)(1 + 3·0.044715 x^2)
-    dinp[i] = dout[i] * (0.5f * (1.0f + t) +
-                         0.5f * x * (1.0f - t * t) * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x));
+    dinp[i] = gelu_backward_from_tanh(x, tanhf(gelu_tanh_arg(x)), dout[i]);
   }
 }
 
 // ---- softmax over rows, one block per row ----
 
-__global__ void softmax_forward_kernel(float* out, const float* inp, int C) {
+// Block b handles rows b, b + gridDim.x, ... (Note [Row grids], kernel_math.h); the loop condition is
+// the same for every thread of the block, so all of them reach each block_max / block_sum barrier.
+__global__ void softmax_forward_kernel(float* out, const float* inp, std::int64_t N, int C) {
   __shared__ float scratch[32];
-  const std::int64_t row = blockIdx.x;
-  const float* x = inp + row * C;
-  float* y = out + row * C;
-  float mx = -INFINITY;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) mx = fmaxf(mx, x[i]);
-  mx = block_max(mx, scratch);
-  float sum = 0.0f;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) {
-    const float e = expf(x[i] - mx);
-    y[i] = e;  // read back below by this same thread
-    sum += e;
+  for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const float* x = inp + row * C;
+    float* y = out + row * C;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) mx = fmaxf(mx, x[i]);
+    mx = block_max(mx, scratch);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+      const float e = expf(x[i] - mx);
+      y[i] = e;  // read back below by this same thread
+      sum += e;
+    }
+    const float inv = 1.0f / block_sum(sum, scratch);
+    for (int i = threadIdx.x; i < C; i += blockDim.x) y[i] *= inv;
   }
-  const float inv = 1.0f / block_sum(sum, scratch);
-  for (int i = threadIdx.x; i < C; i += blockDim.x) y[i] *= inv;
 }
 
-__global__ void softmax_backward_kernel(float* dinp, const float* out, const float* dout, int C) {
+__global__ void softmax_backward_kernel(float* dinp, const float* out, const float* dout, std::int64_t N, int C) {
   __shared__ float scratch[32];
-  const std::int64_t row = blockIdx.x;
-  const float* y = out + row * C;
-  const float* dy = dout + row * C;
-  float dot = 0.0f;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) dot += y[i] * dy[i];
-  dot = block_sum(dot, scratch);
-  float* dx = dinp + row * C;
-  for (int i = threadIdx.x; i < C; i += blockDim.x) dx[i] = y[i] * (dy[i] - dot);
-}
-
-// Threads per block for a block-per-row kernel over rows of C: a multiple of 32, at most 256.
-inline int row_block_threads(int C) {
-  const int t = (C + 31) / 32 * 32;
-  return t < 32 ? 32 : (t > 256 ? 256 : t);
+  for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {
+    const float* y = out + row * C;
+    const float* dy = dout + row * C;
+    float dot = 0.0f;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) dot += y[i] * dy[i];
+    dot = block_sum(dot, scratch);
+    float* dx = dinp + row * C;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) dx[i] = y[i] * (dy[i] - dot);
+  }
 }
 
 // ---- attention: head layout changes and the causal softmax (the GEMMs are cuBLAS) ----
@@ -199,65 +199,66 @@ __global__ void heads_to_rows_kernel(float* dst, std::int64_t row_stride, const 
 }
 
 __global__ void causal_softmax_forward_kernel(float* att, std::int64_t rows, int T) {
-  const std::int64_t row = warp_row();
-  if (row >= rows) return;
   const int lane = lane_id();
-  const int t = static_cast<int>(row % T);
-  float* a = att + row * T;
-  float mx = -INFINITY;
-  for (int s = lane; s <= t; s += 32) mx = fmaxf(mx, a[s]);
-  mx = warp_max(mx);
-  float sum = 0.0f;
-  for (int s = lane; s <= t; s += 32) {
-    const float e = expf(a[s] - mx);
-    a[s] = e;  // re-read below by this same lane
-    sum += e;
+  for (std::int64_t row = warp_row(); row < rows; row += warp_row_stride()) {
+    const int t = static_cast<int>(row % T);
+    float* a = att + row * T;
+    float mx = -INFINITY;
+    for (int s = lane; s <= t; s += 32) mx = fmaxf(mx, a[s]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int s = lane; s <= t; s += 32) {
+      const float e = expf(a[s] - mx);
+      a[s] = e;  // re-read below by this same lane
+      sum += e;
+    }
+    const float inv = 1.0f / warp_sum(sum);
+    for (int s = lane; s < T; s += 32) a[s] = s <= t ? a[s] * inv : 0.0f;
   }
-  const float inv = 1.0f / warp_sum(sum);
-  for (int s = lane; s < T; s += 32) a[s] = s <= t ? a[s] * inv : 0.0f;
 }
 
 __global__ void causal_softmax_backward_kernel(float* datt, const float* att, std::int64_t rows, int T, float scale) {
-  const std::int64_t row = warp_row();
-  if (row >= rows) return;
   const int lane = lane_id();
-  const int t = static_cast<int>(row % T);
-  const float* p = att + row * T;
-  float* dp = datt + row * T;
-  float dot = 0.0f;
-  for (int s = lane; s <= t; s += 32) dot += p[s] * dp[s];
-  dot = warp_sum(dot);
-  for (int s = lane; s < T; s += 32) dp[s] = s <= t ? p[s] * (dp[s] - dot) * scale : 0.0f;
+  for (std::int64_t row = warp_row(); row < rows; row += warp_row_stride()) {
+    const int t = static_cast<int>(row % T);
+    const float* p = att + row * T;
+    float* dp = datt + row * T;
+    float dot = 0.0f;
+    for (int s = lane; s <= t; s += 32) dot += p[s] * dp[s];
+    dot = warp_sum(dot);
+    for (int s = lane; s < T; s += 32) dp[s] = s <= t ? p[s] * (dp[s] - dot) * scale : 0.0f;
+  }
 }
 
 // ---- cross-entropy, fused with its softmax: one block per row ----
 
 __global__ void cross_entropy_forward_kernel(float* probs, float* losses, const float* logits,
-                                             const std::int64_t* targets, int V, int* error_flag) {
+                                             const std::int64_t* targets, std::int64_t N, int V, int* error_flag) {
   __shared__ float scratch[32];
-  const std::int64_t row = blockIdx.x;
-  const float* x = logits + row * V;
-  float* y = probs + row * V;
-  float mx = -INFINITY;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, x[i]);
-  mx = block_max(mx, scratch);
-  float sum = 0.0f;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const float e = expf(x[i] - mx);
-    y[i] = e;
-    sum += e;
-  }
-  const float inv = 1.0f / block_sum(sum, scratch);
-  for (int i = threadIdx.x; i < V; i += blockDim.x) y[i] *= inv;
-  if (threadIdx.x == 0) {
-    const std::int64_t target = targets[row];
-    if (target < 0 || target >= V) {
-      atomicOr(error_flag, kCrossEntropyTargetBit);
-      losses[row] = 0.0f;
-    } else {
-      // The same value this thread or another stored above; recomputed so no block barrier is needed.
-      const float p = expf(x[target] - mx) * inv;
-      losses[row] = -logf(fmaxf(p, 1e-30f));
+  for (std::int64_t row = blockIdx.x; row < N; row += gridDim.x) {  // Note [Row grids]
+    const float* x = logits + row * V;
+    float* y = probs + row * V;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, x[i]);
+    mx = block_max(mx, scratch);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+      const float e = expf(x[i] - mx);
+      y[i] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / block_sum(sum, scratch);
+    for (int i = threadIdx.x; i < V; i += blockDim.x) y[i] *= inv;
+    if (threadIdx.x == 0) {
+      const std::int64_t target = targets[row];
+      if (target < 0 || target >= V) {
+        atomicOr(error_flag, kCrossEntropyTargetBit);
+        losses[row] = 0.0f;
+      } else {
+        // The same value this thread or another stored above; recomputed so no block barrier is needed.
+        const float p = expf(x[target] - mx) * inv;
+        losses[row] = -logf(fmaxf(p, 1e-30f));
+      }
     }
   }
 }
@@ -319,18 +320,13 @@ void launch_layernorm_backward_input(float* dinp, const float* dout, const float
   ZERO_CUDA_CHECK_LAUNCH();
 }
 
-int layernorm_param_groups(std::int64_t N) {
-  // Each row lane handles at least 16 rows; at most 256 groups.
-  const std::int64_t g = (N + 8 * 16 - 1) / (8 * 16);
-  return static_cast<int>(g < 1 ? 1 : (g > 256 ? 256 : g));
-}
 
 void launch_layernorm_backward_params(float* part_dweight, float* part_dbias, int groups, const float* dout,
                                       const float* inp, const float* mean, const float* rstd, std::int64_t N, int C,
                                       cudaStream_t s) {
   if (C <= 0) return;
-  const dim3 grid((C + 31) / 32, groups);
-  const dim3 block(32, 8);
+  const dim3 grid((C + kLnColumns - 1) / kLnColumns, groups);
+  const dim3 block(kLnColumns, kLnRowLanes);
   layernorm_backward_params_kernel<<<grid, block, 0, s>>>(part_dweight, part_dbias, dout, inp, mean, rstd, N, C);
   ZERO_CUDA_CHECK_LAUNCH();
 }
@@ -355,14 +351,14 @@ void launch_gelu_backward(float* dinp, const float* inp, const float* dout, std:
 
 void launch_softmax_forward(float* out, const float* inp, std::int64_t N, int C, cudaStream_t s) {
   if (N <= 0 || C <= 0) return;
-  softmax_forward_kernel<<<static_cast<unsigned>(N), row_block_threads(C), 0, s>>>(out, inp, C);
+  softmax_forward_kernel<<<row_grid(N, 1), row_block_threads(C), 0, s>>>(out, inp, N, C);
   ZERO_CUDA_CHECK_LAUNCH();
 }
 
 void launch_softmax_backward(float* dinp, const float* out, const float* dout, std::int64_t N, int C,
                              cudaStream_t s) {
   if (N <= 0 || C <= 0) return;
-  softmax_backward_kernel<<<static_cast<unsigned>(N), row_block_threads(C), 0, s>>>(dinp, out, dout, C);
+  softmax_backward_kernel<<<row_grid(N, 1), row_block_threads(C), 0, s>>>(dinp, out, dout, N, C);
   ZERO_CUDA_CHECK_LAUNCH();
 }
 
@@ -398,8 +394,8 @@ void launch_causal_softmax_backward(float* datt, const float* att, std::int64_t 
 void launch_cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int64_t* targets,
                                   std::int64_t N, int V, int* error_flag, cudaStream_t s) {
   if (N <= 0) return;
-  cross_entropy_forward_kernel<<<static_cast<unsigned>(N), row_block_threads(V), 0, s>>>(probs, losses, logits,
-                                                                                          targets, V, error_flag);
+  cross_entropy_forward_kernel<<<row_grid(N, 1), row_block_threads(V), 0, s>>>(probs, losses, logits, targets, N, V,
+                                                                               error_flag);
   ZERO_CUDA_CHECK_LAUNCH();
 }
 

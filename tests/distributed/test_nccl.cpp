@@ -21,7 +21,8 @@
 namespace zero::dist {
 namespace {
 
-// Small multiples of 1/2 below 64: sums over up to 4 ranks are exact in f32, f16 and bf16.
+// Small multiples of 1/2 below 64: sums over up to 4 ranks are exact in f32, f16 and bf16, so every
+// comparison below is exact (Note [CUDA test tolerances], tests/unit/cuda_test_util.h).
 float value(int rank, std::size_t i) { return 0.5f * float(rank + 1) + float(i % 13); }
 float value_sum(int n, std::size_t i) { return 0.25f * float(n * (n + 1)) + float(n) * float(i % 13); }
 float max_source(int rank, std::size_t i) { return float((i * 31 + std::size_t(rank) * 17) % 101); }
@@ -68,6 +69,12 @@ void check_collectives(Communicator& comm, DType t) {
   std::vector<std::size_t> uneven(n);
   for (int r = 0; r < n; ++r) uneven[r] = r == 1 ? 0 : 17 + 5 * std::size_t(r);
   layouts.push_back(uneven);
+  // Odd element counts (16-bit slices start at odd 2-byte offsets), rank 0 owning a single element and
+  // the last rank almost everything: the uneven paths (NCCL: grouped ncclReduce / ncclBroadcast;
+  // host-staged: MPI's uneven reduce-scatter on the staged copy, copied back to an odd offset).
+  std::vector<std::size_t> skewed(n);
+  for (int r = 0; r < n; ++r) skewed[r] = r == n - 1 ? 100003 : 1 + 2 * std::size_t(r);
+  layouts.push_back(skewed);
   for (const auto& counts : layouts) {
     const auto offsets = offsets_of(counts);
     const std::size_t total = offsets.back() + counts.back();

@@ -17,6 +17,7 @@
 namespace zero {
 namespace {
 
+using cuda_test::abs_of;
 using cuda_test::all_close;
 using cuda_test::CudaTest;
 using cuda_test::DeviceArray;
@@ -44,7 +45,8 @@ std::vector<float> rounded(const std::vector<float>& v, DType t) {
 }
 
 TEST_F(CudaGemm, F32AllTransposesMatchCpu) {
-  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{37, 53, 29}, {256, 256, 256}, {1, 7, 1}}) {
+  for (auto [M, N, K] :
+       {std::tuple<std::int64_t, std::int64_t, std::int64_t>{37, 53, 29}, {256, 256, 256}, {1, 7, 1}}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
@@ -54,15 +56,26 @@ TEST_F(CudaGemm, F32AllTransposesMatchCpu) {
         cpu::gemm(ta, tb, M, N, K, 0.7f, a.data(), l.lda, b.data(), l.ldb, 0.3f, c.data(), l.ldc);
         DeviceArray<float> da(a), db(b), dc(c0);
         cuda::gemm(ta, tb, M, N, K, 0.7f, da.get(), l.lda, db.get(), l.ldb, 0.3f, dc.get(), l.ldc);
-        // The padding columns of C must be untouched: they are compared too (c0 there on both sides).
-        EXPECT_TRUE(all_close(dc.to_host(), c, 1e-4f, 1e-5f));
+        // Note [CUDA test tolerances]: within the two GEMMs' bounds; the padding columns of C must be
+        // untouched (c0 there on both sides, and |A||B| = 0: bound |beta c0|, err 0 expected).
+        std::vector<float> abs_prod(l.c_size, 0.0f);
+        cpu::gemm(ta, tb, M, N, K, 1.0f, abs_of(a).data(), l.lda, abs_of(b).data(), l.ldb, 0.0f, abs_prod.data(),
+                  l.ldc);
+        const auto got = dc.to_host();
+        EXPECT_TRUE(cuda_test::within(got, c, cuda_test::gemm_bound(K, 0.7f, 0.3f, c0, abs_prod)));
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = N; j < l.ldc; ++j) ASSERT_EQ(got[i * l.ldc + j], c0[i * l.ldc + j]);
         // With a bias row, and beta = 0 (C's old values must not matter).
         const auto bias = random_floats(N, 4);
         std::vector<float> cb = c0;
         cpu::gemm(ta, tb, M, N, K, 1.0f, a.data(), l.lda, b.data(), l.ldb, 0.0f, cb.data(), l.ldc, bias.data());
         DeviceArray<float> dbias(bias), dcb(c0);
         cuda::gemm(ta, tb, M, N, K, 1.0f, da.get(), l.lda, db.get(), l.ldb, 0.0f, dcb.get(), l.ldc, dbias.get());
-        EXPECT_TRUE(all_close(dcb.to_host(), cb, 1e-4f, 1e-5f));
+        // The bias is one more addition (the second pass over C): + 2u |C| each side, covered by K + 2.
+        auto abs_bias = abs_prod;
+        for (std::int64_t i = 0; i < M; ++i)
+          for (std::int64_t j = 0; j < N; ++j) abs_bias[i * l.ldc + j] += std::abs(bias[j]);
+        EXPECT_TRUE(cuda_test::within(dcb.to_host(), cb, cuda_test::gemm_bound(K, 1.0f, 0.0f, c0, abs_bias)));
       }
     }
   }
@@ -79,8 +92,14 @@ TEST_F(CudaGemm, Tf32IsCloseToF32) {
   EXPECT_TRUE(cuda::allow_tf32());
   cuda::gemm(false, true, M, N, K, 1.0f, da.get(), l.lda, db.get(), l.ldb, 0.0f, dc.get(), l.ldc);
   cuda::set_allow_tf32(false);
-  // TF32 keeps 10 mantissa bits of each input: ~1e-3 relative per product, sums of 256 terms ~ 5.
-  EXPECT_TRUE(all_close(dc.to_host(), c, 1e-2f, 3e-2f));
+  // TF32 keeps 10 explicit mantissa bits of each input: within 2^-10 relative even if truncated, so
+  // each product errs by at most 2 · 2^-10 |a b| (· 1.01 for the second-order term), on top of the
+  // two f32 GEMMs' bound (Note [CUDA test tolerances]).
+  std::vector<float> abs_prod(l.c_size, 0.0f);
+  cpu::gemm(false, true, M, N, K, 1.0f, abs_of(a).data(), l.lda, abs_of(b).data(), l.ldb, 0.0f, abs_prod.data(), l.ldc);
+  auto bound = cuda_test::gemm_bound(K, 1.0f, 0.0f, c, abs_prod);
+  for (std::size_t i = 0; i < bound.size(); ++i) bound[i] += 2.0 / 1024 * 1.01 * abs_prod[i];
+  EXPECT_TRUE(cuda_test::within(dc.to_host(), c, bound));
 }
 
 TEST_F(CudaGemm, HalfAndBfloat16InputsAccumulateInF32) {
@@ -103,13 +122,26 @@ TEST_F(CudaGemm, HalfAndBfloat16InputsAccumulateInF32) {
         cuda::gemm_ex(ta, tb, M, N, K, 1.0f, da.raw_data(), t, l.lda, db.raw_data(), t, l.ldb, 0.0f, dc.raw_data(),
                       DType::f32, l.ldc);
         const auto got = dc.to_vector();
-        EXPECT_TRUE(all_close(got, exact, 1e-4f, 1e-4f));
-        EXPECT_TRUE(all_close(got, full, 0.0f, t == DType::f16 ? 2e-2f : 1.5e-1f));
+        // Note [CUDA test tolerances]: against the same rounded inputs, the two f32 GEMMs' bound; against
+        // the unrounded product, also the inputs' rounding to t (unit roundoff u_t = 2^-11 for f16, 2^-8
+        // for bf16): each product a b moves by at most 2 u_t |a b|.
+        std::vector<float> abs_prod(l.c_size, 0.0f);
+        cpu::gemm(ta, tb, M, N, K, 1.0f, abs_of(a).data(), l.lda, abs_of(b).data(), l.ldb, 0.0f, abs_prod.data(),
+                  l.ldc);
+        const auto f32_bound = cuda_test::gemm_bound(K, 1.0f, 0.0f, exact, abs_prod);
+        const double u_t = t == DType::f16 ? 1.0 / 2048 : 1.0 / 256;
+        auto input_bound = f32_bound;
+        for (std::size_t i = 0; i < input_bound.size(); ++i) input_bound[i] += 2.0 * u_t * 1.01 * abs_prod[i];
+        EXPECT_TRUE(cuda_test::within(got, exact, f32_bound));
+        EXPECT_TRUE(cuda_test::within(got, full, input_bound));
         // 16-bit output: the f32 result rounded once.
         Tensor dc16 = Tensor::zeros({l.c_size}, t, Device::cuda);
         cuda::gemm_ex(ta, tb, M, N, K, 1.0f, da.raw_data(), t, l.lda, db.raw_data(), t, l.ldb, 0.0f, dc16.raw_data(), t,
                       l.ldc);
-        EXPECT_TRUE(all_close(dc16.to_vector(), exact, t == DType::f16 ? 2e-3f : 1e-2f, 1e-3f));
+        // ... then rounded once to t: + u_t |C| (round to nearest), with |C| <= |exact| + its bound.
+        auto out_bound = f32_bound;
+        for (std::size_t i = 0; i < out_bound.size(); ++i) out_bound[i] += u_t * (std::abs(exact[i]) + f32_bound[i]);
+        EXPECT_TRUE(cuda_test::within(dc16.to_vector(), exact, out_bound));
       }
     }
   }
@@ -135,7 +167,12 @@ TEST_F(CudaGemm, StridedBatchedMatchesLoop) {
       DeviceArray<float> da(a), db(b), dc(c0);
       cuda::gemm_strided_batched(ta, tb, M, N, K, 1.25f, da.get(), l.lda, sa, db.get(), l.ldb, sb, -0.5f, dc.get(),
                                  l.ldc, sc, batch);
-      EXPECT_TRUE(all_close(dc.to_host(), c, 1e-4f, 1e-5f));
+      // Note [CUDA test tolerances]: each matrix within the two GEMMs' bounds.
+      std::vector<float> abs_prod(sc * batch, 0.0f);
+      for (std::int64_t i = 0; i < batch; ++i)
+        cpu::gemm(ta, tb, M, N, K, 1.0f, abs_of(a).data() + i * sa, l.lda, abs_of(b).data() + i * sb, l.ldb, 0.0f,
+                  abs_prod.data() + i * sc, l.ldc);
+      EXPECT_TRUE(cuda_test::within(dc.to_host(), c, cuda_test::gemm_bound(K, 1.25f, -0.5f, c0, abs_prod)));
     }
   }
 }
@@ -150,7 +187,7 @@ TEST_F(CudaGemm, EmptyDimensions) {
   std::vector<float> want = c0;
   cpu::gemm(false, false, 3, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.5f, want.data(), 4);
   cuda::gemm(false, false, 3, 4, 0, 1.0f, a.get(), 1, b.get(), 4, 0.5f, c.get(), 4);
-  EXPECT_TRUE(all_close(c.to_host(), want, 1e-6f, 0.0f));
+  EXPECT_TRUE(all_close(c.to_host(), want, 1e-6f, 0.0f));  // one multiply by 0.5 (exact) each side
 }
 
 }  // namespace
