@@ -65,6 +65,17 @@ template <typename F> void with_codec(DType t, const char* what, F&& f) {
   }
 }
 
+// The loops, on pointers passed by value: inside a lambda that captures them by reference GCC cannot
+// keep them in registers across the stores (a store might alias the closure) and gives up vectorising.
+template <typename D, typename S>
+void convert_range(void* __restrict dst, const void* __restrict src, std::int64_t begin, std::int64_t end) {
+  for (std::int64_t i = begin; i < end; ++i) D::store(dst, i, S::load(src, i));
+}
+template <typename D, typename S>
+void accumulate_range(void* dst, const void* src, std::int64_t begin, std::int64_t end) {
+  for (std::int64_t i = begin; i < end; ++i) D::store(dst, i, D::load(dst, i) + S::load(src, i));
+}
+
 }  // namespace
 
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n) {
@@ -76,9 +87,7 @@ void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::
     with_codec(src_dtype, "convert", [&](auto s) {
       using D = decltype(d);
       using S = decltype(s);
-      parallel_range(n, [&](std::int64_t begin, std::int64_t end) {
-        for (std::int64_t i = begin; i < end; ++i) D::store(dst, i, S::load(src, i));
-      });
+      parallel_range(n, [&](std::int64_t begin, std::int64_t end) { convert_range<D, S>(dst, src, begin, end); });
     });
   });
 }
@@ -88,9 +97,7 @@ void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, st
     with_codec(src_dtype, "accumulate", [&](auto s) {
       using D = decltype(d);
       using S = decltype(s);
-      parallel_range(n, [&](std::int64_t begin, std::int64_t end) {
-        for (std::int64_t i = begin; i < end; ++i) D::store(dst, i, D::load(dst, i) + S::load(src, i));
-      });
+      parallel_range(n, [&](std::int64_t begin, std::int64_t end) { accumulate_range<D, S>(dst, src, begin, end); });
     });
   });
 }
