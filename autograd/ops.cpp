@@ -307,10 +307,11 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 // ---- linear algebra ----
 
 namespace {
-// matmul of operands already in the 16-bit GEMM dtype `gt` on a device with 16-bit GEMMs: the output and
-// the gradients' GEMMs accumulate in fp32; y and both gradients come out in f32 (a 16-bit leaf's
-// AccumulateGrad rounds its gradient once; an f32 operand's gradient passes its `to` node unrounded).
-Tensor matmul_16(const Tensor& a, const Tensor& b, DType gt, std::int64_t M, std::int64_t N, std::int64_t K,
+// matmul of operands already in the GEMM dtype `gt`: f32, or 16-bit on a device with 16-bit GEMMs. The
+// output and the gradients' GEMMs accumulate in fp32; y and both gradients come out in f32 (a 16-bit
+// leaf's AccumulateGrad rounds its gradient once; an f32 operand's gradient passes its `to` node
+// unrounded). One body, so the backward is written once for every dtype.
+Tensor matmul_gemm(const Tensor& a, const Tensor& b, DType gt, std::int64_t M, std::int64_t N, std::int64_t K,
                  bool shared_b) {
   const Device dev = a.device();
   Backend& be = backend(dev);
@@ -366,43 +367,20 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                "matmul: operands are {} and {}; convert one with .to()", dtype_name(a.dtype()), dtype_name(b.dtype()));
     const DType gt = gemm_operand_dtype(dev, half_t);
     const Tensor ac = a.dtype() == gt ? a : a.to(gt), bc = b.dtype() == gt ? b : b.to(gt);
-    if (gt == DType::f32) return matmul(ac, bc);
-    return matmul_16(ac, bc, gt, M, N, K, shared_b);
+    return matmul_gemm(ac, bc, gt, M, N, K, shared_b);
   }
-  Backend& be = backend(dev);
-  Tensor ad = dense(a), bd = dense(b);
-  Shape oshape = a.shape();
-  oshape.back() = N;
-  Tensor out = Tensor::empty(oshape, DType::f32, dev);
-  const std::int64_t batch = a.numel() / std::max<std::int64_t>(1, M * K);
-  if (shared_b) {
-    be.gemm(false, false, batch * M, N, K, 1.0f, f32(ad), K, f32(bd), N, 0.0f, f32(out), N, nullptr);
-  } else {
-    be.gemm_batched(false, false, M, N, K, 1.0f, f32(ad), K, M * K, f32(bd), N, K * N, 0.0f, f32(out), N, M * N, batch);
-  }
-  record("matmul", {a, b}, out, [&be, ad, bd, M, N, K, batch, shared_b](const Tensor& g) -> std::vector<Tensor> {
-    Tensor gd = dense(g);
-    Tensor ga = Tensor::empty(ad.shape(), DType::f32, ad.device());  // both fully written (beta 0)
-    Tensor gb = Tensor::empty(bd.shape(), DType::f32, bd.device());
-    if (shared_b) {
-      be.gemm(false, true, batch * M, K, N, 1.0f, f32(gd), N, f32(bd), N, 0.0f, f32(ga), K, nullptr);
-      be.gemm(true, false, K, N, batch * M, 1.0f, f32(ad), K, f32(gd), N, 0.0f, f32(gb), N, nullptr);
-    } else {
-      be.gemm_batched(false, true, M, K, N, 1.0f, f32(gd), N, M * N, f32(bd), N, K * N, 0.0f, f32(ga), K, M * K, batch);
-      be.gemm_batched(true, false, K, N, M, 1.0f, f32(ad), K, M * K, f32(gd), N, M * N, 0.0f, f32(gb), N, K * N, batch);
-    }
-    return {ga, gb};
-  });
-  return out;
+  return matmul_gemm(a, b, DType::f32, M, N, K, shared_b);
 }
 
 namespace {
-// linear with a 16-bit weight read by the GEMM as it is (tensor cores; Note [Tensor cores for 16-bit
-// models]): x and the incoming gradient are rounded to the weight's dtype once, y and dx come out in f32,
-// dW in the weight's dtype (the fp32 accumulator rounded once, as the `to` node of a compute copy would
-// round an f32 dW). bias is f32 or undefined.
-Tensor linear_16(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t N, std::int64_t in,
-                 std::int64_t out_f) {
+// linear with the weight read by the GEMM as it is: f32, or 16-bit on a device with 16-bit GEMMs (tensor
+// cores; Note [Tensor cores for 16-bit models]). x and the incoming gradient are rounded to the weight's
+// dtype once (a no-op for f32); y and dx come out in f32, dW in the weight's dtype (the fp32 accumulator
+// rounded once, as the `to` node of a compute copy would round an f32 dW). bias is f32 or undefined.
+// y[N, out] = x[N, in] @ W[out, in]^T + b (the bias added as the GEMM stores its tiles);
+// dx = g @ W; dW = g^T @ x (g read transposed in place); db = column sums of g. One body for every dtype.
+Tensor linear_gemm(const Tensor& x, const Tensor& weight, const Tensor& bias, std::int64_t N, std::int64_t in,
+                   std::int64_t out_f) {
   const DType wt = weight.dtype();
   const Device dev = weight.device();
   Backend& be = backend(dev);
@@ -448,30 +426,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     const DType gt = gemm_operand_dtype(dev, weight.dtype());
     // No 16-bit GEMM here (cpu): the f32 copy's GEMM, as a layer's compute copy would (Note [Compute copies]).
     if (gt == DType::f32) return linear(x, weight.to(DType::f32), bias);
-    return linear_16(x, weight, bias, N, in, out_f);
   }
-  Backend& be = backend(dev);
-  Tensor xd = dense(x), wd = dense(weight), bd = bias.defined() ? dense(bias) : Tensor();
-  Shape oshape = x.shape();
-  oshape.back() = out_f;
-  Tensor out = Tensor::empty(oshape, DType::f32, dev);
-  // y[N, out] = x[N, in] @ W[out, in]^T + b[out]: the bias is added as the GEMM stores its tiles.
-  be.gemm(false, true, N, out_f, in, 1.0f, f32(xd), in, f32(wd), in, 0.0f, f32(out), out_f,
-          bias.defined() ? f32(bd) : nullptr);
-  record("linear", {x, weight, bias}, out, [&be, xd, wd, N, in, out_f, has_bias = bias.defined()](const Tensor& g) {
-    Tensor gd = dense(g);
-    Tensor gx = Tensor::empty(xd.shape(), DType::f32, xd.device());
-    Tensor gw = Tensor::empty(wd.shape(), DType::f32, wd.device()), gb;
-    // dx[N, in] = g[N, out] @ W[out, in];  dW[out, in] = g^T @ x (g read transposed in place).
-    be.gemm(false, false, N, in, out_f, 1.0f, f32(gd), out_f, f32(wd), in, 0.0f, f32(gx), in, nullptr);
-    be.gemm(true, false, out_f, in, N, 1.0f, f32(gd), out_f, f32(xd), in, 0.0f, f32(gw), in, nullptr);
-    if (has_bias) {
-      gb = Tensor::empty({out_f}, DType::f32, gd.device());
-      be.sum_rows(f32(gb), f32(gd), N, out_f);  // db[out] = column sums of g
-    }
-    return std::vector<Tensor>{gx, gw, gb};
-  });
-  return out;
+  return linear_gemm(x, weight, bias, N, in, out_f);
 }
 
 // ---- neural-network ops ----

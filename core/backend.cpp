@@ -48,14 +48,23 @@ void Backend::softmax_forward(float*, const float*, std::int64_t, std::int64_t) 
 void Backend::softmax_backward(float*, const float*, const float*, std::int64_t, std::int64_t) {
   missing("softmax_backward");
 }
-void Backend::gemm_ex(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const void*, DType, std::int64_t,
-                      const void*, DType, std::int64_t, float, void*, DType, std::int64_t, const float*) {
-  missing("gemm_ex");
+// All-f32 typed GEMMs are the plain ones on every backend, so an op has one body for f32 and 16-bit
+// operands; 16-bit operands need a backend that overrides these.
+void Backend::gemm_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                      const void* A, DType a_dtype, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb,
+                      float beta, void* C, DType c_dtype, std::int64_t ldc, const float* bias) {
+  if (a_dtype != DType::f32 || b_dtype != DType::f32 || c_dtype != DType::f32) missing("gemm_ex with 16-bit operands");
+  gemm(trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B), ldb, beta,
+       static_cast<float*>(C), ldc, bias);
 }
-void Backend::gemm_batched_ex(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const void*, DType,
-                              std::int64_t, std::int64_t, const void*, DType, std::int64_t, std::int64_t, float, void*,
-                              DType, std::int64_t, std::int64_t, std::int64_t) {
-  missing("gemm_batched_ex");
+void Backend::gemm_batched_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                              const void* A, DType a_dtype, std::int64_t lda, std::int64_t stride_a, const void* B,
+                              DType b_dtype, std::int64_t ldb, std::int64_t stride_b, float beta, void* C,
+                              DType c_dtype, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
+  if (a_dtype != DType::f32 || b_dtype != DType::f32 || c_dtype != DType::f32)
+    missing("gemm_batched_ex with 16-bit operands");
+  gemm_batched(trans_a, trans_b, M, N, K, alpha, static_cast<const float*>(A), lda, stride_a,
+               static_cast<const float*>(B), ldb, stride_b, beta, static_cast<float*>(C), ldc, stride_c, batch);
 }
 void Backend::attention_forward_ex(float*, float*, const float*, std::int64_t, std::int64_t, std::int64_t,
                                    std::int64_t, DType) {

@@ -48,8 +48,9 @@ class Backend {
                             std::int64_t batch);
 
   // ---- GEMMs with 16-bit operands (Note [Tensor cores for 16-bit models] in core/gemm_precision.h) ----
-  // Only a device whose gemm_operand_dtype() is 16-bit (cuda) has these; the ops call them only there.
-  /// gemm with typed operands: A and B of one dtype (f16 or bf16), C f32 or that dtype; fp32
+  // All-f32 operands work on every backend (the defaults call gemm / gemm_batched); 16-bit ones only on
+  // a device whose gemm_operand_dtype() is 16-bit (cuda), elsewhere a missing-kernel error.
+  /// gemm with typed operands: A and B of one dtype (f32, f16 or bf16), C f32 or that dtype; fp32
   /// accumulation; bias[N] (f32, may be null) added to every row of an f32 C.
   virtual void gemm_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
                        const void* A, DType a_dtype, std::int64_t lda, const void* B, DType b_dtype, std::int64_t ldb,
