@@ -31,6 +31,7 @@
 
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
+#include "tests/unit/kernel_bounds.h"
 
 namespace zero::cuda_test {
 
@@ -71,13 +72,7 @@ class DeviceArray {
   std::size_t n_;
 };
 
-inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
+using kernel_bounds::random_floats;  // n floats uniform in [lo, hi), reproducible from seed
 
 inline std::vector<std::int64_t> random_indices(std::size_t n, std::int64_t high, std::uint64_t seed) {
   std::mt19937_64 gen(seed);

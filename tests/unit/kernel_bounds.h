@@ -21,11 +21,21 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "core/cuda/kernel_math.h"
 
 namespace zero::kernel_bounds {
+
+/// n floats uniform in [lo, hi), the same for the same seed (std::mt19937_64).
+inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
 
 constexpr double kU = 1.0 / 16777216.0;  // 2^-24, unit roundoff of f32
 constexpr double kSecondOrder = 1.05;

@@ -37,17 +37,10 @@ float device_exp_model(float d, int k) {
   return kb::shift_ulps(static_cast<float>(std::exp(static_cast<double>(d))), k);
 }
 
-std::vector<float> uniform(std::size_t n, std::uint64_t seed, float lo, float hi) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
 
 // x over [-10, 10]: past |x| ≈ 4 the tanh saturates in f32, where 1 - t^2 cancels hardest.
 std::vector<float> gelu_inputs() {
-  auto x = uniform(1 << 18, 41, -10.0f, 10.0f);
+  auto x = kb::random_floats(1 << 18, 41, -10.0f, 10.0f);
   for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-4f, 3.0f, -3.0f, 4.5f, -4.5f, 5.0f, -5.0f, 9.0f, -9.0f})
     x.push_back(v);
   return x;
@@ -68,7 +61,7 @@ TEST(CudaKernelMath, GeluForwardStandInWithinBound) {
 
 TEST(CudaKernelMath, GeluBackwardStandInWithinBound) {
   const auto x = gelu_inputs();
-  const auto dy = uniform(x.size(), 42, -1.0f, 1.0f);
+  const auto dy = kb::random_floats(x.size(), 42, -1.0f, 1.0f);
   kb::Worst worst;
   for (int k = -2; k <= 2; ++k)
     for (std::size_t i = 0; i < x.size(); ++i) {
@@ -93,7 +86,7 @@ TEST(CudaKernelMath, GeluBackwardStandInWithinBound) {
 // where the exact 1 - t^2 is still ~5e-7, so its error there is the whole B term, not a few ulp.
 TEST(CudaKernelMath, GeluCpuKernelAgainstDoubleReference) {
   const auto x = gelu_inputs();
-  const auto dy = uniform(x.size(), 42, -1.0f, 1.0f);
+  const auto dy = kb::random_floats(x.size(), 42, -1.0f, 1.0f);
   const auto n = static_cast<std::int64_t>(x.size());
   std::vector<float> y(x.size()), g(x.size());
   cpu::gelu_forward(y.data(), x.data(), n);
@@ -173,9 +166,10 @@ TEST(CudaKernelMath, LayerNormParamReductionStandInWithinBound) {
   const std::int64_t C = 77;                   // not a multiple of the 32-column tile
   for (std::int64_t N : {100, 1000, 40000}) {  // G = 1, 8, 256 (capped: 20 rows per lane)
     SCOPED_TRACE(::testing::Message() << "N=" << N << " G=" << kd::layernorm_param_groups(N));
-    const auto x = uniform(N * C, 50 + N, -2.0f, 2.0f), w = uniform(C, 51, 0.5f, 1.5f), b = uniform(C, 52, -1.0f, 1.0f);
-    const auto dy = uniform(N * C, 53 + N, -1.0f, 1.0f);
-    const auto dw0 = uniform(C, 54, -1.0f, 1.0f), db0 = uniform(C, 55, -1.0f, 1.0f);
+    const auto x = kb::random_floats(N * C, 50 + N, -2.0f, 2.0f), w = kb::random_floats(C, 51, 0.5f, 1.5f),
+               b = kb::random_floats(C, 52, -1.0f, 1.0f);
+    const auto dy = kb::random_floats(N * C, 53 + N, -1.0f, 1.0f);
+    const auto dw0 = kb::random_floats(C, 54, -1.0f, 1.0f), db0 = kb::random_floats(C, 55, -1.0f, 1.0f);
     std::vector<float> y(N * C), mean(N), rstd(N);
     cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
     std::vector<float> dw = dw0, db = db0;
@@ -232,8 +226,8 @@ TEST(CudaKernelMath, CausalSoftmaxStandInWithinBound) {
   const int T = 200;       // > 64: each lane holds up to 7 positions of a row
   const int rows = 2 * T;  // two heads: every query position twice
   const float scale = 0.125f;
-  auto att = uniform(static_cast<std::size_t>(rows) * T, 60, -8.0f, 8.0f);
-  const auto datt0 = uniform(att.size(), 61, -1.0f, 1.0f);
+  auto att = kb::random_floats(static_cast<std::size_t>(rows) * T, 60, -8.0f, 8.0f);
+  const auto datt0 = kb::random_floats(att.size(), 61, -1.0f, 1.0f);
   kb::Worst wf, wb;
   std::vector<double> p, pb, g, gb;
   for (int row = 0; row < rows; ++row) {
@@ -285,8 +279,9 @@ TEST(CudaKernelMath, LayerNormRowStandInWithinBound) {
   for (std::int64_t C : {1, 33, 100, 768, 4096}) {
     SCOPED_TRACE(::testing::Message() << "C=" << C);
     const std::int64_t N = 64;
-    const auto x = uniform(N * C, 70 + C, -2.0f, 2.0f), w = uniform(C, 71, 0.5f, 1.5f), b = uniform(C, 72, -1.0f, 1.0f);
-    const auto dy = uniform(N * C, 73 + C, -1.0f, 1.0f);
+    const auto x = kb::random_floats(N * C, 70 + C, -2.0f, 2.0f), w = kb::random_floats(C, 71, 0.5f, 1.5f),
+               b = kb::random_floats(C, 72, -1.0f, 1.0f);
+    const auto dy = kb::random_floats(N * C, 73 + C, -1.0f, 1.0f);
     kb::Worst wy, wm, ws, wdx;
     std::vector<double> dx_ref, dx_bound;
     for (std::int64_t r = 0; r < N; ++r) {
@@ -339,7 +334,7 @@ TEST(CudaKernelMath, SoftmaxRowStandInWithinBound) {
     SCOPED_TRACE(::testing::Message() << "C=" << C);
     const std::int64_t N = C > 10000 ? 2 : 16;
     const int threads = kd::row_block_threads(static_cast<int>(C));
-    const auto x = uniform(N * C, 80 + C, -10.0f, 10.0f), dy = uniform(N * C, 81 + C, -1.0f, 1.0f);
+    const auto x = kb::random_floats(N * C, 80 + C, -10.0f, 10.0f), dy = kb::random_floats(N * C, 81 + C, -1.0f, 1.0f);
     kb::Worst wf, wb, wl;
     std::vector<double> p, pb, g, gb;
     for (std::int64_t r = 0; r < N; ++r) {
@@ -382,7 +377,8 @@ TEST(CudaKernelMath, SoftmaxRowStandInWithinBound) {
 // is printed.
 TEST(CudaKernelMath, AttentionReferenceAgreesWithTheCpuKernel) {
   const std::int64_t B = 2, T = 200, C = 64, H = 2;
-  const auto qkv = uniform(B * T * 3 * C, 90, -1.0f, 1.0f), dout = uniform(B * T * C, 91, -1.0f, 1.0f);
+  const auto qkv = kb::random_floats(B * T * 3 * C, 90, -1.0f, 1.0f),
+             dout = kb::random_floats(B * T * C, 91, -1.0f, 1.0f);
   std::vector<float> out(B * T * C), att(B * H * T * T), dqkv(B * T * 3 * C);
   cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
   cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, H);

@@ -27,6 +27,7 @@
 #include "autograd/ops.h"
 #include "core/gemm_precision.h"
 #include "nn/gpt.h"
+#include "tests/unit/kernel_bounds.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/runtime.h"
 #endif
@@ -50,13 +51,7 @@ class TensorCores : public ::testing::TestWithParam<Device> {
   Device dev() const { return GetParam(); }
 };
 
-std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float lo, float hi) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
+using kernel_bounds::random_floats;
 
 constexpr double kU32 = 1.0 / (1 << 24);
 double u16(DType t) { return t == DType::f16 ? 1.0 / (1 << 11) : 1.0 / (1 << 8); }
