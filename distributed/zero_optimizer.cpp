@@ -155,19 +155,6 @@ void to_f32_scaled(const void* src, DType dtype, float* dst, std::int64_t n, flo
     for (std::int64_t i = 0; i < n; ++i) dst[i] *= factor;
 }
 
-// x[i] *= factor in the model dtype.
-template <typename T>
-void scale(T* x, std::int64_t n, float factor) {
-  for (std::int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<float>(x[i]) * factor);
-}
-void scale(void* x, DType dtype, std::int64_t n, float factor) {
-  switch (dtype) {
-    case DType::f16: scale(static_cast<half*>(x), n, factor); break;
-    case DType::bf16: scale(static_cast<bfloat16*>(x), n, factor); break;
-    default: scale(static_cast<float*>(x), n, factor); break;
-  }
-}
-
 char* at(const Tensor& t, std::int64_t element) {
   return static_cast<char*>(t.raw_data()) + element * static_cast<std::int64_t>(dtype_size(t.dtype()));
 }
@@ -199,7 +186,7 @@ void scale_on(Device device, void* x, DType dtype, std::int64_t n, float factor)
   if (device == Device::cuda) return cuda::scale(x, x, dtype, factor, n);
 #endif
   (void)device;
-  scale(x, dtype, n, factor);
+  cpu::scale(x, dtype, n, factor);
 }
 void accumulate_on(Device device, void* dst, const void* src, DType dtype, std::int64_t n) {
 #ifdef ZERO_HAS_CUDA

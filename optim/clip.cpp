@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cpu/convert.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"
 #endif
@@ -32,12 +33,6 @@ double sum_sq(const T* x, std::int64_t n) {
     partial[c] = s;
   }
   return std::accumulate(partial.begin(), partial.end(), 0.0);
-}
-
-template <typename T>
-void scale(T* x, std::int64_t n, float factor) {
-#pragma omp parallel for simd schedule(static) if (n >= (1 << 16))
-  for (std::int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<float>(x[i]) * factor);
 }
 
 #ifdef ZERO_HAS_CUDA
@@ -83,11 +78,7 @@ void scale_grad_(const Tensor& grad, float factor) {
 #endif
   check_cpu_float(grad, "scale_grad_");
   Tensor g = grad.is_contiguous() ? grad : grad.clone();
-  switch (g.dtype()) {
-    case DType::f16: scale(g.data<half>(), g.numel(), factor); break;
-    case DType::bf16: scale(g.data<bfloat16>(), g.numel(), factor); break;
-    default: scale(g.data<float>(), g.numel(), factor); break;
-  }
+  cpu::scale(g.raw_data(), g.dtype(), g.numel(), factor);
   if (!g.same(grad)) Tensor(grad).copy_(g);  // a strided gradient was scaled in a contiguous copy
 }
 

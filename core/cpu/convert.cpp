@@ -76,6 +76,10 @@ void accumulate_range(void* dst, const void* src, std::int64_t begin, std::int64
   for (std::int64_t i = begin; i < end; ++i) D::store(dst, i, D::load(dst, i) + S::load(src, i));
 }
 
+template <typename D> void scale_range(void* x, float factor, std::int64_t begin, std::int64_t end) {
+  for (std::int64_t i = begin; i < end; ++i) D::store(x, i, D::load(x, i) * factor);
+}
+
 }  // namespace
 
 void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n) {
@@ -99,6 +103,13 @@ void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, st
       using S = decltype(s);
       parallel_range(n, [&](std::int64_t begin, std::int64_t end) { accumulate_range<D, S>(dst, src, begin, end); });
     });
+  });
+}
+
+void scale(void* x, DType dtype, std::int64_t n, float factor) {
+  with_codec(dtype, "scale", [&](auto d) {
+    using D = decltype(d);
+    parallel_range(n, [&](std::int64_t begin, std::int64_t end) { scale_range<D>(x, factor, begin, end); });
   });
 }
 
