@@ -86,6 +86,11 @@ struct Ledger {
   double bytes[kNumCollectives] = {};
   std::int64_t calls[kNumCollectives] = {};
   double seconds[kNumCollectives] = {};
+  /// CPU time (user + system, seconds) the communication thread used while running the five data
+  /// collectives, its own copies and reductions and the kernel's TCP work for its sockets included; 0
+  /// where not measured (NCCL). Beside seconds[], it tells how much of a core the communication takes
+  /// from the training thread when the two overlap.
+  double cpu_seconds = 0;
   double control_bytes = 0;
   std::int64_t control_calls = 0;
 
@@ -234,7 +239,8 @@ class Communicator {
   /// The default: Ledger::bus_bytes over the wire dtype (fp32 for a 16-bit reduction when
   /// reduce_in_fp32(), else the buffer's dtype). A backend whose algorithm mixes dtypes overrides it.
   virtual double wire_bus_bytes(Collective c, std::size_t count, DType dtype) const;
-  /// Adds the seconds the backend spent per collective since the last call into `ledger.seconds`.
+  /// Adds the seconds the backend spent per collective since the last call into `ledger.seconds`, and
+  /// the CPU time they took into `ledger.cpu_seconds`.
   virtual void collect_timers(Ledger& ledger) const { (void)ledger; }
 
  private:

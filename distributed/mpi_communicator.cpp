@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <numeric>
 #include <optional>
@@ -78,6 +79,13 @@ namespace {
 // sched_runtime, unprivileged, 0.1-100 ms) gets an earlier deadline and runs as soon as it wakes; the
 // communication thread uses ~0.1 ms at a time, so it asks for that. Older kernels ignore the request
 // (their CFS already preempts on wake-up); a failure changes only timing, so it is not an error.
+// CPU time this thread has used so far (user + system), in nanoseconds.
+std::int64_t thread_cpu_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
 void request_short_time_slice() {
 #if defined(__linux__) && defined(SYS_sched_setattr)
   struct {  // the kernel's struct sched_attr, first version (48 bytes); glibc 2.36 does not declare it
@@ -258,6 +266,7 @@ void MpiCommunicator::run_queue() {
       trace::Span span(task.name, "comm", trace::kCommThread);
       span.arg("bytes", task.bytes);
       const auto started = std::chrono::steady_clock::now();
+      const std::int64_t cpu_started = thread_cpu_ns();
       // Ledger::seconds: the five data collectives are timed (control scalars and barriers are not).
       int timed = -1;
       for (int c = 0; c < kNumCollectives; ++c)
@@ -272,9 +281,11 @@ void MpiCommunicator::run_queue() {
         error = std::current_exception();  // e.g. a buffer too large for this rank: the peers did not start
       }
       // Before finish(): whoever waited on the work then sees its time in the ledger.
-      if (timed >= 0)
+      if (timed >= 0) {
         busy_ns_[timed] +=
             std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
+        cpu_ns_ += thread_cpu_ns() - cpu_started;
+      }
     }
     task.work->finish(error);
   }
@@ -669,6 +680,7 @@ double MpiCommunicator::wire_bus_bytes(Collective c, std::size_t count, DType dt
 
 void MpiCommunicator::collect_timers(Ledger& ledger) const {
   for (int c = 0; c < kNumCollectives; ++c) ledger.seconds[c] += 1e-9 * double(busy_ns_[c].exchange(0));
+  ledger.cpu_seconds += 1e-9 * double(cpu_ns_.exchange(0));
 }
 
 // Pipelined chain broadcast: ranks form a chain starting at root (root, root+1, ...); the buffer moves

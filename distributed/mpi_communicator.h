@@ -164,6 +164,7 @@ class MpiCommunicator final : public Communicator {
   std::atomic<bool> abandon_{false};
   // Nanoseconds the communication thread spent per collective, not yet moved into a ledger.
   mutable std::atomic<std::int64_t> busy_ns_[kNumCollectives] = {};
+  mutable std::atomic<std::int64_t> cpu_ns_{0};  // the same collectives' thread CPU time
 };
 
 /// The communicator over MPI_COMM_WORLD, created on first use. Initialises MPI (MPI_Init_thread,

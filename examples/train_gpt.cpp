@@ -613,6 +613,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const double baseline = 2.0 * ring * psi_bytes;  // stage 0: one all-reduce of every gradient
   const double per_step = ledger.total() / steps_d;
   const double comm_ms_per_step = 1000.0 * ledger.total_seconds() / steps_d;  // communication thread busy
+  const double comm_cpu_ms_per_step = 1000.0 * ledger.cpu_seconds / steps_d;   // ... and the CPU it used
   const double expected = expected_traffic_copies(zo, gas) * ring * psi_bytes;
   const auto mem = opt.memory();
   const std::size_t rss = peak_rss_bytes();
@@ -626,10 +627,10 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                  traffic["all_gather"].get<double>(), per_step, per_step / baseline, baseline, expected);
     if (world > 1)
       fmt::print("communication time per step: {:.2f} ms (reduce_scatter {:.2f}, all_reduce {:.2f}, all_gather {:.2f}; "
-                 "the communication thread's busy time, overlapped or not)\n",
+                 "the communication thread's busy time, overlapped or not), of which {:.2f} ms on a CPU\n",
                  comm_ms_per_step, 1000.0 * ledger.seconds[int(dist::Collective::reduce_scatter)] / steps_d,
                  1000.0 * ledger.seconds[int(dist::Collective::all_reduce)] / steps_d,
-                 1000.0 * ledger.seconds[int(dist::Collective::all_gather)] / steps_d);
+                 1000.0 * ledger.seconds[int(dist::Collective::all_gather)] / steps_d, comm_cpu_ms_per_step);
     fmt::print("memory per rank: model states {}, buckets {}, peak RSS {}\n", mib(mem.model_states()),
                mib(mem.buckets), mib(static_cast<double>(rss)));
     if (peak > 0.0)
@@ -677,6 +678,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                         {"flops_per_token", nn::flops_per_token(cfg, num_params)},
                         {"comm_bytes_per_step", traffic},
                         {"comm_ms_per_step", comm_ms_per_step},
+                        {"comm_cpu_ms_per_step", comm_cpu_ms_per_step},
                         {"memory_bytes",
                          {{"params", mem.params},
                           {"grads", mem.grads},

@@ -112,6 +112,9 @@ TEST(WireDtype, LedgerCountsTheWireDtype) {
     EXPECT_DOUBLE_EQ(l[Collective::all_reduce], ring * count * (fp32 ? 6.0 : 4.0)) << "fp32 " << fp32;
     if (n > 1) {
       EXPECT_GT(l.seconds[int(Collective::reduce_scatter)], 0.0) << "the communication thread's timer";
+      // One thread cannot use more CPU time than the wall-clock time it ran for.
+      EXPECT_GT(l.cpu_seconds, 0.0) << "the communication thread's CPU clock";
+      EXPECT_LE(l.cpu_seconds, l.total_seconds() + 1e-6);
     }
   }
   comm->set_reduce_in_fp32(false);
