@@ -8,6 +8,12 @@
 # (README, "Several machines"). All ranks share the one loopback, so each rank's effective bandwidth is
 # about R / N. The namespace is removed on exit, also after a failure or Ctrl-C.
 #
+# --burst B (default 128kb) is the filter's bucket: after an idle gap, up to B bytes pass at memory
+# speed. A real link never sends faster than its rate, so B is kept small: two of loopback's 64 KB
+# packets (a packet larger than B is dropped). With 1mb, 4 ms of a 2 Gbit/s link's traffic passes
+# at once after every pause, and a bucket reduce-scatter issued between two layers of backward finds
+# the link as good as free: that hides the cost of not overlapping (docs/collectives.md).
+#
 #   sudo bench/emulated_cluster.sh --ranks 2 --rate 400mbit --steps 30 --rounds 3
 #   sudo bench/emulated_cluster.sh --ranks 2 --rate 2gbit --configs "s2_bucket s2_bucket_overlap s2_overlap_gather torch_ddp"
 #
@@ -28,7 +34,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ranks=2 rate=400mbit burst=1mb steps=30 rounds=3 bucket=100000 batch=12
+ranks=2 rate=400mbit burst=128kb steps=30 rounds=3 bucket=100000 batch=12
 bin=build/bin data=data/tinyshakespeare.txt out="" python=/usr/bin/python3
 configs="stage0 stage1 stage2 s2_rs_off s2_bucket s2_bucket_overlap s2_overlap_gather s1_overlap_gather torch_ddp torch_zero"
 extra=()
@@ -47,7 +53,7 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift 2 ;;
     --python) python=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -127,20 +133,35 @@ for n in names:
         continue
     med = lambda k: statistics.median(m[k] for m in ms) if all(k in m for m in ms) else float("nan")
     comm = med("comm_ms_per_step")
+    cpu = med("comm_cpu_ms_per_step")
     traffic = statistics.median(m["comm_bytes_per_step"]["total"] for m in ms) if "comm_bytes_per_step" in ms[0] else float("nan")
-    rows[n] = (med("ms_per_step"), med("tokens_per_s"), comm, traffic, len(ms))
+    rows[n] = (med("ms_per_step"), med("tokens_per_s"), comm, traffic, len(ms), cpu)
 print(f"\nlink {rate}, {ranks} ranks; medians over rounds")
-print(f"{'configuration':20s} {'ms/step':>9s} {'tokens/s':>9s} {'comm ms/step':>13s} {'wire MB/step':>13s} {'runs':>5s}")
-for n, (ms, tps, comm, traffic, k) in rows.items():
-    print(f"{n:20s} {ms:9.1f} {tps:9.0f} {comm:13.1f} {traffic / 1e6:13.2f} {k:5d}")
+print(f"{'configuration':20s} {'ms/step':>9s} {'tokens/s':>9s} {'comm ms/step':>13s} {'comm CPU ms':>12s} "
+      f"{'wire MB/step':>13s} {'runs':>5s}")
+for n, (ms, tps, comm, traffic, k, cpu) in rows.items():
+    print(f"{n:20s} {ms:9.1f} {tps:9.0f} {comm:13.1f} {cpu:12.1f} {traffic / 1e6:13.2f} {k:5d}")
 def ratio(a, b, i=0):
     return rows[a][i] / rows[b][i] if a in rows and b in rows else float("nan")
+def paired(a, b):
+    # Median over rounds of a/b within each round: the two runs were next to each other in time, so
+    # load that drifts over minutes on a shared machine cancels in the ratio.
+    rs = []
+    for path in glob.glob(f"{out}/{a}.*.json"):
+        other = path.replace(f"/{a}.", f"/{b}.")
+        try:
+            rs.append(json.load(open(path))["ms_per_step"] / json.load(open(other))["ms_per_step"])
+        except OSError:
+            pass
+    return statistics.median(rs) if rs else float("nan")
 print()
 print(f"reduce_scatter false / true (stage 2): step time {ratio('s2_rs_off', 'stage2'):.2f}x, "
       f"communication time {ratio('s2_rs_off', 'stage2', 2):.2f}x, wire bytes {ratio('s2_rs_off', 'stage2', 3):.2f}x")
 if "s2_bucket" in rows and "s2_bucket_overlap" in rows:
     print(f"--overlap-comm saves {100 * (1 - ratio('s2_bucket_overlap', 's2_bucket')):.1f}% of step time "
           f"(same buckets); --overlap-param-gather a further {100 * (1 - ratio('s2_overlap_gather', 's2_bucket_overlap')):.1f}%")
+    print(f"  the same as medians of the ratio within each round: {100 * (1 - paired('s2_bucket_overlap', 's2_bucket')):.1f}% "
+          f"and {100 * (1 - paired('s2_overlap_gather', 's2_bucket_overlap')):.1f}%")
 for t in ("torch_ddp", "torch_zero"):
     best = min((n for n in rows if not n.startswith("torch")), key=lambda n: rows[n][0], default=None)
     if t in rows and best:
