@@ -10,7 +10,7 @@
 #
 # --burst B (default 128kb) is the filter's bucket: after an idle gap, up to B bytes pass at memory
 # speed. A real link never sends faster than its rate, so B is kept small: two of loopback's 64 KB
-# packets (a packet larger than B is dropped). With 1mb, 4 ms of a 2 Gbit/s link's traffic passes
+# packets (no packet larger than B can pass). With 1mb, 4 ms of a 2 Gbit/s link's traffic passes
 # at once after every pause, and a bucket reduce-scatter issued between two layers of backward finds
 # the link as good as free: that hides the cost of not overlapping (docs/collectives.md).
 #
