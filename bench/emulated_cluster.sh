@@ -18,7 +18,13 @@
 #   sudo bench/emulated_cluster.sh --ranks 2 --rate 2gbit --configs "s2_bucket s2_bucket_overlap s2_overlap_gather torch_ddp"
 #
 # --batch B sets the global batch of every run (ours and PyTorch's; default 12, train_gpt's): a smaller
-# batch means less compute per byte communicated, i.e. a relatively slower link.
+# batch means less compute per byte communicated, i.e. a relatively slower link. Every rank computes on
+# one thread (train_gpt --threads 1, OMP_NUM_THREADS=1 for PyTorch).
+#
+# Other flags: --ranks N (2), --rate R (400mbit; tc's units), --steps S (30) and --rounds K (3) per
+# configuration, --bucket ELEMENTS (100000, the s2_* and s1_* configurations), --out DIR (logs and
+# metrics; default a fresh /tmp/emulated_cluster.*), --bin DIR (build/bin), --data FILE
+# (data/tinyshakespeare.txt), --python EXE (/usr/bin/python3, which needs torch for torch_*).
 #
 # Configurations (--configs, names; default: all):
 #   stage0 stage1 stage2          --zero-stage 0/1/2, default buckets
@@ -78,7 +84,7 @@ echo "ranks $ranks, $steps steps x $rounds rounds, results in $out"
 echo '{"zero_optimization": {"reduce_scatter": false}}' > "$out/rs_off.json"
 mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca btl tcp,self --mca btl_tcp_if_include lo
               --mca oob_tcp_if_include lo --mca pml ob1 -x OMP_NUM_THREADS=1)
-common=(--data "$data" --steps "$steps" --batch "$batch" --eval-every 0 --eval-iters 2 --sample 0 --log-every "$steps")
+common=(--data "$data" --steps "$steps" --batch "$batch" --threads 1 --eval-every 0 --eval-iters 2 --sample 0 --log-every "$steps")
 
 flags_of() {
   case "$1" in
@@ -137,10 +143,10 @@ for n in names:
     traffic = statistics.median(m["comm_bytes_per_step"]["total"] for m in ms) if "comm_bytes_per_step" in ms[0] else float("nan")
     rows[n] = (med("ms_per_step"), med("tokens_per_s"), comm, traffic, len(ms), cpu)
 print(f"\nlink {rate}, {ranks} ranks; medians over rounds")
-print(f"{'configuration':20s} {'ms/step':>9s} {'tokens/s':>9s} {'comm ms/step':>13s} {'comm CPU ms':>12s} "
+print(f"{'configuration':20s} {'ms/step':>9s} {'tokens/s':>9s} {'comm ms/step':>13s} {'comm CPU ms/step':>17s} "
       f"{'wire MB/step':>13s} {'runs':>5s}")
 for n, (ms, tps, comm, traffic, k, cpu) in rows.items():
-    print(f"{n:20s} {ms:9.1f} {tps:9.0f} {comm:13.1f} {cpu:12.1f} {traffic / 1e6:13.2f} {k:5d}")
+    print(f"{n:20s} {ms:9.1f} {tps:9.0f} {comm:13.1f} {cpu:17.1f} {traffic / 1e6:13.2f} {k:5d}")
 def ratio(a, b, i=0):
     return rows[a][i] / rows[b][i] if a in rows and b in rows else float("nan")
 def paired(a, b):

@@ -70,6 +70,13 @@ class CpuWork final : public Work {
 
 namespace {
 
+// CPU time this thread has used so far (user + system), in nanoseconds.
+std::int64_t thread_cpu_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
 // Note [A short time slice for the communication thread]
 // With one rank per core the communication thread shares its core with the training thread. Every
 // poll of an asynchronous collective (Note [Waiting without spinning]) wakes it from a short sleep,
@@ -79,13 +86,6 @@ namespace {
 // sched_runtime, unprivileged, 0.1-100 ms) gets an earlier deadline and runs as soon as it wakes; the
 // communication thread uses ~0.1 ms at a time, so it asks for that. Older kernels ignore the request
 // (their CFS already preempts on wake-up); a failure changes only timing, so it is not an error.
-// CPU time this thread has used so far (user + system), in nanoseconds.
-std::int64_t thread_cpu_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-}
-
 void request_short_time_slice() {
 #if defined(__linux__) && defined(SYS_sched_setattr)
   struct {  // the kernel's struct sched_attr, first version (48 bytes); glibc 2.36 does not declare it

@@ -627,7 +627,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                  traffic["all_gather"].get<double>(), per_step, per_step / baseline, baseline, expected);
     if (world > 1)
       fmt::print("communication time per step: {:.2f} ms (reduce_scatter {:.2f}, all_reduce {:.2f}, all_gather {:.2f}; "
-                 "the communication thread's busy time, overlapped or not), of which {:.2f} ms on a CPU\n",
+                 "the communication thread's busy time, overlapped or not; it used {:.2f} ms of CPU)\n",
                  comm_ms_per_step, 1000.0 * ledger.seconds[int(dist::Collective::reduce_scatter)] / steps_d,
                  1000.0 * ledger.seconds[int(dist::Collective::all_reduce)] / steps_d,
                  1000.0 * ledger.seconds[int(dist::Collective::all_gather)] / steps_d, comm_cpu_ms_per_step);
