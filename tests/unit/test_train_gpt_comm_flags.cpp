@@ -1,7 +1,9 @@
 // train_gpt's communication flags: the warning for a configured bucket that covers the whole model at
-// stage 2, --communication-data-type validation, and --overlap-param-gather in the start-up summary.
-// Runs the real binary on a tiny model, one process.
+// stage 2, --communication-data-type validation, and --overlap-param-gather in the start-up summary;
+// and the multi-node transport (Open MPI over TCP) against shared memory. Runs the real binary on a
+// tiny model, one process or two under mpirun.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <string>
 
+#include "cli_util.h"
 #include "test_paths.h"
 
 namespace {
@@ -64,6 +67,29 @@ TEST_F(TrainGptCommFlags, WarnsWhenAConfiguredBucketCoversTheWholeModelAtStage2)
     EXPECT_EQ(r.output.find(kWholeModel), std::string::npos) << flags << ": " << r.output;
   }
   EXPECT_NE(train_gpt(tiny("--zero-stage 2")).output.find("(automatic)"), std::string::npos);
+}
+
+// README "Several machines": ranks on different machines talk through Open MPI's TCP transport. Our
+// collectives are rings of point-to-point messages, so the transport must not change a single bit:
+// two ranks over TCP on the loopback (as on two machines, --mca btl tcp,self) against the same job over
+// whatever Open MPI picks on one machine (shared memory), stage 2 with several buckets and both overlaps.
+TEST_F(TrainGptCommFlags, TcpTransportGivesTheLossesOfSharedMemoryBitForBit) {
+  const std::string job = std::string(ZERO_MPIRUN) + " -np 2 ";
+  const std::string tcp = "--mca btl tcp,self --mca pml ob1 --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo ";
+  const std::string flags = " --steps 4 --block 8 --batch 4 --n-layer 1 --n-head 2 --n-embd 16 --eval-iters 1 --sample 0 "
+                            "--zero-stage 2 --reduce-bucket-size 200 --overlap-comm --overlap-param-gather --threads 1 ";
+  nlohmann::json losses[2];
+  for (int over_tcp = 0; over_tcp < 2; ++over_tcp) {
+    const fs::path metrics = dir_ / ("metrics" + std::to_string(over_tcp) + ".json");
+    const std::string cmd = job + (over_tcp ? tcp : "") + zero::testing::bin_dir() + "/train_gpt --data " +
+                            (dir_ / "text.txt").string() + flags + "--metrics " + metrics.string();
+    const zero::testing::CommandResult r = zero::testing::run_command(cmd);
+    ASSERT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+    losses[over_tcp] = nlohmann::json::parse(std::ifstream(metrics));
+    ASSERT_EQ(losses[over_tcp]["world_size"], 2) << r.output;
+  }
+  for (const char* key : {"train_loss", "val_loss"})
+    EXPECT_EQ(losses[1][key].get<double>(), losses[0][key].get<double>()) << key << " over TCP vs shared memory";
 }
 
 TEST_F(TrainGptCommFlags, CommunicationDataTypeAndOverlapParamGather) {
