@@ -161,8 +161,9 @@ def paired(a, b):
             pass
     return statistics.median(rs) if rs else float("nan")
 print()
-print(f"reduce_scatter false / true (stage 2): step time {ratio('s2_rs_off', 'stage2'):.2f}x, "
-      f"communication time {ratio('s2_rs_off', 'stage2', 2):.2f}x, wire bytes {ratio('s2_rs_off', 'stage2', 3):.2f}x")
+if "s2_rs_off" in rows and "stage2" in rows:
+    print(f"reduce_scatter false / true (stage 2): step time {ratio('s2_rs_off', 'stage2'):.2f}x, "
+          f"communication time {ratio('s2_rs_off', 'stage2', 2):.2f}x, wire bytes {ratio('s2_rs_off', 'stage2', 3):.2f}x")
 if "s2_bucket" in rows and "s2_bucket_overlap" in rows:
     print(f"--overlap-comm saves {100 * (1 - ratio('s2_bucket_overlap', 's2_bucket')):.1f}% of step time "
           f"(same buckets); --overlap-param-gather a further {100 * (1 - ratio('s2_overlap_gather', 's2_bucket_overlap')):.1f}%")
