@@ -484,8 +484,9 @@ void attention_forward(float* out, float* att, const float* qkv, std::int64_t B,
         for (std::int64_t j0 = 0; j0 < std::min(i0 + kTileRows, T); j0 += kTileCols)
           tile_product<kTileRows>(qa + i0 * ldq, ldq, 1, w.kt.data() + j0, Tp, 0, D, scale, 0.0f, nullptr, sc + i0 * lds + j0, lds);
       // Row softmax over keys s <= t; the rest of the row (and padding rows) becomes 0. The row is
-      // processed over whole vectors (n rounded up to kRowVector, masked keys set to -inf so exp gives
-      // 0): Eigen's vectorised max / exp / sum then run without scalar tails.
+      // processed over whole vectors (n rounded up to kRowVector, masked keys set to -inf): Eigen's
+      // vectorised max / exp / sum then run without scalar tails. Eigen's exp clamps its argument, so
+      // exp(-inf) comes out as a denormal (~3e-39), not 0: the masked keys are zeroed afterwards.
       for (std::int64_t t = 0; t < Tp; ++t) {
         float* row = sc + t * lds;
         const std::int64_t n = t < T ? round_up(t + 1, kRowVector) : 0;
@@ -494,6 +495,7 @@ void attention_forward(float* out, float* att, const float* qkv, std::int64_t B,
           AlignedRow x(row, n);
           x = (x - x.maxCoeff()).exp();
           x *= 1.0f / x.sum();
+          fill_floats(row + t + 1, n - (t + 1), 0.0f);
         }
         fill_floats(row + n, lds - n, 0.0f);
         if (!in_place && t < T) copy_floats(a + t * T, row, T);
