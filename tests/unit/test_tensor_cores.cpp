@@ -68,25 +68,31 @@ Tensor device_leaf(const std::vector<float>& v, const Shape& shape, DType t, Dev
   return x;
 }
 
-// |got - ref| <= tol elementwise (tol per element); names the worst element.
-::testing::AssertionResult within(const std::vector<float>& got, const std::vector<double>& ref,
-                                  const std::vector<double>& tol) {
-  if (got.size() != ref.size()) return ::testing::AssertionFailure() << got.size() << " vs " << ref.size() << " values";
-  std::size_t worst = 0;
-  double worst_ratio = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(static_cast<double>(got[i]) - ref[i]);
-    const double ratio = std::isnan(got[i]) ? 1e30 : err / std::max(tol[i], 1e-30);
-    if (ratio > worst_ratio) {
-      worst_ratio = ratio;
-      worst = i;
-    }
+// One element of an fp32 GEMM's result: the exact init + sum_{k<K} term(k) in double, and Note [16-bit
+// GEMM tolerances]'s bound 2 (K + 2) u32 (|init| + sum_k |term(k)|), plus one more rounding of the
+// result (u16 |result|) when the GEMM stores it in a 16-bit tensor (out_rounding = u16(t); 0 for f32).
+struct GemmEntry {
+  double value, bound;
+};
+template <class Term>
+GemmEntry gemm_entry(std::int64_t K, Term term, double init = 0.0, double out_rounding = 0.0) {
+  double s = init, a = std::abs(init);
+  for (std::int64_t k = 0; k < K; ++k) {
+    const double x = term(k);
+    s += x;
+    a += std::abs(x);
   }
-  if (worst_ratio > 1.0)
-    return ::testing::AssertionFailure() << "element " << worst << ": got " << got[worst] << ", expected " << ref[worst]
-                                         << ", tolerance " << tol[worst] << " (" << worst_ratio << "x)";
-  return ::testing::AssertionSuccess() << "worst error " << worst_ratio << " of the tolerance";
+  const double acc = 2.0 * (K + 2) * kU32 * a;
+  return {s, acc + out_rounding * (std::abs(s) + acc)};
 }
+
+// Stores e as element i of a reference and its bound.
+void put(std::vector<double>& ref, std::vector<double>& tol, std::int64_t i, GemmEntry e) {
+  ref[static_cast<std::size_t>(i)] = e.value;
+  tol[static_cast<std::size_t>(i)] = e.bound;
+}
+
+using kernel_bounds::within_bounds;
 
 TEST_P(TensorCores, LinearWith16BitWeightMatchesDoubleReference) {
   const std::int64_t N = 37, in = 96, out = 50;
@@ -104,49 +110,24 @@ TEST_P(TensorCores, LinearWith16BitWeightMatchesDoubleReference) {
 
     std::vector<double> y_ref(N * out), y_tol(N * out), dx_ref(N * in), dx_tol(N * in), dw_ref(out * in),
         dw_tol(out * in), db_ref(out), db_tol(out);
+    auto x_ = [&](std::int64_t n, std::int64_t k) { return static_cast<double>(xv[n * in + k]); };
+    auto w_ = [&](std::int64_t o, std::int64_t k) { return static_cast<double>(wv[o * in + k]); };
+    auto g_ = [&](std::int64_t n, std::int64_t o) { return static_cast<double>(gv[n * out + o]); };
     for (std::int64_t n = 0; n < N; ++n)
-      for (std::int64_t o = 0; o < out; ++o) {
-        double s = bv[o], a = std::abs(bv[o]);
-        for (std::int64_t k = 0; k < in; ++k) {
-          s += static_cast<double>(xv[n * in + k]) * wv[o * in + k];
-          a += std::abs(static_cast<double>(xv[n * in + k]) * wv[o * in + k]);
-        }
-        y_ref[n * out + o] = s;
-        y_tol[n * out + o] = 2.0 * (in + 2) * kU32 * a;
-      }
+      for (std::int64_t o = 0; o < out; ++o)
+        put(y_ref, y_tol, n * out + o, gemm_entry(in, [&](std::int64_t k) { return x_(n, k) * w_(o, k); }, bv[o]));
     for (std::int64_t n = 0; n < N; ++n)
-      for (std::int64_t k = 0; k < in; ++k) {
-        double s = 0.0, a = 0.0;
-        for (std::int64_t o = 0; o < out; ++o) {
-          s += static_cast<double>(gv[n * out + o]) * wv[o * in + k];
-          a += std::abs(static_cast<double>(gv[n * out + o]) * wv[o * in + k]);
-        }
-        dx_ref[n * in + k] = s;
-        dx_tol[n * in + k] = 2.0 * (out + 2) * kU32 * a;
-      }
+      for (std::int64_t k = 0; k < in; ++k)
+        put(dx_ref, dx_tol, n * in + k, gemm_entry(out, [&](std::int64_t o) { return g_(n, o) * w_(o, k); }));
     for (std::int64_t o = 0; o < out; ++o) {
-      for (std::int64_t k = 0; k < in; ++k) {
-        double s = 0.0, a = 0.0;
-        for (std::int64_t n = 0; n < N; ++n) {
-          s += static_cast<double>(gv[n * out + o]) * xv[n * in + k];
-          a += std::abs(static_cast<double>(gv[n * out + o]) * xv[n * in + k]);
-        }
-        const double acc = 2.0 * (N + 2) * kU32 * a;
-        dw_ref[o * in + k] = s;
-        dw_tol[o * in + k] = acc + u16(t) * (std::abs(s) + acc);  // then rounded once to t
-      }
-      double s = 0.0, a = 0.0;
-      for (std::int64_t n = 0; n < N; ++n) {
-        s += gv[n * out + o];
-        a += std::abs(gv[n * out + o]);
-      }
-      db_ref[o] = s;
-      db_tol[o] = 2.0 * (N + 2) * kU32 * a;
+      for (std::int64_t k = 0; k < in; ++k)  // dW is stored in t: one more rounding
+        put(dw_ref, dw_tol, o * in + k, gemm_entry(N, [&](std::int64_t n) { return g_(n, o) * x_(n, k); }, 0.0, u16(t)));
+      put(db_ref, db_tol, o, gemm_entry(N, [&](std::int64_t n) { return g_(n, o); }));
     }
-    EXPECT_TRUE(within(y.to_vector(), y_ref, y_tol)) << "y";
-    EXPECT_TRUE(within(x.grad().to_vector(), dx_ref, dx_tol)) << "dx";
-    EXPECT_TRUE(within(w.grad().to_vector(), dw_ref, dw_tol)) << "dW";
-    EXPECT_TRUE(within(b.grad().to_vector(), db_ref, db_tol)) << "db";
+    EXPECT_TRUE(within_bounds(y.to_vector(), y_ref, y_tol)) << "y";
+    EXPECT_TRUE(within_bounds(x.grad().to_vector(), dx_ref, dx_tol)) << "dx";
+    EXPECT_TRUE(within_bounds(w.grad().to_vector(), dw_ref, dw_tol)) << "dW";
+    EXPECT_TRUE(within_bounds(b.grad().to_vector(), db_ref, db_tol)) << "db";
   }
 }
 
@@ -164,43 +145,23 @@ TEST_P(TensorCores, BatchedMatmulOf16BitOperandsMatchesDoubleReference) {
       const float* A = av.data() + i * M * K;
       const float* B = bv.data() + i * K * N;
       for (std::int64_t m = 0; m < M; ++m)
-        for (std::int64_t n = 0; n < N; ++n) {
-          double s = 0.0, s_abs = 0.0;
-          for (std::int64_t k = 0; k < K; ++k) {
-            s += static_cast<double>(A[m * K + k]) * B[k * N + n];
-            s_abs += std::abs(static_cast<double>(A[m * K + k]) * B[k * N + n]);
-          }
-          y_ref[(i * M + m) * N + n] = s;
-          y_tol[(i * M + m) * N + n] = 2.0 * (K + 2) * kU32 * s_abs;
-        }
+        for (std::int64_t n = 0; n < N; ++n)
+          put(y_ref, y_tol, (i * M + m) * N + n,
+              gemm_entry(K, [&](std::int64_t k) { return static_cast<double>(A[m * K + k]) * B[k * N + n]; }));
       // gradients leave the GEMM in f32 and are rounded once into the 16-bit leaves' grad
       for (std::int64_t m = 0; m < M; ++m)
-        for (std::int64_t k = 0; k < K; ++k) {
-          double s = 0.0, s_abs = 0.0;
-          for (std::int64_t n = 0; n < N; ++n) {
-            s += B[k * N + n];
-            s_abs += std::abs(B[k * N + n]);
-          }
-          const double acc = 2.0 * (N + 2) * kU32 * s_abs;
-          da_ref[(i * M + m) * K + k] = s;
-          da_tol[(i * M + m) * K + k] = acc + u16(t) * (std::abs(s) + acc);
-        }
+        for (std::int64_t k = 0; k < K; ++k)
+          put(da_ref, da_tol, (i * M + m) * K + k,
+              gemm_entry(N, [&](std::int64_t n) { return static_cast<double>(B[k * N + n]); }, 0.0, u16(t)));
       for (std::int64_t k = 0; k < K; ++k)
-        for (std::int64_t n = 0; n < N; ++n) {
-          double s = 0.0, s_abs = 0.0;
-          for (std::int64_t m = 0; m < M; ++m) {
-            s += A[m * K + k];
-            s_abs += std::abs(A[m * K + k]);
-          }
-          const double acc = 2.0 * (M + 2) * kU32 * s_abs;
-          db_ref[(i * K + k) * N + n] = s;
-          db_tol[(i * K + k) * N + n] = acc + u16(t) * (std::abs(s) + acc);
-        }
+        for (std::int64_t n = 0; n < N; ++n)
+          put(db_ref, db_tol, (i * K + k) * N + n,
+              gemm_entry(M, [&](std::int64_t m) { return static_cast<double>(A[m * K + k]); }, 0.0, u16(t)));
     }
-    EXPECT_TRUE(within(y.to_vector(), y_ref, y_tol)) << "y";
+    EXPECT_TRUE(within_bounds(y.to_vector(), y_ref, y_tol)) << "y";
     EXPECT_EQ(a.grad().dtype(), t);
-    EXPECT_TRUE(within(a.grad().to_vector(), da_ref, da_tol)) << "da";
-    EXPECT_TRUE(within(b.grad().to_vector(), db_ref, db_tol)) << "db";
+    EXPECT_TRUE(within_bounds(a.grad().to_vector(), da_ref, da_tol)) << "da";
+    EXPECT_TRUE(within_bounds(b.grad().to_vector(), db_ref, db_tol)) << "db";
   }
 }
 
@@ -299,8 +260,8 @@ TEST_P(TensorCores, AttentionWith16BitGemmsMatchesDoubleReference) {
     Tensor y = causal_self_attention(qkv, H, t);
     sum(mul(y, Tensor::from_vector(gv, {B, T, C}).to(dev()))).backward();
     const AttentionRef r = attention_reference(qv, gv, B, T, C, H, u16(t));
-    EXPECT_TRUE(within(y.to_vector(), r.y, r.y_tol)) << "y";
-    EXPECT_TRUE(within(qkv.grad().to_vector(), r.dqkv, r.dqkv_tol)) << "dqkv";
+    EXPECT_TRUE(within_bounds(y.to_vector(), r.y, r.y_tol)) << "y";
+    EXPECT_TRUE(within_bounds(qkv.grad().to_vector(), r.dqkv, r.dqkv_tol)) << "dqkv";
   }
 }
 
