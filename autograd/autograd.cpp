@@ -174,6 +174,18 @@ void remove_post_accumulate_grad_hook(Tensor& param, int id) {
   std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
 }
 
+int register_parameter_use_hook(Tensor& param, UseHookFn hook) {
+  ZERO_CHECK(param.defined(), "register_parameter_use_hook: undefined tensor");
+  const int id = g_next_hook_id++;
+  meta_of(param).parameter_use_hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+void remove_parameter_use_hook(Tensor& param, int id) {
+  auto& hooks = meta_of(param).parameter_use_hooks;
+  std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+}
+
 void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) {
   auto root_node = gradient_edge(root);
   ZERO_CHECK(root_node != nullptr, "backward() on a tensor that does not require grad");

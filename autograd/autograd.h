@@ -41,6 +41,7 @@ class Node {
 };
 
 using HookFn = std::function<void(Tensor& param)>;
+using UseHookFn = std::function<void(const Tensor& param)>;
 
 struct AutogradMeta {
   bool requires_grad = false;
@@ -48,6 +49,7 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;            // set on outputs of recorded ops
   std::weak_ptr<Node> grad_accumulator;     // leaves: their AccumulateGrad node, made on first use
   std::vector<std::pair<int, HookFn>> post_accumulate_grad_hooks;
+  std::vector<std::pair<int, UseHookFn>> parameter_use_hooks;
 };
 
 /// Gradient mode is on by default; NoGradGuard turns recording off in its scope (this thread only).
@@ -98,10 +100,35 @@ void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output,
 /// True if the tensor is a leaf that requires grad or the output of a recorded op.
 bool needs_grad(const Tensor& t);
 
+// ---- Parameter hooks: the two places a distributed optimizer plugs into a model ----------------------
+// Both are registered per parameter (on the tensor's autograd metadata), so two models in one process
+// (ranks that are threads: distributed/inprocess_communicator.h) never see each other's hooks.
+//   post-accumulate-grad hook  runs when the parameter's gradient of this backward is final
+//                              (PyTorch's Tensor.register_post_accumulate_grad_hook): ZeRO's gradient
+//                              reducer copies it into a bucket there (distributed/gradient_reducer.h);
+//   parameter-use hook         runs before a layer's forward reads the parameter (nn::Module::compute):
+//                              ZeRO's parameter gather waits there for the all-gather that fills it
+//                              (distributed/parameter_gather.h). PyTorch's nearest is a module forward
+//                              pre-hook; this one has the granularity of one parameter.
+// A hook may throw: the exception propagates out of backward() or out of the forward.
+
 /// Registers `hook` to run after `param`'s gradient for a backward is complete (see Note [Hook order]).
 /// `param` must be a leaf that requires grad. Returns an id for remove_post_accumulate_grad_hook.
 int register_post_accumulate_grad_hook(Tensor& param, HookFn hook);
 void remove_post_accumulate_grad_hook(Tensor& param, int id);
+
+/// Registers `hook` to run (on the forward's thread) each time a layer is about to read `param`.
+/// Returns an id for remove_parameter_use_hook. Throws zero::Error for an undefined tensor.
+int register_parameter_use_hook(Tensor& param, UseHookFn hook);
+/// Removes the hook registered under `id` (an unknown id is ignored).
+void remove_parameter_use_hook(Tensor& param, int id);
+/// Runs `param`'s parameter-use hooks (nn::Module::compute calls it). Costs a pointer test when none.
+inline void run_parameter_use_hooks(const Tensor& param) {
+  const AutogradMeta* m = param.impl()->autograd.get();
+  if (m == nullptr || m->parameter_use_hooks.empty()) return;
+  const auto hooks = m->parameter_use_hooks;  // a hook may register or remove hooks
+  for (const auto& [id, hook] : hooks) hook(param);
+}
 
 /// Runs the backward pass from `root` with seed gradient `grad_output` (shape of root; default: ones
 /// for a one-element root). Frees saved tensors unless retain_graph. Throws zero::Error if root does

@@ -6,6 +6,45 @@
 
 namespace zero::dist {
 
+std::int64_t default_bucket_size(std::int64_t psi) {
+  ZERO_CHECK(psi >= 1, "default_bucket_size: the model has {} elements; it needs at least one", psi);
+  return std::clamp<std::int64_t>((psi + 7) / 8, 4096, 500'000'000);
+}
+
+void check_zero_options(const ZeroOptions& o) {
+  ZERO_CHECK(o.stage != 3, "ZeRO stage 3 (partitioned parameters) is not implemented; use stage 0, 1 or 2");
+  ZERO_CHECK(o.stage >= 0 && o.stage <= 2, "ZeRO stage must be 0, 1 or 2, got {}", o.stage);
+  ZERO_CHECK(is_floating(o.dtype), "ZeRO: model dtype must be f32, f16 or bf16, got {}", dtype_name(o.dtype));
+  ZERO_CHECK(o.reduce_bucket_size >= 1 || o.reduce_bucket_size == kAutoBucketSize,
+             "ZeRO: reduce_bucket_size must be >= 1 element, got {}", o.reduce_bucket_size);
+  ZERO_CHECK(o.allgather_bucket_size >= 1 || o.allgather_bucket_size == kAutoBucketSize,
+             "ZeRO: allgather_bucket_size must be >= 1 element, got {}", o.allgather_bucket_size);
+  ZERO_CHECK(o.gradient_accumulation_steps >= 1, "ZeRO: gradient_accumulation_steps must be >= 1, got {}",
+             o.gradient_accumulation_steps);
+  ZERO_CHECK(o.gradient_clipping >= 0.0f, "ZeRO: gradient_clipping must be >= 0 (0 = off), got {}",
+             o.gradient_clipping);
+  ZERO_CHECK(o.weight_decay >= 0.0f, "ZeRO: weight_decay must be >= 0, got {}", o.weight_decay);
+  const optim::AdamWOptions& a = o.adam;
+  ZERO_CHECK(a.eps >= 0.0f, "ZeRO: AdamW eps must be >= 0, got {}", a.eps);
+  ZERO_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "ZeRO: AdamW beta1 must be in [0, 1), got {}", a.beta1);
+  ZERO_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "ZeRO: AdamW beta2 must be in [0, 1), got {}", a.beta2);
+  ZERO_CHECK(a.lr >= 0.0f, "ZeRO: learning rate must be >= 0, got {}", a.lr);
+}
+
+MemoryBreakdown expected_memory(int stage, DType dtype, double psi, int world_size) {
+  ZERO_CHECK(stage >= 0 && stage <= 2, "expected_memory: stage must be 0, 1 or 2, got {}", stage);
+  ZERO_CHECK(is_floating(dtype), "expected_memory: dtype must be f32, f16 or bf16, got {}", dtype_name(dtype));
+  ZERO_CHECK(world_size >= 1, "expected_memory: world_size must be >= 1, got {}", world_size);
+  const double b = static_cast<double>(dtype_size(dtype));
+  const double k = dtype == DType::f32 ? 8.0 : 12.0;  // (fp32 master) + m + v, bytes per parameter
+  const double n = world_size;
+  MemoryBreakdown m;
+  m.params = b * psi;
+  m.grads = stage == 2 ? b * psi / n : b * psi;
+  m.optimizer_states = stage == 0 ? k * psi : k * psi / n;
+  return m;
+}
+
 double StepTraffic::total() const {
   double sum = 0;
   for (double b : bytes) sum += b;
@@ -13,44 +52,41 @@ double StepTraffic::total() const {
 }
 
 ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size, const ZeroOptions& options) {
-  ZERO_CHECK(options.stage >= 0 && options.stage <= 2, "ZeRO stage must be 0, 1 or 2, got {}", options.stage);
-  ZERO_CHECK(is_floating(options.dtype), "ZeRO: model dtype must be f32, f16 or bf16, got {}",
-             dtype_name(options.dtype));
-  ZERO_CHECK(options.reduce_bucket_size >= 1 || options.reduce_bucket_size == kAutoBucketSize,
-             "ZeRO: reduce_bucket_size must be >= 1 element, got {}", options.reduce_bucket_size);
-  ZERO_CHECK(options.allgather_bucket_size >= 1 || options.allgather_bucket_size == kAutoBucketSize,
-             "ZeRO: allgather_bucket_size must be >= 1 element, got {}", options.allgather_bucket_size);
-  ZERO_CHECK(options.gradient_accumulation_steps >= 1, "ZeRO: gradient_accumulation_steps must be >= 1, got {}",
-             options.gradient_accumulation_steps);
+  check_zero_options(options);
   ZeroPlan plan;
   plan.layout = FlatLayout(entries, world_size);
+  ZERO_CHECK(plan.layout.numel() > 0, "ZeRO: no trainable parameter elements ({} trainable parameters given)",
+             entries.size());
   plan.options = options;
-  // Unset bucket sizes resolve as the optimizer resolves them (default_bucket_size).
   if (plan.options.reduce_bucket_size == kAutoBucketSize)
     plan.options.reduce_bucket_size = default_bucket_size(plan.layout.numel());
   if (plan.options.allgather_bucket_size == kAutoBucketSize)
     plan.options.allgather_bucket_size = default_bucket_size(plan.layout.numel());
   plan.buckets = plan.layout.make_buckets(plan.options.reduce_bucket_size);
   plan.pool_buffer_numel = std::min(plan.options.reduce_bucket_size, plan.layout.padded_numel());
-  if (options.stage == 2) {
-    // A bucket takes its buffer when it is issued and returns it when its collective has finished:
-    // one buffer when collectives block, up to one per bucket while they are in flight.
-    plan.pool_buffers = plan.buckets.empty() ? 0 : 1;
-    plan.max_pool_buffers = options.overlap_comm ? static_cast<int>(plan.buckets.size()) : plan.pool_buffers;
-  }
+  if (options.stage == 2)
+    plan.pool_buffers = std::min(options.overlap_comm ? kMaxLiveBuckets : 1, static_cast<int>(plan.buckets.size()));
   return plan;
 }
 
+std::int64_t ZeroPlan::region_begin(int rank) const { return options.stage == 0 ? 0 : layout.partition_begin(rank); }
+
+std::int64_t ZeroPlan::region_size() const {
+  return options.stage == 0 ? layout.padded_numel() : layout.partition_size();
+}
+
+std::vector<ParamSlice> ZeroPlan::region_slices(int rank) const {
+  if (options.stage != 0) return layout.owned(rank);
+  std::vector<ParamSlice> all;
+  for (const ParamRange& r : layout.params()) all.insert(all.end(), r.slices.begin(), r.slices.end());
+  return all;
+}
+
 MemoryBreakdown ZeroPlan::memory() const {
-  const double b = static_cast<double>(dtype_size(options.dtype));
-  const double padded = static_cast<double>(layout.padded_numel());
-  const double part = static_cast<double>(layout.partition_size());
-  MemoryBreakdown m;
-  m.params = b * padded;
-  m.grads = b * (options.stage == 2 ? part : padded);
-  const double region = options.stage == 0 ? padded : part;
-  m.optimizer_states = 4.0 * region * (options.dtype == DType::f32 ? 2.0 : 3.0);  // (master) + m + v, fp32
-  m.buckets = b * static_cast<double>(pool_buffers) * static_cast<double>(pool_buffer_numel);
+  MemoryBreakdown m =
+      expected_memory(options.stage, options.dtype, static_cast<double>(layout.padded_numel()), layout.world_size());
+  m.buckets = static_cast<double>(dtype_size(options.dtype)) * static_cast<double>(pool_buffers) *
+              static_cast<double>(pool_buffer_numel);
   return m;
 }
 

@@ -1,19 +1,20 @@
-// ZeroPlan: what a ZeroOptimizer configuration allocates and sends, worked out from the flat layout
-// alone: no tensors, no ranks talking, no training. zero_explain prints it; tests hold it against what
-// a real ZeroOptimizer measures (its memory() and its communicator's ledger) for the same parameters.
+// ZeroPlan: the one source of sizes of a ZeRO configuration. From the options and the parameter list
+// alone (no tensors, no ranks talking, no training) it validates the options, lays out the flat buffer,
+// cuts the buckets, and works out what each rank keeps and sends:
+//   - the region a rank steps: everything at stage 0, its partition [r·P, (r+1)·P) at stages 1/2;
+//   - memory per rank: the flat parameter buffer, the gradient storage (the whole flat gradient at
+//     stages 0/1, the partition at stage 2), fp32 master (16-bit models only) + Adam m + v over the
+//     region, and the stage-2 bucket pool (Note [ZeRO-2 gradient ownership] in gradient_reducer.cpp);
+//   - traffic per optimizer step, counted the ledger's way (nccl-tests bus bytes: all_reduce
+//     2(n-1)/n·S, reduce_scatter and all_gather (n-1)/n·S).
+// ZeroOptimizer builds from a plan; zero_explain prints one; the tests hold a plan against what a real
+// optimizer allocates (its memory()) and what its communicator's ledger counts.
 //
-// Everything here is range arithmetic over FlatLayout (distributed/flat_layout.h) and mirrors the
-// rules of distributed/zero_optimizer.cpp:
-//   - memory per rank: the flat parameter buffer (padded elements × b bytes), the gradient storage
-//     (the whole flat gradient for stages 0/1, the partition for stage 2), fp32 master (16-bit
-//     models only) + Adam m + v for the region the rank steps (everything at stage 0, its partition
-//     at stages 1/2), and the stage-2 bucket pool (Note [ZeRO-2 gradient ownership]);
-//   - traffic per optimizer step: the collectives of Note [Bucket order] (one per bucket per
-//     reduction; stage 2 reduces every micro-step, stages 0/1 at the accumulation boundary) and the
-//     all-gather chunks after the step, counted the ledger's way (nccl-tests bus bytes:
-//     all_reduce 2(n-1)/n·S, reduce_scatter and all_gather (n-1)/n·S).
-// Equal partitions make memory the same on every rank; padding only changes how much of a partition
-// is real.
+// The ZeRO paper (Rajbhandari et al., SC20, §3 and Fig. 1) gives per-rank model-state memory for Ψ
+// parameters on N ranks with mixed-precision Adam (b = 2 bytes per 16-bit element, K = 12):
+//   stage 0  (b + b + K)Ψ = 16Ψ,   stage 1  2bΨ + KΨ/N = 4Ψ + 12Ψ/N,   stage 2  bΨ + (b + K)Ψ/N = 2Ψ + 14Ψ/N.
+// expected_memory() is that formula; ZeroPlan::memory() is the same formula over the padded buffer plus
+// the bucket pool, so the two differ only by padding and buckets.
 #pragma once
 
 #include <cstdint>
@@ -21,9 +22,83 @@
 
 #include "distributed/communicator.h"
 #include "distributed/flat_layout.h"
-#include "distributed/zero_optimizer.h"
+#include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 
 namespace zero::dist {
+
+/// What step() does with a non-finite (inf/NaN) gradient in f32/bf16 (f16 always skips the step and
+/// lowers the loss scale): throw zero::Error naming the step (the default; nothing is changed, so the
+/// run stops at that step), or skip the step like an fp16 overflow (counted in skipped_steps()).
+enum class NonfiniteGrads { error, skip };
+
+/// A bucket size meaning "choose for me": default_bucket_size(Ψ).
+inline constexpr std::int64_t kAutoBucketSize = -1;
+
+/// Stage 2: the most bucket buffers alive at once (DeepSpeed's double buffer: one bucket filling or
+/// being reduced while the previous one finishes). When both are busy, the next bucket waits for the
+/// older one (Note [ZeRO-2 gradient ownership]).
+inline constexpr int kMaxLiveBuckets = 2;
+
+/// The bucket size (elements) used when none is configured: ceil(Ψ/8), at least 4096 and at most
+/// DeepSpeed's 5e8, for Ψ trainable elements. Why (docs/zero.md, "Bucket size"): stage 2's gradient
+/// memory is the partition gradient bΨ/N plus at most kMaxLiveBuckets buckets; with buckets of Ψ/8
+/// that is bΨ/N + bΨ/4 < bΨ (stage 1's full gradient) for every N >= 2, and eight buckets let the first
+/// reduction start while backward is still producing the others. DeepSpeed's fixed 5e8 is larger than
+/// any model below 500 M parameters, so its single bucket is a full-size gradient buffer. Throws
+/// zero::Error for psi < 1.
+std::int64_t default_bucket_size(std::int64_t psi);
+
+/// DeepSpeed's "zero_optimization" section plus the top-level keys ZeRO needs. Bucket sizes are in
+/// ELEMENTS of the model dtype; kAutoBucketSize (the default) picks default_bucket_size(Ψ), any other
+/// value is used as given.
+struct ZeroOptions {
+  int stage = 0;             // 0, 1 or 2 (3 throws); DeepSpeed's default is 0
+  DType dtype = DType::f32;  // model dtype: f32, f16 or bf16
+  std::int64_t reduce_bucket_size = kAutoBucketSize;
+  std::int64_t allgather_bucket_size = kAutoBucketSize;
+  // DeepSpeed's communication_data_type "fp32" for a 16-bit model: reductions travel in fp32 and are
+  // rounded once (twice the bytes). false (the default, communication_data_type = the model dtype):
+  // 16-bit partial sums, rounded at every hop (Note [Wire dtype] in distributed/communicator.cpp).
+  bool reduce_in_fp32 = false;
+  // After the step, issue the parameter all-gathers asynchronously, in flat (= forward) order; each
+  // parameter's first use in the next forward waits for its own chunk only (Note [Overlapped
+  // all-gather] in parameter_gather.cpp). Bitwise the same results.
+  bool overlap_param_gather = false;
+  bool reduce_scatter = true;           // false: all-reduce each bucket and keep your slice (1.5× traffic)
+  bool overlap_comm = false;            // issue bucket collectives asynchronously, wait at the end of backward
+  bool contiguous_gradients = true;     // accepted for config compatibility; always on (see docs/zero.md)
+  int gradient_accumulation_steps = 1;  // GAS: backward() calls per step()
+  float gradient_clipping = 0.0f;       // max global L2 norm; 0 = off
+  optim::LossScalerConfig fp16;         // used only when dtype == f16
+  optim::AdamWOptions adam;
+  float weight_decay = 0.0f;  // AdamW decay, for parameters whose decay flag is set
+  NonfiniteGrads nonfinite_grads = NonfiniteGrads::error;  // f32/bf16 only (Note [Non-finite gradients])
+};
+
+/// Throws zero::Error naming the first invalid option: stage 3 (not implemented) or outside 0..2, a
+/// non-float dtype, a bucket size < 1 (other than kAutoBucketSize), gradient_accumulation_steps < 1,
+/// negative clipping or weight decay, AdamW eps < 0 or a beta outside [0, 1), lr < 0. The loss-scaler
+/// options are checked by optim::LossScaler.
+void check_zero_options(const ZeroOptions& options);
+
+/// Bytes of persistent buffers held by one rank.
+struct MemoryBreakdown {
+  double params = 0;            // the flat model-dtype parameter buffer
+  double grads = 0;             // gradient storage kept across a step
+  double optimizer_states = 0;  // fp32 master + AdamW m + v
+  double buckets = 0;           // IPG bucket buffers (stage 2), reported apart from the model states
+  double recovery = 0;          // restore point of a failed backward (GAS > 1 only; Note [Exception safety])
+  /// params + grads + optimizer_states (the ZeRO paper's "model states"; buckets excluded).
+  double model_states() const { return params + grads + optimizer_states; }
+};
+
+/// The ZeRO paper's per-rank model-state memory for Ψ parameters on N ranks with AdamW (§3, Fig. 1):
+/// params bΨ, grads bΨ (stage 0/1) or bΨ/N (stage 2), optimizer states KΨ (stage 0) or KΨ/N (1/2),
+/// where b = bytes per model-dtype element and K = 12 for f16/bf16 (fp32 master + m + v) or 8 for f32
+/// (the flat buffer is the master, so only m + v). Throws zero::Error for a stage outside 0..2, a
+/// non-float dtype or N < 1.
+MemoryBreakdown expected_memory(int stage, DType dtype, double psi, int world_size);
 
 /// Bytes one rank sends per optimizer step, per collective, and the number of calls behind them.
 struct StepTraffic {
@@ -36,30 +111,34 @@ struct StepTraffic {
 
 struct ZeroPlan {
   FlatLayout layout;
-  ZeroOptions options;
+  ZeroOptions options;          // bucket sizes resolved (never kAutoBucketSize)
   std::vector<Bucket> buckets;  // in issue order (bucket 0 holds the end of the flat buffer)
-  /// Stage 2: buffers the bucket pool grows to. A bucket holds one from its issue until its collective
-  /// finishes (Note [ZeRO-2 gradient ownership]), so with blocking collectives (overlap_comm off) the
-  /// pool is one buffer. With overlap_comm on it holds one per bucket in flight, which depends on
-  /// timing: pool_buffers is then the blocking count, a lower bound, and max_pool_buffers (every
-  /// bucket in flight at once) the upper one. 0 for stages 0/1.
+  /// Stage 2: the bucket buffers the pool allocates: kMaxLiveBuckets with overlap_comm (one bucket
+  /// reducing while the next is issued), 1 without (each collective finishes before the next bucket),
+  /// never more than there are buckets. 0 for stages 0/1, which reduce in place in the flat gradient.
   int pool_buffers = 0;
-  int max_pool_buffers = 0;
   /// Elements of one pool buffer: min(reduce_bucket_size, padded_numel).
   std::int64_t pool_buffer_numel = 0;
 
-  /// Persistent bytes of one rank (the same on every rank), as ZeroOptimizer::memory() reports them
-  /// after the first backward.
+  /// Where the flat range rank `rank` steps (and keeps fp32 state for) begins: 0 at stage 0, its
+  /// partition's start r·P at stages 1/2. Elements.
+  std::int64_t region_begin(int rank) const;
+  /// Elements of that range: padded_numel at stage 0, P at stages 1/2.
+  std::int64_t region_size() const;
+  /// The parameter slices inside that range, in flat order (each with its weight-decay flag).
+  std::vector<ParamSlice> region_slices(int rank) const;
+
+  /// Persistent bytes of one rank (the same on every rank), as ZeroOptimizer::memory() reports them:
+  /// expected_memory() over the padded buffer, plus the bucket pool.
   MemoryBreakdown memory() const;
-  /// Bytes per optimizer step of one rank, as its communicator's ledger counts them (control
-  /// scalars excluded), for a step that is not skipped (an fp16 overflow skips the all-gather).
+  /// Bytes per optimizer step of one rank, as its communicator's ledger counts them (control scalars
+  /// excluded), for a step that is not skipped (an fp16 overflow skips the all-gather).
   StepTraffic traffic() const;
 };
 
 /// Plans `options` for parameters `entries` (named_parameters() order) on `world_size` ranks. Bucket
-/// sizes left at kAutoBucketSize resolve to default_bucket_size(Ψ), as in the optimizer; `options` in
-/// the result holds the resolved sizes. Throws zero::Error for invalid options (the constructor's
-/// checks that concern the plan: stage, dtype, bucket sizes, GAS >= 1) or world_size < 1.
+/// sizes left at kAutoBucketSize resolve to default_bucket_size(Ψ). Throws zero::Error from
+/// check_zero_options, for world_size < 1, and for parameters with no element at all.
 ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size, const ZeroOptions& options);
 
 /// α-β ring model of one collective's time (Hockney's model, as in Thakur, Rabenseifner & Gropp,

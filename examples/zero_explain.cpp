@@ -327,7 +327,6 @@ int run(const Args& a, const CLI::App& app) {
     for (std::size_t i : order) hooks.push_back(L.params()[i].name);
     j["hook_order"] = hooks;
     j["pool_buffers"] = plan.pool_buffers;
-    j["max_pool_buffers"] = plan.max_pool_buffers;
     j["memory_bytes"] = memory_json(plan.memory());
     j["memory_formula_bytes"] = memory_json(dist::expected_memory(zo.stage, zo.dtype, psi, N));
     j["traffic_bytes_per_step"] = traffic_json(traffic);
@@ -403,9 +402,8 @@ int run(const Args& a, const CLI::App& app) {
                  b.begin, b.end, b.size(), covers, counts, ready_after[k], order.size());
     }
     if (zo.stage == 2)
-      fmt::print(
-          "stage-2 bucket pool: {} buffer(s) of {} elements{}\n", plan.pool_buffers, plan.pool_buffer_numel,
-          zo.overlap_comm ? fmt::format(" (up to {} while collectives are in flight)", plan.max_pool_buffers) : "");
+      fmt::print("stage-2 bucket pool: {} buffer(s) of {} elements{}\n", plan.pool_buffers, plan.pool_buffer_numel,
+                 zo.overlap_comm ? " (double buffer: one bucket reducing while the next is filled)" : "");
 
     fmt::print("\n== memory per rank (this layout | ZeRO paper formula, Psi = {}, N = {}) ==\n", L.numel(), N);
     for (int stage = 0; stage <= 2; ++stage) {

@@ -16,7 +16,6 @@
 #include "autograd/ops.h"
 #include "core/gemm_precision.h"
 #include "core/tensor.h"
-#include "nn/parameter_hooks.h"
 
 namespace zero::nn {
 
@@ -65,9 +64,10 @@ class Module {
   /// The f32 tensor to compute with: `p` itself, or a differentiable f32 copy of an f16/bf16
   /// parameter (its gradient flows back in the parameter's dtype), converted again only after the
   /// parameter changed (Note [Compute copies] in autograd/ops.h). Every read of a parameter in a
-  /// forward goes through here, after the parameter-use hooks (nn/parameter_hooks.h) have run.
+  /// forward goes through here, after the parameter's use hooks (autograd::register_parameter_use_hook)
+  /// have run.
   Tensor compute(const Tensor& p) const {
-    before_parameter_use(p);
+    autograd::run_parameter_use_hooks(p);
     return p.dtype() == DType::f32 ? p : to_f32_cached(p, compute_copies_[p.impl()]);
   }
   /// The tensor a GEMM (linear, matmul) reads for parameter `p`: `p` itself where the device's GEMMs
@@ -75,7 +75,7 @@ class Module {
   /// models] in core/gemm_precision.h), else compute(p) (cpu: the cached f32 copy, today's numerics).
   Tensor gemm_operand(const Tensor& p) const {
     if (gemm_operand_dtype(p.device(), p.dtype()) != p.dtype()) return compute(p);
-    before_parameter_use(p);
+    autograd::run_parameter_use_hooks(p);
     return p;
   }
 

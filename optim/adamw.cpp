@@ -1,6 +1,10 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "core/cpu/convert.h"
 
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"
@@ -30,6 +34,38 @@ void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_av
     exp_avg_sq[i] = v;
     const float denom = std::sqrt(v) / bias_correction2_sqrt + eps;
     param[i] = param[i] * decay - step_size * (m / denom);
+  }
+}
+
+void adamw_update_mixed(Device device, float* master, const void* grad, DType grad_dtype, float grad_factor,
+                        float* exp_avg, float* exp_avg_sq, void* model_out, DType model_dtype, std::int64_t n,
+                        const AdamWHyper& h, std::int64_t step) {
+#ifdef ZERO_HAS_CUDA
+  if (device == Device::cuda) {
+    cuda::adamw_update_mixed(master, grad, grad_dtype, grad_factor, exp_avg, exp_avg_sq, model_out, model_dtype, n,
+                             cuda::adamw_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step));
+    return;
+  }
+#endif
+  ZERO_CHECK(device == Device::cpu, "adamw_update_mixed: no kernel on device {}", device_name(device));
+  constexpr std::int64_t kChunk = 1 << 16;  // bounds the f32 scratch
+  const std::size_t grad_size = dtype_size(grad_dtype), model_size = dtype_size(model_dtype);
+  std::vector<float> scratch;
+  for (std::int64_t done = 0; done < n; done += kChunk) {
+    const std::int64_t len = std::min(kChunk, n - done);
+    const void* g = static_cast<const char*>(grad) + done * static_cast<std::int64_t>(grad_size);
+    const float* g32 = static_cast<const float*>(g);
+    if (grad_dtype != DType::f32 || grad_factor != 1.0f) {
+      scratch.resize(static_cast<std::size_t>(len));
+      cpu::convert(scratch.data(), DType::f32, g, grad_dtype, len);
+      if (grad_factor != 1.0f)
+        for (float& x : scratch) x *= grad_factor;
+      g32 = scratch.data();
+    }
+    adamw_update(master + done, g32, exp_avg + done, exp_avg_sq + done, len, h, step);
+    if (model_out != nullptr)
+      cpu::convert(static_cast<char*>(model_out) + done * static_cast<std::int64_t>(model_size), model_dtype,
+                   master + done, DType::f32, len);
   }
 }
 

@@ -33,6 +33,19 @@ struct AdamWHyper {
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
                   const AdamWHyper& h, std::int64_t step);
 
+/// The mixed-precision form of one AdamW step on n contiguous elements of `device` (ZeRO's partition
+/// step, distributed/sharded_optimizer.h): g = f32(grad[i]) * grad_factor, where grad is in grad_dtype
+/// (f32, f16, bf16) and grad_factor folds the loss-scale unscale and the clip coefficient; then
+/// adamw_update on the fp32 master[n] with exp_avg[n], exp_avg_sq[n]; then, unless model_out is null,
+/// the updated master rounded (nearest even) into model_out[n] of model_dtype, the model's own copy.
+/// On cpu it runs adamw_update over chunks of 65,536 elements (a bounded f32 scratch for the scaled
+/// gradient; elements are independent, so the result is the whole-range one); on cuda one fused
+/// kernel on the current stream (core/cuda/kernels.h). Throws zero::Error as adamw_update does, and for a
+/// device this build has no kernel for.
+void adamw_update_mixed(Device device, float* master, const void* grad, DType grad_dtype, float grad_factor,
+                        float* exp_avg, float* exp_avg_sq, void* model_out, DType model_dtype, std::int64_t n,
+                        const AdamWHyper& h, std::int64_t step);
+
 struct AdamWOptions {
   float lr = 1e-3f;
   float beta1 = 0.9f;

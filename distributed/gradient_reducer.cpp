@@ -1,0 +1,354 @@
+#include "distributed/gradient_reducer.h"
+
+#include <algorithm>
+
+#include "autograd/autograd.h"
+#include "core/backend.h"
+#include "core/check.h"
+#include "core/trace.h"
+#include "optim/clip.h"
+
+namespace zero::dist {
+
+// Note [Bucket order]
+// ~~~~~~~~~~~~~~~~~~~
+// Collectives must be issued by every rank in the same order with the same counts, but hooks fire in
+// whatever order each rank's autograd engine reaches the parameters. DeepSpeed fills its IPG bucket in
+// hook order and so relies on every rank firing hooks identically; a model whose graph differs between
+// ranks (a parameter unused on one rank only) would deadlock or mix up gradients. We make the order a
+// property of the LAYOUT instead:
+//   - buckets are fixed ranges of the flat buffer, reduce_bucket_size elements each, cut from the END
+//     of the buffer and numbered 0, 1, ... towards its start (FlatLayout::make_buckets). Backward
+//     reaches the last layers first, and they sit at the end of named_parameters() order, so bucket 0
+//     is usually the first to fill and the numbering follows the order gradients become final;
+//   - a bucket is issued when every non-empty parameter overlapping it has delivered its gradient
+//     (pending_[k] == 0) AND every lower-numbered bucket has been issued (next_bucket_ == k). So the
+//     sequence of collectives is bucket 0, 1, 2, ... on every rank, whatever order its hooks fired in;
+//     hook order only decides how early each one can go out (how much overlap we get);
+//   - end_backward() issues every remaining bucket in order. A parameter that received no gradient
+//     this backward (unused, no hook fired) contributes zeros: at stages 0/1 its range of the flat
+//     gradient keeps what earlier micro-steps accumulated (zeros if none), at stage 2 its range of a
+//     freshly zeroed bucket buffer stays zero.
+// A parameter larger than a bucket spans several consecutive buckets and counts in each one's pending;
+// a bucket holding only padding has nothing pending and goes out as soon as its predecessors have.
+// Because the ranges are fixed, the reduce-scatter counts of bucket k (how much of it falls in each
+// rank's partition) are the same on every rank, and the result does not depend on the bucket size or on
+// overlap_comm beyond floating-point summation order inside the collective, which is fixed per element.
+
+// Note [ZeRO-2 gradient ownership]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// At stage 2 a rank keeps gradients only for its own partition: the partition gradient, P = padded/N
+// elements of the model dtype, persistent across micro-steps (it is where accumulation happens).
+// Everything else is transient:
+//   - autograd allocates param.grad fresh for every parameter (no grad is attached before backward);
+//   - the hook keeps it (kept_) and releases the parameter's handle at once (set_grad(Tensor()));
+//     when a bucket is issued, the slices of the kept gradients that fall in it are copied into one
+//     pool buffer at their fixed offsets, and a gradient is dropped as soon as the bucket holding its
+//     first element is out. So a full-size gradient never exists;
+//   - the pool holds ZeroPlan::pool_buffers buffers: one when collectives block (each finishes before
+//     the next bucket is filled), kMaxLiveBuckets = 2 with overlap_comm (DeepSpeed's double buffer).
+//     A bucket takes a buffer when it is issued (zero-filled, so unused parameters and padding
+//     contribute zeros) and, when both are busy, first waits for the older bucket's collective;
+//   - the buffer is pre-divided by N and reduce-scattered (each rank receives the sum of its own
+//     slice, in place in the buffer); the received slice is ADDED into the partition gradient
+//     (micro-steps accumulate there), and the buffer goes back to the pool.
+// Reduction happens every micro-step (unlike stage 1, which keeps full gradients until the boundary),
+// so stage 2 moves GAS·Ψ of reduce-scatter traffic per step: the price of not holding a full gradient.
+// Copying at issue time rather than in the hook matters because hooks do not fire in flat order
+// within a layer: a Linear's weight gradient arrives before its bias, which sits after the weight in
+// the flat buffer, so the weight's buckets wait for the bias's. Copying in the hook would hold one
+// buffer per waiting bucket (41 for a 32x128 weight in 100-element buckets); copying at issue holds one
+// buffer per bucket in flight. The kept gradients are autograd's per-parameter tensors, which existed
+// anyway; they live a little longer (until the bucket holding their start is out). With the automatic
+// bucket size (Ψ/8) the partition gradient plus two buckets stay below stage 1's full gradient for every
+// N >= 2 (docs/zero.md, "Bucket size").
+
+namespace {
+
+char* at(const Tensor& t, std::int64_t element) {
+  return static_cast<char*>(t.raw_data()) + element * static_cast<std::int64_t>(dtype_size(t.dtype()));
+}
+
+// A 1-D view of elements [begin, begin + n) of contiguous `t`.
+Tensor range(const Tensor& t, std::int64_t begin, std::int64_t n) { return t.as_strided({n}, {1}, t.offset() + begin); }
+
+}  // namespace
+
+GradientReducer::GradientReducer(const ZeroPlan& plan, int rank, std::shared_ptr<Communicator> comm,
+                                 std::vector<Tensor> params, Device device)
+    : plan_(plan), rank_(rank), world_(plan.layout.world_size()), comm_(std::move(comm)), params_(std::move(params)) {
+  const DType dt = plan_.options.dtype;
+  if (plan_.options.stage < 2)
+    accumulated_ = Tensor::zeros({plan_.layout.padded_numel()}, dt, device);
+  else
+    accumulated_ = Tensor::zeros({plan_.layout.partition_size()}, dt, device);
+  for (int b = 0; b < plan_.pool_buffers; ++b) {
+    pool_.push_back(Tensor::empty({plan_.pool_buffer_numel}, dt, device));
+    free_buffers_.push_back(b);
+  }
+  detach_grads();
+  delivered_.assign(params_.size(), 0);
+  used_.assign(params_.size(), 0);
+  pending_.assign(plan_.buckets.size(), 0);
+  kept_.assign(params_.size(), Tensor());
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    hook_ids_.push_back(
+        autograd::register_post_accumulate_grad_hook(params_[i], [this, i](Tensor& param) { on_gradient(i, param); }));
+}
+
+GradientReducer::~GradientReducer() {
+  try {
+    wait_for_all();
+  } catch (...) {
+    // Destructors must not throw; a failed collective was already reported to whoever waited on it.
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    autograd::remove_post_accumulate_grad_hook(params_[i], hook_ids_[i]);
+    params_[i].set_grad(Tensor());
+  }
+}
+
+double GradientReducer::pool_bytes() const {
+  double bytes = 0;
+  for (const Tensor& t : pool_) bytes += static_cast<double>(t.nbytes());
+  return bytes;
+}
+
+Tensor GradientReducer::gradient() const {
+  if (plan_.options.stage == 2) return accumulated_;
+  return range(accumulated_, plan_.region_begin(rank_), plan_.region_size());
+}
+
+void GradientReducer::zero_grad() {
+  accumulated_.zero_();
+  std::fill(used_.begin(), used_.end(), 0);
+}
+
+// ---- one backward ------------------------------------------------------------------------------------
+
+void GradientReducer::begin_backward(bool reduce) {
+  reducing_ = reduce;
+  std::fill(delivered_.begin(), delivered_.end(), 0);
+  for (Tensor& g : kept_) g = Tensor();
+  for (std::size_t k = 0; k < plan_.buckets.size(); ++k) pending_[k] = static_cast<int>(plan_.buckets[k].params.size());
+  next_bucket_ = 0;
+  if (plan_.options.stage < 2) attach_flat_grads();
+  in_backward_ = true;
+}
+
+void GradientReducer::end_backward() {
+  in_backward_ = false;
+  if (reducing_) {
+    // Note [Bucket order]: every bucket not yet issued goes out now, in order.
+    while (next_bucket_ < static_cast<int>(plan_.buckets.size())) issue_bucket(next_bucket_++);
+    wait_for_all();
+  }
+  detach_grads();
+  for (std::size_t i = 0; i < params_.size(); ++i) used_[i] = used_[i] || delivered_[i];
+}
+
+void GradientReducer::abandon_backward() noexcept {
+  in_backward_ = false;
+  try {
+    wait_for_all();
+  } catch (...) {
+  }
+  free_buffers_.clear();
+  for (int b = 0; b < static_cast<int>(pool_.size()); ++b) free_buffers_.push_back(b);
+  for (Tensor& g : kept_) g = Tensor();
+  detach_grads();
+}
+
+void GradientReducer::attach_flat_grads() {
+  // Contiguous gradients: autograd accumulates straight into the flat gradient buffer, so a stage-0/1
+  // bucket is just a range of it and needs no copy.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamRange& r = plan_.layout.params()[i];
+    Tensor view = accumulated_.as_strided(r.shape, contiguous_strides(r.shape), r.offset);
+    const Tensor g = params_[i].grad();
+    if (!g.defined() || g.storage() != view.storage() || g.offset() != view.offset()) params_[i].set_grad(view);
+  }
+}
+
+void GradientReducer::detach_grads() {
+  for (Tensor& p : params_) p.set_grad(Tensor());
+}
+
+// ---- the hook ----------------------------------------------------------------------------------------
+
+void GradientReducer::on_gradient(std::size_t i, Tensor& param) {
+  const ParamRange& p = plan_.layout.params()[i];
+  // A plain loss.backward(): drop the gradient autograd just allocated, so nothing of it stays
+  // (Note [Exception safety] in zero_optimizer.cpp), and refuse.
+  if (!in_backward_) param.set_grad(Tensor());
+  ZERO_CHECK(in_backward_,
+             "ZeRO: parameter '{}' received a gradient outside ZeroOptimizer::backward(); call "
+             "optimizer.backward(loss) instead of loss.backward()",
+             p.name);
+  ZERO_CHECK(!delivered_[i],
+             "ZeRO: the gradient of parameter '{}' was computed twice in one backward (a second backward "
+             "pass reached it before the first finished)",
+             p.name);
+  delivered_[i] = 1;
+  if (trace::active()) trace::instant("hook", "hook", trace::kComputeThread, {{"param", p.name}});
+  const bool stage2 = plan_.options.stage == 2;
+  if (p.numel == 0) {
+    if (stage2) param.set_grad(Tensor());
+    return;
+  }
+  if (stage2) {
+    // Note [ZeRO-2 gradient ownership]: keep the gradient until its buckets go out, release the handle.
+    Tensor g = param.grad();
+    ZERO_CHECK(g.defined(), "ZeRO: hook for '{}' fired without a gradient", p.name);
+    if (!g.is_contiguous() || g.dtype() != plan_.options.dtype) {
+      Tensor c = Tensor::empty(g.shape(), plan_.options.dtype, g.device());
+      c.copy_(g);
+      g = c;
+    }
+    kept_[i] = g;
+    param.set_grad(Tensor());
+  } else if (!reducing_) {
+    return;  // stages 0/1 before the boundary: autograd accumulated into the flat gradient
+  }
+  const std::int64_t padded = plan_.layout.padded_numel(), bsize = plan_.options.reduce_bucket_size;
+  const int first = static_cast<int>((padded - p.end()) / bsize), last = static_cast<int>((padded - 1 - p.offset) / bsize);
+  for (int k = first; k <= last; ++k)
+    if (--pending_[static_cast<std::size_t>(k)] == 0 && !stage2 && trace::active())
+      trace::instant("bucket ready", "bucket", trace::kComputeThread, {{"bucket", k}});
+  issue_ready_buckets();
+}
+
+void GradientReducer::issue_ready_buckets() {
+  // Note [Bucket order]: strictly in bucket order, each once all its parameters have delivered.
+  while (next_bucket_ < static_cast<int>(plan_.buckets.size()) && pending_[static_cast<std::size_t>(next_bucket_)] == 0)
+    issue_bucket(next_bucket_++);
+}
+
+// ---- issue and deliver -------------------------------------------------------------------------------
+
+void GradientReducer::issue_bucket(int k) {
+  const Bucket& b = plan_.buckets[static_cast<std::size_t>(k)];
+  const DType dt = plan_.options.dtype;
+  const int buffer = plan_.options.stage == 2 ? take_free_buffer() : -1;
+  const Tensor bucket = buffer >= 0 ? fill_pool_buffer(k, buffer) : range(accumulated_, b.begin, b.size());
+  // Average by pre-dividing: every rank scales its contribution by 1/N, the collective sums.
+  if (world_ > 1) optim::scale_grad_(bucket, 1.0f / static_cast<float>(world_));
+  char* data = at(bucket, 0);
+  const std::size_t n = static_cast<std::size_t>(b.size());
+  if (trace::active())
+    trace::instant("bucket issued", "bucket", trace::kComputeThread,
+                   {{"bucket", k}, {"elements", n}, {"bytes", n * dtype_size(dt)}});
+  const bool async = plan_.options.overlap_comm;
+  std::shared_ptr<Work> work;
+  try {
+    if (plan_.options.stage == 0 || !plan_.options.reduce_scatter) {
+      // Stage 0, or the reduce_scatter=false scheme: everyone gets the whole reduced bucket.
+      if (async)
+        work = comm_->all_reduce_async(data, n, dt);
+      else
+        comm_->all_reduce(data, n, dt);
+    } else {
+      // Each rank receives, in place, the summed slice of the bucket that lies in its own partition.
+      char* recv = data;
+      if (b.counts[static_cast<std::size_t>(rank_)] > 0)
+        recv = data + (std::max(b.begin, plan_.layout.partition_begin(rank_)) - b.begin) * dtype_size(dt);
+      if (async)
+        work = comm_->reduce_scatter_async(data, recv, b.counts, dt);
+      else
+        comm_->reduce_scatter(data, recv, b.counts, dt);
+    }
+  } catch (...) {
+    if (buffer >= 0) free_buffers_.push_back(buffer);
+    throw;
+  }
+  const InFlight f{k, work, buffer};
+  if (work)
+    in_flight_.push_back(f);
+  else
+    deliver(f);
+}
+
+Tensor GradientReducer::fill_pool_buffer(int k, int buffer) {
+  // Note [ZeRO-2 gradient ownership]: zeros, then the slices of the kept gradients that reach this
+  // bucket; a gradient is dropped once the bucket holding its start (its last one) is out.
+  const Bucket& b = plan_.buckets[static_cast<std::size_t>(k)];
+  const Tensor& buf = pool_[static_cast<std::size_t>(buffer)];
+  range(buf, 0, b.size()).zero_();
+  for (std::size_t pi : b.params) {
+    const ParamRange& p = plan_.layout.params()[pi];
+    Tensor& g = kept_[pi];
+    if (!g.defined()) continue;
+    const std::int64_t lo = std::max(p.offset, b.begin), hi = std::min(p.end(), b.end);
+    range(buf, lo - b.begin, hi - lo).copy_(range(g, lo - p.offset, hi - lo));
+    if (p.offset >= b.begin) g = Tensor();
+  }
+  return range(buf, 0, b.size());
+}
+
+int GradientReducer::take_free_buffer() {
+  deliver_finished();  // recycle buffers whose collectives are done
+  if (free_buffers_.empty()) wait_for_oldest();  // both busy: the double buffer's bound
+  ZERO_CHECK(!free_buffers_.empty(), "ZeRO: no free bucket buffer (internal error)");
+  const int b = free_buffers_.back();
+  free_buffers_.pop_back();
+  return b;
+}
+
+void GradientReducer::deliver(const InFlight& f) {
+  if (trace::active()) trace::instant("bucket done", "bucket", trace::kComputeThread, {{"bucket", f.bucket}});
+  if (f.buffer < 0) return;  // stages 0/1 reduced in place in the flat gradient
+  // Note [ZeRO-2 gradient ownership]: add this rank's reduced slice into its partition gradient.
+  const Bucket& b = plan_.buckets[static_cast<std::size_t>(f.bucket)];
+  const std::int64_t pb = plan_.layout.partition_begin(rank_), pe = plan_.layout.partition_end(rank_);
+  const std::int64_t lo = std::max(b.begin, pb), hi = std::min(b.end, pe);
+  const DType dt = plan_.options.dtype;
+  if (hi > lo)
+    backend(accumulated_.device())
+        .accumulate(at(accumulated_, lo - pb), dt, at(pool_[static_cast<std::size_t>(f.buffer)], lo - b.begin), dt,
+                    hi - lo);
+  free_buffers_.push_back(f.buffer);
+}
+
+void GradientReducer::wait_for(const InFlight& f) {
+  try {
+    f.work->wait();  // rethrows a failure
+  } catch (...) {
+    if (f.buffer >= 0) free_buffers_.push_back(f.buffer);
+    throw;
+  }
+  deliver(f);
+}
+
+void GradientReducer::wait_for_oldest() {
+  // Called at a moment that does not depend on timing (the pool is full), but its failure is kept for
+  // end_backward like deliver_finished's, so every rank fails at the same point.
+  const InFlight f = in_flight_.front();
+  in_flight_.erase(in_flight_.begin());
+  try {
+    wait_for(f);
+  } catch (...) {
+    if (!first_error_) first_error_ = std::current_exception();
+  }
+}
+
+void GradientReducer::deliver_finished() {
+  // Called at moments that depend on timing (when a buffer is needed), so a failure found here is kept
+  // for end_backward to rethrow: every rank then fails at the same point (Note [Exception safety]),
+  // whichever of them happened to notice first.
+  while (!in_flight_.empty() && in_flight_.front().work->is_completed()) wait_for_oldest();
+}
+
+void GradientReducer::wait_for_all() {
+  // Deliver in issue order. A failure is rethrown only once every collective has finished: until then
+  // the communicator may still write into our buffers.
+  std::exception_ptr first = first_error_;
+  first_error_ = nullptr;
+  while (!in_flight_.empty()) {
+    wait_for_oldest();
+    if (!first) first = first_error_;
+    first_error_ = nullptr;
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace zero::dist

@@ -1,0 +1,116 @@
+// GradientReducer: from each parameter's post-accumulate-grad hook to this rank's averaged gradient.
+//
+//   backward ─► a parameter's gradient is final ─► on_gradient (the hook)
+//                 stage 2: keep the gradient, release the parameter's handle
+//                 stages 0/1: autograd already accumulated it into the flat gradient buffer
+//            ─► every bucket whose parameters have all delivered goes out, strictly in bucket order
+//               (Note [Bucket order]): issue_bucket
+//                 stage 2: copy the kept gradients' slices into a pool buffer (at most kMaxLiveBuckets)
+//                 stages 0/1: the bucket is a range of the flat gradient itself
+//               pre-divide by N, then reduce:
+//                 stage 0, or reduce_scatter=false   all-reduce (every rank gets the whole bucket)
+//                 stages 1/2                         reduce-scatter (each rank gets its own slice only)
+//            ─► deliver (when the collective has finished): stage 2 adds this rank's slice into its
+//               partition gradient and frees the buffer; stages 0/1 reduced in place, nothing to do.
+//
+// Stage 2 reduces every micro-step; stages 0/1 only in the backward that ends an accumulation
+// (until then autograd just keeps summing into the flat gradient). With overlap_comm the collectives
+// run while backward goes on, and end_backward() waits for them; without it each one blocks.
+// gradient() is then the averaged gradient of the range this rank steps (ZeroPlan::region_begin).
+//
+// Module parameters carry a grad() only between begin_backward() and the end of that backward (the
+// stage-0/1 views into the flat gradient; Note [Exception safety] in zero_optimizer.cpp): a plain
+// loss.backward() on the model outside it is refused by the hook and leaves nothing behind.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <vector>
+
+#include "distributed/communicator.h"
+#include "distributed/zero_plan.h"
+
+namespace zero::dist {
+
+class GradientReducer {
+ public:
+  /// Registers a post-accumulate-grad hook on each of `params` (parallel to plan.layout.params(), views
+  /// of the flat parameter buffer) and allocates the gradient storage on `device`: the flat gradient
+  /// [padded_numel] (stages 0/1) or this rank's partition gradient [P] and the bucket pool (stage 2),
+  /// all in the model dtype and zeroed. Cannot be copied or moved (the hooks point at it).
+  GradientReducer(const ZeroPlan& plan, int rank, std::shared_ptr<Communicator> comm, std::vector<Tensor> params,
+                  Device device);
+  /// Waits for anything in flight and removes the hooks.
+  ~GradientReducer();
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  /// Before autograd runs one micro-step's backward. `reduce`: this backward ends with the reduction
+  /// (stage 2: every micro-step; stages 0/1: the one that ends the accumulation).
+  void begin_backward(bool reduce);
+  /// After autograd returned: issues every bucket not yet issued (in order; parameters that delivered
+  /// nothing contribute zeros) and waits for every reduction. Rethrows the first failure, once every
+  /// collective has finished.
+  void end_backward();
+  /// After a failure anywhere in the backward: waits for every collective in flight (their buffers are
+  /// in use until then), returns the pool buffers and drops the kept gradients. Never throws.
+  void abandon_backward() noexcept;
+
+  /// This rank's reduced gradient of the region it steps: [region_size] model dtype, a view of the flat
+  /// gradient (stages 0/1: all of it, or this rank's partition of it) or the partition gradient.
+  Tensor gradient() const;
+  /// The buffer micro-steps accumulate into: the flat gradient (stages 0/1) or the partition gradient.
+  const Tensor& accumulated() const { return accumulated_; }
+  /// Zeros the accumulated gradient and the used() flags (after a step, applied or skipped).
+  void zero_grad();
+  /// Per parameter: this rank's hook fired in some backward since the last zero_grad().
+  const std::vector<char>& used() const { return used_; }
+  /// Bytes of the stage-2 bucket pool (0 at stages 0/1).
+  double pool_bytes() const;
+
+ private:
+  struct InFlight {
+    int bucket;
+    std::shared_ptr<Work> work;  // null: a blocking collective, already finished
+    int buffer;                  // stage 2: pool index; -1 otherwise
+  };
+
+  void on_gradient(std::size_t i, Tensor& param);
+  void issue_ready_buckets();
+  void issue_bucket(int k);
+  Tensor fill_pool_buffer(int k, int buffer);  // the bucket's b.size() elements of pool buffer `buffer`
+  int take_free_buffer();
+  void deliver(const InFlight& f);
+  void wait_for(const InFlight& f);
+  void wait_for_oldest();
+  void deliver_finished();
+  void wait_for_all();
+  void attach_flat_grads();
+  void detach_grads();
+
+  const ZeroPlan& plan_;
+  int rank_ = 0;
+  int world_ = 1;
+  std::shared_ptr<Communicator> comm_;
+  std::vector<Tensor> params_;
+  std::vector<int> hook_ids_;
+  Tensor accumulated_;  // stages 0/1: the flat gradient [padded]; stage 2: the partition gradient [P]
+
+  // One backward (Note [Bucket order]).
+  bool in_backward_ = false;
+  bool reducing_ = false;
+  std::vector<char> delivered_;      // per parameter: its hook fired in this backward
+  std::vector<char> used_;           // per parameter: delivered in some backward since zero_grad()
+  std::vector<int> pending_;         // per bucket: overlapping parameters not yet delivered
+  int next_bucket_ = 0;              // lowest bucket not yet issued
+  std::vector<InFlight> in_flight_;  // issued and not delivered, in issue order
+  std::exception_ptr first_error_;   // a failed collective noticed early; end_backward rethrows it
+
+  // Stage 2 (Note [ZeRO-2 gradient ownership]).
+  std::vector<Tensor> pool_;       // plan.pool_buffers buffers of pool_buffer_numel elements
+  std::vector<int> free_buffers_;  // pool indices not in use
+  std::vector<Tensor> kept_;       // per parameter: its gradient, until the bucket holding its start is out
+};
+
+}  // namespace zero::dist
