@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "distributed/mpi_communicator.h"
+#include "distributed/zero_optimizer.h"
 #include "distributed/zero_plan.h"
 #include "nn/gpt.h"
 
