@@ -166,7 +166,7 @@ Tensor mul(const Tensor& a, float s) {
   const Device dev = op_device("mul", {&a});
   Tensor ad = dense(a);
   Tensor out = Tensor::empty(a.shape(), DType::f32, dev);
-  if (out.numel() > 0) backend(dev).scale(f32(out), f32(ad), out.numel(), s);
+  if (out.numel() > 0) backend(dev).scale(f32(out), f32(ad), DType::f32, out.numel(), s);
   record("mul_scalar", {a}, out, [s](const Tensor& g) -> std::vector<Tensor> { return {mul(g, s)}; });
   return out;
 }

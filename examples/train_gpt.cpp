@@ -382,7 +382,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   cfg.validate();
   // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  cpu::set_num_threads(a.threads > 0 ? a.threads : std::max(1, cores / world));
+  a.threads > 0 ? cpu::set_num_threads(a.threads) : cpu::set_adaptive_threads(std::max(1, cores / world));
   if (lead)
     for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
 
