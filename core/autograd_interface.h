@@ -12,9 +12,9 @@
 // interface only records them and runs backward.
 //
 // So a program that links only zero_core (or a static link that pulled in no autograd/ object: one
-// that never calls an op) has working tensors, gradients it sets itself and optimizers over them. What
-// needs the engine (backward, or a view of a tensor that requires grad) throws one zero::Error line
-// saying that autograd is not linked.
+// that never calls an op) has working tensors, views, gradients it sets itself and optimizers over
+// them. Its views record nothing (no backward could run a graph), and backward() throws one
+// zero::Error line saying that autograd is not linked.
 #pragma once
 
 #include <functional>

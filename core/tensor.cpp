@@ -61,16 +61,16 @@ const detail::AutogradInterface& need_autograd(const char* what) {
   const detail::AutogradInterface* a = detail::autograd_interface();
   ZERO_CHECK(a != nullptr,
              "{}: autograd/ is not linked into this program (a static link pulls it in with the first op of "
-             "autograd/ops.h the program calls)",
+             "autograd/ops.h or autograd.h the program calls)",
              what);
   return *a;
 }
 
-// Records `out`, made from `in` by a view or conversion, in the graph (nothing to record for a tensor
-// that needs no gradient).
+// Records `out`, made from `in` by a view or conversion, in the graph: nothing to record for a tensor
+// that needs no gradient, and no graph without autograd/ (no backward could run it).
 void record_view(const char* name, const Tensor& in, Tensor& out, std::function<Tensor(const Tensor&)> backward) {
-  if (!in.requires_grad()) return;
-  need_autograd(name).record(name, in, out, std::move(backward));
+  const detail::AutogradInterface* a = detail::autograd_interface();
+  if (a != nullptr && in.requires_grad()) a->record(name, in, out, std::move(backward));
 }
 
 int wrap_dim(int d, int nd, const Shape& shape) {
