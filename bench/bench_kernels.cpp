@@ -1,4 +1,4 @@
-// Micro-benchmarks of the hot CPU kernels of a GPT training step (backend(Device::cpu), core/cpu/), at the shapes
+// Micro-benchmarks of the hot CPU kernels of a GPT training step (kernels(Device::cpu), core/cpu/), at the shapes
 // train_gpt runs: the nanoGPT CPU recipe (B 12, T 64, C 128, H 4, V 65: N = B·T = 768 rows) and the
 // GPU recipe run on the CPU (B 8, T 256, C 384, H 6: N = 2048). docs/performance.md reads these beside
 // the whole-step profile.
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "autograd/ops.h"
-#include "core/backend.h"
 #include "core/cpu/kernels.h"
+#include "core/kernels.h"
 #include "optim/adamw.h"
 
 namespace {
@@ -31,7 +31,7 @@ using namespace zero;
 // aligned blocks; some kernels take a faster path on aligned rows).
 using Buffer = std::vector<float, Eigen::aligned_allocator<float>>;
 
-Backend& cpu() { return backend(Device::cpu); }
+Kernels& cpu() { return kernels(Device::cpu); }
 
 Buffer randn(std::int64_t n, std::uint64_t seed = 1) {
   Generator gen(seed);

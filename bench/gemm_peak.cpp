@@ -10,20 +10,19 @@
 // --seconds / reps long): on a shared machine the best round is the closest to what the cores can do.
 // The system BLAS reads its own settings from the environment (OPENBLAS_NUM_THREADS is overridden by
 // --threads; OPENBLAS_CORETYPE picks the kernel when OpenBLAS does not recognise the CPU).
-#include <CLI/CLI.hpp>
 #include <dlfcn.h>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <Eigen/Core>
-
 #include <algorithm>
 #include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "core/backend.h"
 #include "core/cpu/kernels.h"
+#include "core/kernels.h"
 #include "core/tensor.h"
 
 namespace {
@@ -110,7 +109,7 @@ int main(int argc, char** argv) {
     peak = std::max(peak, g);
   }
   if (wanted("zero")) {
-    zero::Backend& cpu = zero::backend(zero::Device::cpu);
+    zero::Kernels& cpu = zero::kernels(zero::Device::cpu);
     const double g = best_gflops(
         [&] { cpu.gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n, nullptr); }, n,
         seconds, reps);

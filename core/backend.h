@@ -1,19 +1,20 @@
 // Backend: the one place a device is chosen. Every function that touches a device's memory is a
-// virtual function of Backend, and backend(device) returns the object whose functions run there:
-// differentiable ops (autograd/ops.cpp), Tensor's copies and fills (core/tensor.cpp), Storage's memory
-// (core/storage.cpp), the optimizers' update, norm, scale and overflow check (optim/) and ZeRO
-// (distributed/) all call backend(t.device()).kernel(...) and none of them branches on the device.
+// virtual function of Backend or of Kernels (core/kernels.h, the ops' kernels), and backend(device) /
+// kernels(device) return the object whose functions run there: Tensor's copies and fills
+// (core/tensor.cpp), Storage's memory (core/storage.cpp), the optimizers' update, norm, scale and
+// overflow check (optim/) and ZeRO (distributed/) call backend(t.device()).function(...); the
+// differentiable ops (autograd/ops.cpp) call kernels(device). None of them branches on the device.
 // (minitorch's TensorBackend, ggml's per-backend function tables.)
 //
-// The functions are listed once, in core/kernels.def (Note [One list of kernels] there): Backend
-// declares each pure virtual, CpuBackend (core/cpu/backend.h) and CudaBackend (core/cuda/backend.h)
-// override each. A kernel is therefore written in four places: its line in kernels.def (signature and
-// contract), the CPU implementation (core/cpu/*.cpp), the CUDA host entry (core/cuda/*.cpp: argument
-// checks, scratch buffers, the launch) and the CUDA kernel (core/cuda/*.cu, declared for the host in
-// core/cuda/launch.h). docs/adding_a_layer.md walks through one.
+// The functions are listed once, in core/backend.def and core/kernels.def (Note [One list of kernels]
+// there): Backend and Kernels declare each pure virtual, CpuBackend (core/cpu/backend.h) and CudaBackend
+// (core/cuda/backend.h) override each. A kernel is therefore written in four places: its line in the
+// list (signature and contract), the CPU implementation (core/cpu/*.cpp), the CUDA host entry
+// (core/cuda/*.cpp: argument checks, scratch buffers, the launch) and the CUDA kernel (core/cuda/*.cu,
+// declared for the host in core/cuda/launch.h). docs/adding_a_layer.md walks through one.
 //
 // Note [Missing kernels]
-// Every backend implements every function: the list is pure virtual, so a backend that lacks one does
+// Every backend implements every function: the lists are pure virtual, so a backend that lacks one does
 // not link. A device that cannot run a case (16-bit GEMM operands on the CPU) says so with one
 // zero::Error line "<kernel>: no kernel on device <device>" (Backend::missing) before touching memory.
 //
@@ -35,12 +36,6 @@
 
 namespace zero {
 
-class Generator;
-
-enum class BinaryOp { add, sub, mul, div };
-enum class UnaryOp { sqrt, rsqrt, exp, log, pow };
-enum class ReduceOp { sum, max };
-
 /// A strided view of a buffer on one device (what Backend::copy reads and writes): element with
 /// multi-index (i_0, ..., i_k) of `shape` lives at base + (offset + sum_d i_d * strides[d]) elements
 /// of dtype. A Tensor without ownership or autograd.
@@ -61,7 +56,7 @@ class Backend {
   Device device() const { return device_; }
 
 #define ZERO_KERNEL(result, name, params) virtual result name params = 0;
-#include "core/kernels.def"
+#include "core/backend.def"
 #undef ZERO_KERNEL
 
  protected:

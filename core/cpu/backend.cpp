@@ -204,7 +204,7 @@ void CpuBackend::scatter_dim(float* dx, const float* g, const std::int64_t* argm
     for (std::int64_t i = 0; i < inner; ++i) dx[(o * n + argmax[o * inner + i]) * inner + i] = g[o * inner + i];
 }
 
-Backend& cpu_backend() {
+Kernels& cpu_backend() {
   static CpuBackend* b = new CpuBackend();  // never destroyed: tensors may be freed after main's statics
   return *b;
 }

@@ -1,4 +1,4 @@
-// The CPU implementations of core/kernels.def's dtype-generic loops (CpuBackend, core/cpu/backend.h):
+// The CPU implementations of core/backend.def's dtype-generic loops (CpuBackend, core/cpu/backend.h):
 // copy (with dtype conversion), fill, scale, accumulate, the squared norm, the overflow check and the
 // AdamW update. These are the loops every 16-bit path runs (copy_ between dtypes, gradient
 // accumulation into a 16-bit gradient, the optimizer's master <-> model casts). Each is vectorised by

@@ -1,5 +1,5 @@
 // How many threads the CPU kernels use. The kernels themselves are CpuBackend's (core/cpu/backend.h),
-// reached through backend(Device::cpu) (core/backend.h). Every kernel gives the same bits for any
+// reached through kernels(Device::cpu) (core/kernels.h). Every kernel gives the same bits for any
 // thread count; only the speed depends on it.
 #pragma once
 

@@ -22,7 +22,7 @@ namespace zero::cpu {
 // team size), the team halves, down to 1 thread. Every kProbeInterval, kProbeGemms GEMMs run with the
 // doubled team; if their threads kept pace with each other the doubled team stays. On an idle machine
 // the threads finish together and nothing changes; under contention the cost of a probe is a few GEMMs
-// each second. Results never change: every kernel gives the same bits for any thread count.
+// each quarter second. Results never change: every kernel gives the same bits for any thread count.
 // set_num_threads(n) turns the policy off.
 
 namespace {
@@ -33,7 +33,7 @@ constexpr double kSlowLimit = 0.3;  // the slowest thread's rate below the faste
 constexpr double kEwma = 0.25;      // weight of the newest GEMM in the running mean
 constexpr int kMinSamples = 4;      // GEMMs at a team size before it may shrink
 constexpr int kProbeGemms = 4;      // GEMMs per probe of the doubled team
-constexpr auto kProbeInterval = std::chrono::seconds(1);
+constexpr auto kProbeInterval = std::chrono::milliseconds(250);
 
 // What the program chose (any thread may read; set from the main thread).
 std::atomic<int> g_max_threads{0};  // 0: not set yet (then omp_get_max_threads() at first use)

@@ -40,11 +40,11 @@ void CudaBackend::sum_to(float* out, const float* x, const Shape& x_shape, const
   // Reductions over inner dimensions (rare in the models here): on the host, then back.
   std::vector<float> hx(static_cast<std::size_t>(n)), hy(static_cast<std::size_t>(m));
   cuda::copy(hx.data(), x, hx.size() * sizeof(float));
-  backend(Device::cpu).sum_to(hy.data(), hx.data(), x_shape, shape);
+  kernels(Device::cpu).sum_to(hy.data(), hx.data(), x_shape, shape);
   cuda::copy(out, hy.data(), hy.size() * sizeof(float));
 }
 
-Backend& cuda_backend() {
+Kernels& cuda_backend() {
   static CudaBackend* b = new CudaBackend();  // never destroyed, like the allocators
   return *b;
 }

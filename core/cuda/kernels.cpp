@@ -1,6 +1,7 @@
-// The CUDA host entries of core/kernels.def (CudaBackend, core/cuda/backend.h) and the CUDA-only
-// helpers of core/cuda/kernels.h: argument checks, scratch buffers and the order of launches. The
-// device code is in elementwise.cu, ops.cu and nn.cu, the GEMMs in blas.cpp.
+// The CUDA host entries of core/backend.def and core/kernels.def (CudaBackend, core/cuda/backend.h), but
+// for the GEMMs (blas.cpp) and memory (backend.cpp), and the CUDA-only helpers of core/cuda/kernels.h:
+// argument checks, scratch buffers and the order of launches. The device code is in elementwise.cu,
+// ops.cu and nn.cu.
 #include "core/cuda/kernels.h"
 
 #include <climits>

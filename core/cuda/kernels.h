@@ -1,5 +1,5 @@
 // CUDA-only helpers beside the CUDA backend's kernels (core/cuda/backend.h: every kernel of
-// core/kernels.def, reached through backend(Device::cuda)): the TF32 switch, dtype conversion and
+// core/kernels.def, reached through kernels(Device::cuda)): the TF32 switch, dtype conversion and
 // strided copies the backend's copy is built from, and device-resident variants of reductions that
 // keep their result on the device.
 //

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/autograd_interface.h"
-#include "core/backend.h"
+#include "core/kernels.h"
 #include "core/tensor.h"
 
 namespace zero {
@@ -37,9 +37,9 @@ TEST(CoreAlone, CpuKernels) {
   // [2, 3] @ [3, 2] against the sums written out.
   const std::vector<float> A{1, 2, 3, 4, 5, 6}, B{1, 0, 0, 1, 1, 1};
   std::vector<float> C(4, -7.0f);  // garbage: beta == 0 must not read it
-  backend(Device::cpu).gemm(false, false, 2, 2, 3, 1.0f, A.data(), 3, B.data(), 2, 0.0f, C.data(), 2, nullptr);
+  kernels(Device::cpu).gemm(false, false, 2, 2, 3, 1.0f, A.data(), 3, B.data(), 2, 0.0f, C.data(), 2, nullptr);
   EXPECT_EQ(C, (std::vector<float>{1 + 3, 2 + 3, 4 + 6, 5 + 6}));
-  EXPECT_EQ(backend(Device::cpu).sum_squares(A.data(), DType::f32, 6), 91.0);
+  EXPECT_EQ(kernels(Device::cpu).sum_squares(A.data(), DType::f32, 6), 91.0);
 }
 
 // Gradients a program sets itself work (an optimizer needs nothing more); the engine does not.

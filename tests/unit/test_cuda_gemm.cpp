@@ -9,16 +9,16 @@
 #include <tuple>
 #include <vector>
 
-#include "core/backend.h"
 #include "core/cuda/kernels.h"
+#include "core/kernels.h"
 #include "core/tensor.h"
 #include "cuda_test_util.h"
 
 namespace zero {
 namespace {
 
-Backend& host() { return backend(Device::cpu); }
-Backend& gpu() { return backend(Device::cuda); }
+Kernels& host() { return kernels(Device::cpu); }
+Kernels& gpu() { return kernels(Device::cuda); }
 
 using cuda_test::abs_of;
 using cuda_test::all_close;

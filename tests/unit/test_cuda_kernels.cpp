@@ -1,6 +1,6 @@
 // Every core/cuda kernel on random inputs against a reference: the nn kernels against double-precision
 // formulas within the bound of their f32 evaluation (kernel_bounds.h, Note [Kernel error bounds]), the
-// rest against the CPU backend (backend(Device::cpu), optim/) or host arithmetic with the tolerance each
+// rest against the CPU backend (kernels(Device::cpu), optim/) or host arithmetic with the tolerance each
 // comparison justifies (Note [CUDA test tolerances], cuda_test_util.h). One case per kernel has at
 // least 2^24 elements. Skipped without a GPU. GEMM is in test_cuda_gemm.cpp.
 #include <gtest/gtest.h>
@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/backend.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
+#include "core/kernels.h"
 #include "core/tensor.h"
 #include "cuda_test_util.h"
 #include "kernel_bounds.h"
@@ -35,7 +35,7 @@ using cuda_test::random_indices;
 using CudaKernels = CudaTest;
 namespace kb = kernel_bounds;
 
-Backend& gpu() { return backend(Device::cuda); }
+Kernels& gpu() { return kernels(Device::cuda); }
 
 // CUDA's tanhf and expf: at most 2 ulp from the exact value (CUDA C Programming Guide, "Mathematical
 // Functions"). Note [Kernel error bounds] (kernel_bounds.h).
@@ -234,7 +234,7 @@ TEST_F(CudaKernels, EmbeddingForwardBackward) {
     const auto weight = random_floats(V * C, 16);
     const auto idx = random_indices(N, V, 17);  // N draws from V rows: repeats, so backward adds
     std::vector<float> out(N * C);
-    backend(Device::cpu).embedding_forward(out.data(), weight.data(), idx.data(), N, V, C);
+    kernels(Device::cpu).embedding_forward(out.data(), weight.data(), idx.data(), N, V, C);
     DeviceArray<float> d_weight(weight), d_out(N * C);
     DeviceArray<std::int64_t> d_idx(idx);
     gpu().embedding_forward(d_out.get(), d_weight.get(), d_idx.get(), N, V, C);

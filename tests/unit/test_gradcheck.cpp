@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
-#include "core/backend.h"
+#include "core/kernels.h"
 #include "core/tensor.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/runtime.h"
@@ -612,7 +612,7 @@ TEST(Backend, MissingKernelNamesTheKernelAndTheDevice) {
   const half a(1.0f), b(2.0f);
   float c = -1.0f;
   try {
-    backend(Device::cpu)
+    kernels(Device::cpu)
         .gemm_ex(false, false, 1, 1, 1, 1.0f, &a, DType::f16, 1, &b, DType::f16, 1, 0.0f, &c, DType::f32, 1, nullptr);
     FAIL() << "no error";
   } catch (const Error& e) {
