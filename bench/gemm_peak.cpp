@@ -10,11 +10,12 @@
 // --seconds / reps long): on a shared machine the best round is the closest to what the cores can do.
 // The system BLAS reads its own settings from the environment (OPENBLAS_NUM_THREADS is overridden by
 // --threads; OPENBLAS_CORETYPE picks the kernel when OpenBLAS does not recognise the CPU).
+#include <CLI/CLI.hpp>
 #include <dlfcn.h>
 #include <fmt/format.h>
 
-#include <CLI/CLI.hpp>
 #include <Eigen/Core>
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
