@@ -3,16 +3,12 @@
 // devices run the same operations in the same order. optim::adamw_update (optim/adamw.h) forms the
 // scalars and documents the math (torch.optim.AdamW's _single_tensor_adamw).
 //
-// Plain C++17 (only <math.h>): it compiles as host code and, under nvcc, as device code.
+// Plain C++17 (only <math.h>): it compiles as host code and, under nvcc, as device code (ZERO_HD).
 #pragma once
 
 #include <math.h>
 
-#if defined(__CUDACC__)
-#define ZERO_HD __host__ __device__
-#else
-#define ZERO_HD
-#endif
+#include "core/host_device.h"
 
 namespace zero {
 

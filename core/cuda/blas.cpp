@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/cuda/backend.h"
 #include "core/cuda/kernels.h"
+#include "core/cuda/launch.h"
 #include "core/cuda/runtime.h"
 #include "core/gemm_precision.h"
 

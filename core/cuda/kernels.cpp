@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "core/cuda/backend.h"
+#include "core/cuda/launch.h"
 #include "core/cuda/runtime.h"
 #include "core/tensor.h"
 

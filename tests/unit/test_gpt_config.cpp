@@ -45,15 +45,8 @@ json small_config() {
 }
 
 TEST(GPTConfigJson, WritesEveryField) {
-  nn::GPTConfig c;
-  c.vocab_size = 97;
-  c.block_size = 48;
-  c.n_layer = 3;
-  c.n_head = 6;
-  c.n_embd = 96;
-  c.dropout = 0.25f;
-  c.bias = false;
-  c.norm = "rmsnorm";
+  const nn::GPTConfig c{.vocab_size = 97, .block_size = 48, .n_layer = 3, .n_head = 6, .n_embd = 96,
+                        .dropout = 0.25f, .bias = false, .norm = "rmsnorm"};
   const json want = json::parse(R"({"vocab_size": 97, "block_size": 48, "n_layer": 3, "n_head": 6, "n_embd": 96,
                                     "dropout": 0.25, "bias": false, "norm": "rmsnorm"})");
   EXPECT_EQ(c.to_json(), want);
