@@ -31,6 +31,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/backend.h"
 #include "core/cpu/kernels.h"
 #include "core/gemm_precision.h"
 #include "core/trace.h"
@@ -93,14 +94,6 @@ struct Given {
 };
 
 Device device_of(const Args& a) { return a.device == "cuda" ? Device::cuda : Device::cpu; }
-
-// Waits for the device's queued work (no-op on cpu): timings then measure the work, not its issue.
-void synchronize(Device device) {
-#ifdef ZERO_HAS_CUDA
-  if (device == Device::cuda) cuda::synchronize();
-#endif
-  (void)device;
-}
 
 // Dense peak FLOP/s of the device for the precision its GEMMs run in (matmul_precision(), the same
 // decision the ops take: Note [Tensor cores for 16-bit models]; 0 when unknown: cpu). NVIDIA H100
@@ -500,7 +493,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   const auto run_start = Clock::now();  // the ETA extrapolates wall time, evaluations included
   bool evaluated_last = false;
   for (std::int64_t step = first_step; step < a.steps; ++step) {
-    synchronize(device);  // the clock measures finished work
+    backend(device).synchronize();  // the clock measures finished work
     if (!a.trace.empty()) trace::set_active(step + 1 >= trace_first && step + 1 <= trace_last);
     std::optional<trace::Span> step_span;
     step_span.emplace("step", "step");
@@ -523,7 +516,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
       loss_sum += loss.item();
     }
     const bool applied = opt.step();
-    synchronize(device);
+    backend(device).synchronize();
     step_span.reset();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (step - first_step >= warmup_steps) train_seconds += dt;
@@ -727,7 +720,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval-every", a.eval_every, "validate every N steps (0 = only at the end)")->capture_default_str();
   app.add_option("--eval-iters", a.eval_iters, "validation batches per evaluation")->capture_default_str();
   app.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
-  app.add_option("--threads", a.threads, "CPU threads per rank (0 = this machine's cores / ranks)")->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads per rank (0 = up to cores / ranks, fewer while cores are busy)")->capture_default_str();
   app.add_option("--metrics", a.metrics, "write a JSON summary to this path");
   app.add_option("--trace", a.trace, "write a Chrome trace (Perfetto, chrome://tracing) of every rank to this path");
   app.add_option("--trace-steps", a.trace_steps, "with --trace: record only steps A:B (from 1, inclusive)");
