@@ -68,8 +68,9 @@ nn::GPTConfig small_gpt(std::int64_t channels) {
 Tensor tokens(const nn::GPTConfig& cfg, int step, int rank) {
   std::vector<std::int64_t> v(static_cast<std::size_t>(2 * cfg.block_size));
   for (std::size_t i = 0; i < v.size(); ++i)
-    v[i] = static_cast<std::int64_t>((i * 7 + static_cast<std::size_t>(step) * 13 + static_cast<std::size_t>(rank) * 29) %
-                                     static_cast<std::size_t>(cfg.vocab_size));
+    v[i] =
+        static_cast<std::int64_t>((i * 7 + static_cast<std::size_t>(step) * 13 + static_cast<std::size_t>(rank) * 29) %
+                                  static_cast<std::size_t>(cfg.vocab_size));
   return Tensor::from_indices(v, {2, cfg.block_size});
 }
 
@@ -137,7 +138,8 @@ TEST(GradientReducer, Stage2HoldsLessGradientMemoryThanStage1) {
         grad_bytes[stage] = t.memory.grads + t.memory.buckets;
         std::vector<FlatLayout::Entry> entries;
         Generator gen(5);
-        for (const auto& p : nn::GPT(cfg, gen).named_parameters()) entries.push_back({p.name, p.tensor.shape(), p.decay});
+        for (const auto& p : nn::GPT(cfg, gen).named_parameters())
+          entries.push_back({p.name, p.tensor.shape(), p.decay});
         const MemoryBreakdown want = plan_zero(entries, n, o).memory();
         EXPECT_EQ(t.memory.grads, want.grads);
         EXPECT_EQ(t.memory.buckets, want.buckets);
