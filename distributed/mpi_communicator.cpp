@@ -28,13 +28,6 @@ namespace zero::dist {
 
 namespace detail {
 
-std::string mpi_error_message(const char* call, int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
-  return fmt::format("{} failed: {} (MPI error {})", call, std::string(text, length), code);
-}
-
 // Completion flag + exception of one queued collective.
 class CpuWork final : public Work {
  public:

@@ -39,21 +39,11 @@
 
 #include "core/check.h"
 #include "distributed/communicator.h"
+#include "distributed/mpi_check.h"
 
 namespace zero::dist {
 
-/// Throws zero::Error naming the call and MPI's error string unless `call` returns MPI_SUCCESS.
-/// (Our communicators use MPI_ERRORS_RETURN, so failures reach this check instead of aborting.)
-#define ZERO_MPI_CHECK(call)                                                                     \
-  do {                                                                                           \
-    const int zero_mpi_rc_ = (call);                                                             \
-    if (zero_mpi_rc_ != MPI_SUCCESS)                                                             \
-      ::zero::detail::fail(__FILE__, __LINE__,                                                   \
-                           ::zero::dist::detail::mpi_error_message(#call, zero_mpi_rc_));        \
-  } while (0)
-
 namespace detail {
-std::string mpi_error_message(const char* call, int code);
 class CpuWork;
 }  // namespace detail
 
