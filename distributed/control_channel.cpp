@@ -20,8 +20,8 @@ struct Channel {
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
-  std::vector<Notice> notice;       // per world rank: the first notice received from it
-  int posted = int(Notice::none);   // what this rank posted (the send buffer)
+  std::vector<Notice> notice;      // per world rank: the first notice received from it
+  int posted = int(Notice::none);  // what this rank posted (the send buffer)
   std::vector<MPI_Request> sends;
 };
 

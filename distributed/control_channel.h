@@ -59,7 +59,7 @@ std::vector<int> wait_for_notices(double seconds);
 /// The first notice received from `rank` (Notice::none when it has posted nothing yet).
 Notice notice_from(int rank);
 
-/// Completes the notices this rank sent (call it once every peer has answered, else it blocks) and
+/// Completes the notices this rank sent (call it once every peer has answered, else it may block) and
 /// frees the channel. Does nothing when it is not open.
 void close();
 
