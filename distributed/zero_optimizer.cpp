@@ -52,7 +52,7 @@ namespace zero::dist {
 //     next step() or backward().
 // Recovery is consistent across ranks when every rank saw the same failure (a deterministic error, an
 // injected fault: tests/distributed/test_reliability.cpp). An error on some ranks only leaves the
-// others waiting in a collective; that ends the job instead (Note [No hang] in mpi_communicator.cpp).
+// others waiting in a collective; that ends the job instead (Note [No hang] in job_runtime.cpp).
 
 // Note [Unused parameters]
 // ~~~~~~~~~~~~~~~~~~~~~~~~

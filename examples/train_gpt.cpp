@@ -36,7 +36,7 @@
 #include "core/trace.h"
 #include "distributed/checkpoint.h"
 #include "distributed/config.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/trace_file.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"

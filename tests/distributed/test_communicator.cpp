@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "distributed/job_runtime.h"
 #include "distributed/mpi_communicator.h"
 
 namespace zero::dist {

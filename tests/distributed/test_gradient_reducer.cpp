@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/gpt.h"
 #include "tests/distributed/forwarding_communicator.h"

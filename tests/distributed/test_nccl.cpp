@@ -15,7 +15,7 @@
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
 #include "core/tensor.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/nccl_communicator.h"
 
 namespace zero::dist {

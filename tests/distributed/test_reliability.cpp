@@ -24,7 +24,7 @@
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "core/check.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/module.h"
 #include "optim/adamw.h"

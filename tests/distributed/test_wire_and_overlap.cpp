@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "autograd/autograd.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/gpt.h"
 

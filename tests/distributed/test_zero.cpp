@@ -22,7 +22,7 @@
 #include "autograd/ops.h"
 #include "core/check.h"
 #include "distributed/flat_layout.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"

@@ -14,7 +14,7 @@
 
 #include "core/cuda/runtime.h"
 #include "core/gemm_precision.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/nccl_communicator.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/gpt.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "distributed/zero_plan.h"
 #include "nn/gpt.h"
