@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "core/trace.h"
+#include "distributed/ring_math.h"
 
 namespace zero::dist {
 
@@ -108,63 +109,11 @@ void request_short_time_slice() {
 // MPI counts are int; every message is cut to at most this many bytes so buffers of any size work.
 constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
 
-// Rank r's share of `count` elements split as evenly as possible (the first count % n ranks get one
-// more): the layout all_reduce and reduce use for their internal reduce-scatter.
-std::vector<std::size_t> split_even(std::size_t count, int n) {
-  std::vector<std::size_t> counts(n, count / n);
-  for (std::size_t r = 0; r < count % n; ++r) counts[r] += 1;
-  return counts;
-}
-
-std::vector<std::size_t> prefix_offsets(const std::vector<std::size_t>& counts) {
-  std::vector<std::size_t> offsets(counts.size(), 0);
-  for (std::size_t r = 1; r < counts.size(); ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
-  return offsets;
-}
-
-// f16/bf16 <-> f32 through Eigen's vectorised casts.
-template <typename T>
-void widen_as(const void* src, float* dst, std::size_t n) {
-  using In = Eigen::Array<T, Eigen::Dynamic, 1>;
-  using Out = Eigen::Array<float, Eigen::Dynamic, 1>;
-  Eigen::Map<Out>(dst, Eigen::Index(n)) =
-      Eigen::Map<const In>(static_cast<const T*>(src), Eigen::Index(n)).template cast<float>();
-}
-template <typename T>
-void narrow_as(const float* src, void* dst, std::size_t n) {
-  using In = Eigen::Array<float, Eigen::Dynamic, 1>;
-  using Out = Eigen::Array<T, Eigen::Dynamic, 1>;
-  Eigen::Map<Out>(static_cast<T*>(dst), Eigen::Index(n)) =
-      Eigen::Map<const In>(src, Eigen::Index(n)).template cast<T>();
-}
-void widen(const void* src, DType dtype, float* dst, std::size_t n) {
-  if (dtype == DType::f16) widen_as<half>(src, dst, n);
-  else widen_as<bfloat16>(src, dst, n);
-}
-void narrow(const float* src, void* dst, DType dtype, std::size_t n) {
-  if (dtype == DType::f16) narrow_as<half>(src, dst, n);
-  else narrow_as<bfloat16>(src, dst, n);
-}
-
-// dst[i] = in[i] (op) own[i]. dst may alias own (same index only).
-void combine(float* dst, const float* in, const float* own, std::size_t n, ReduceOp op) {
-  if (op == ReduceOp::sum) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = in[i] + own[i];
-  } else {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(in[i], own[i]);
-  }
-}
-// 16-bit: both operands widened to fp32, combined, rounded once (one hop of Note [Wire dtype]).
-template <typename T>
-void combine(T* dst, const T* in, const T* own, std::size_t n, ReduceOp op) {
-  using A = Eigen::Array<T, Eigen::Dynamic, 1>;
-  const Eigen::Map<const A> a(in, Eigen::Index(n)), b(own, Eigen::Index(n));
-  Eigen::Map<A> out(dst, Eigen::Index(n));
-  if (op == ReduceOp::sum)
-    out = (a.template cast<float>() + b.template cast<float>()).template cast<T>();
-  else
-    out = a.template cast<float>().max(b.template cast<float>()).template cast<T>();
-}
+using detail::combine;
+using detail::narrow;
+using detail::prefix_offsets;
+using detail::split_even;
+using detail::widen;
 
 template <typename T>
 MPI_Datatype mpi_type() {
