@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <pthread.h>
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,6 +11,7 @@
 #include <exception>
 
 #include "core/check.h"
+#include "distributed/cpu_work.h"
 #include "distributed/ring_math.h"
 
 namespace zero::dist {
@@ -84,33 +84,6 @@ class InProcessWorld {
   std::vector<Presence> presence;
 };
 
-// Completion flag + exception of one queued collective.
-class InProcessWork final : public Work {
- public:
-  void wait() override {
-    std::unique_lock lock(mutex_);
-    done_cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool is_completed() const override {
-    std::lock_guard lock(mutex_);
-    return done_;
-  }
-  void finish(std::exception_ptr error) {
-    {
-      std::lock_guard lock(mutex_);
-      error_ = std::move(error);
-      done_ = true;
-    }
-    done_cv_.notify_all();
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::condition_variable done_cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
 
 // Scratch for reduce_slice, sized before a rank posts its collective (Note [Arrive, read, leave]).
 struct RingScratch {
@@ -135,12 +108,7 @@ using detail::RingScratch;
 
 namespace {
 
-// CPU time this thread has used so far (user + system), in nanoseconds.
-std::int64_t thread_cpu_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-}
+using detail::thread_cpu_ns;
 
 // The Ledger::seconds slot of a data collective; -1 for barriers and control scalars (not timed).
 int timed_slot(Kind kind) {
@@ -278,7 +246,7 @@ void InProcessCommunicator::fail() {
 // ---- the queue ---------------------------------------------------------------------------------------
 
 std::shared_ptr<Work> InProcessCommunicator::enqueue(std::shared_ptr<Posted> posted) {
-  auto work = std::make_shared<detail::InProcessWork>();
+  auto work = std::make_shared<detail::CpuWork>();
   Task task{std::move(posted), work, step(), timeout()};
   {
     std::lock_guard lock(mutex_);

@@ -39,7 +39,7 @@ namespace zero::dist {
 
 namespace detail {
 class InProcessWorld;
-class InProcessWork;
+class CpuWork;
 struct Posted;
 struct RingScratch;
 }  // namespace detail
@@ -88,7 +88,7 @@ class InProcessCommunicator final : public Communicator {
   // may wait for its peers.
   struct Task {
     std::shared_ptr<detail::Posted> posted;
-    std::shared_ptr<detail::InProcessWork> work;
+    std::shared_ptr<detail::CpuWork> work;
     std::int64_t step = 0;
     double timeout_s = 0;
   };

@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "core/trace.h"
+#include "distributed/cpu_work.h"
 #include "distributed/ring_math.h"
 
 namespace zero::dist {
@@ -36,47 +37,11 @@ std::string mpi_error_message(const char* call, int code) {
   return fmt::format("{} failed: {} (MPI error {})", call, std::string(text, length), code);
 }
 
-// Completion flag + exception of one queued collective.
-class CpuWork final : public Work {
- public:
-  void wait() override {
-    std::unique_lock lock(mutex_);
-    // Time the training thread spends blocked on communication: the exposed part of it in a trace.
-    std::optional<trace::Span> blocked;
-    if (!done_ && trace::active()) blocked.emplace("wait", "wait", trace::kComputeThread);
-    done_cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool is_completed() const override {
-    std::lock_guard lock(mutex_);
-    return done_;
-  }
-  void finish(std::exception_ptr error) {
-    {
-      std::lock_guard lock(mutex_);
-      error_ = std::move(error);
-      done_ = true;
-    }
-    done_cv_.notify_all();
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::condition_variable done_cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
-
 }  // namespace detail
 
 namespace {
 
-// CPU time this thread has used so far (user + system), in nanoseconds.
-std::int64_t thread_cpu_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-}
+using detail::thread_cpu_ns;
 
 // Note [A short time slice for the communication thread]
 // With one rank per core the communication thread shares its core with the training thread. Every
