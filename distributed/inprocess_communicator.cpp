@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
+#include <numeric>
 #include <exception>
 
 #include "core/check.h"
@@ -32,30 +34,6 @@ struct Posted {
   bool fp32 = false;         // 16-bit reductions travel in fp32 (reduce_in_fp32() when issued)
   double* values = nullptr;  // control: counts[0] doubles, summed / maxed in place
 };
-
-const char* kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::all_reduce: return "all_reduce";
-    case Kind::reduce_scatter: return "reduce_scatter";
-    case Kind::all_gather: return "all_gather";
-    case Kind::reduce: return "reduce";
-    case Kind::broadcast: return "broadcast";
-    case Kind::barrier: return "barrier";
-    case Kind::control: return "control all_reduce";
-  }
-  return "?";
-}
-
-// Every rank must issue the same collective with the same arguments (but its own buffers).
-bool same_collective(const Posted& a, const Posted& b) {
-  return a.kind == b.kind && a.counts == b.counts && a.dtype == b.dtype && a.op == b.op && a.root == b.root &&
-         a.fp32 == b.fp32;
-}
-
-std::string describe(const Posted& p) {
-  return fmt::format("{} (counts {}, {}, {}, root {}{})", kind_name(p.kind), fmt::join(p.counts, ","),
-                     dtype_name(p.dtype), p.op == ReduceOp::sum ? "sum" : "max", p.root, p.fp32 ? ", fp32 wire" : "");
-}
 
 // Where a rank stands in the job (the in-process twin of the notices of Note [No hang] in
 // mpi_communicator.cpp).
@@ -84,7 +62,6 @@ class InProcessWorld {
   std::vector<Presence> presence;
 };
 
-
 // Scratch for reduce_slice, sized before a rank posts its collective (Note [Arrive, read, leave]).
 struct RingScratch {
   std::vector<float> partial;  // the partial result between hops, in the wire type (any T fits)
@@ -99,6 +76,7 @@ struct RingScratch {
     }
   }
 };
+
 }  // namespace detail
 
 using detail::Kind;
@@ -109,6 +87,30 @@ using detail::RingScratch;
 namespace {
 
 using detail::thread_cpu_ns;
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::all_reduce: return "all_reduce";
+    case Kind::reduce_scatter: return "reduce_scatter";
+    case Kind::all_gather: return "all_gather";
+    case Kind::reduce: return "reduce";
+    case Kind::broadcast: return "broadcast";
+    case Kind::barrier: return "barrier";
+    case Kind::control: return "control all_reduce";
+  }
+  return "?";
+}
+
+// Every rank must issue the same collective with the same arguments (but its own buffers).
+bool same_collective(const Posted& a, const Posted& b) {
+  return a.kind == b.kind && a.counts == b.counts && a.dtype == b.dtype && a.op == b.op && a.root == b.root &&
+         a.fp32 == b.fp32;
+}
+
+std::string describe(const Posted& p) {
+  return fmt::format("{} (counts {}, {}, {}, root {}{})", kind_name(p.kind), fmt::join(p.counts, ","),
+                     dtype_name(p.dtype), p.op == ReduceOp::sum ? "sum" : "max", p.root, p.fp32 ? ", fp32 wire" : "");
+}
 
 // The Ledger::seconds slot of a data collective; -1 for barriers and control scalars (not timed).
 int timed_slot(Kind kind) {
@@ -312,11 +314,13 @@ void InProcessCommunicator::run(const Task& task) {
 //           rank to see everyone arrived commits the collective: from then on no rank can withdraw
 //           (each checks "everyone arrived" before giving up), so every rank will read, and every
 //           posted buffer stays valid until the end of "leave".
-//   read    r computes its own result from the peers' Posted buffers, without the mutex. Inputs are
-//           only read; r writes only its own outputs that no peer reads (a reduce-scatter's recv, an
-//           all-gather's other slices, a non-root broadcast buffer). A result that would overwrite an
-//           input a peer may still be reading (all-reduce and reduce buffers, control values) goes to
-//           this rank's scratch first.
+//   read    r checks that every rank posted the same collective (kind, counts, dtype, op, root, wire
+//           dtype; on a mismatch every rank finds it, and each still goes through "leave" before it
+//           throws), then computes its own result from the peers' Posted buffers, without the mutex.
+//           Inputs are only read; r writes only its own outputs that no peer reads (a reduce-scatter's
+//           recv, an all-gather's other slices, a non-root broadcast buffer). A result that would
+//           overwrite an input a peer may still be reading (all-reduce and reduce buffers, control
+//           values) goes to this rank's scratch first.
 //   leave   r sets finished[r] = k and waits until every rank has finished reading k, then writes the
 //           scratch results. This wait has no deadline and ignores departures: every rank that arrived
 //           reads and finishes without waiting for anything, so it cannot hang, and a rank returning
@@ -329,7 +333,7 @@ void InProcessCommunicator::arrive(const Task& task) {
   const auto seconds = std::min(task.timeout_s, 1e8);  // a "timeout" of centuries: wait_until cannot overflow
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
-  const char* name = detail::kind_name(task.posted->kind);
+  const char* name = kind_name(task.posted->kind);
   std::unique_lock lock(w.mutex);
   w.posted[rank_] = task.posted.get();
   w.arrived[rank_] = k;
@@ -365,19 +369,24 @@ void InProcessCommunicator::arrive(const Task& task) {
       give_up(CollectiveTimeout(name, task.step, task.timeout_s, rank_list(missing)), Presence::failed);
     w.changed.wait_until(lock, deadline);
   }
-  // Everyone arrived: the collective is committed. Check that it is the same collective everywhere.
+  // Everyone arrived: the collective is committed.
   peers_.assign(w.posted.begin(), w.posted.end());
-  for (int q = 0; q < w.size; ++q)
-    if (!detail::same_collective(*peers_[q], *task.posted)) {
-      const Error mismatch(fmt::format("collective #{} at step {}: rank {} issued {} but rank {} issued {} (every rank "
-                                       "must issue the same collectives in the same order)",
-                                       k, task.step, rank_, detail::describe(*task.posted), q,
-                                       detail::describe(*peers_[q])));
-      if (w.presence[rank_] == Presence::here) w.presence[rank_] = Presence::failed;
-      w.changed.notify_all();
-      broken_ = std::make_exception_ptr(mismatch);
-      throw mismatch;
-    }
+}
+
+// Part of "read": every rank compares every post, so all of them find a mismatch, and each still
+// finishes the collective (wait_until_everyone_has_read) before its post may go away.
+void InProcessCommunicator::check_same_collective(const Task& task) {
+  for (int q = 0; q < world_size_; ++q) {
+    if (same_collective(*peers_[q], *task.posted)) continue;
+    const Error mismatch(fmt::format("collective #{} at step {}: rank {} issued {} but rank {} issued {} (every rank "
+                                     "must issue the same collectives in the same order)",
+                                     sequence_, task.step, rank_, describe(*task.posted), q, describe(*peers_[q])));
+    broken_ = std::make_exception_ptr(mismatch);  // the ranks are out of step from here on
+    std::lock_guard lock(world_->mutex);
+    if (world_->presence[rank_] == Presence::here) world_->presence[rank_] = Presence::failed;
+    world_->changed.notify_all();
+    throw mismatch;
+  }
 }
 
 void InProcessCommunicator::wait_until_everyone_has_read() {
@@ -403,6 +412,11 @@ void InProcessCommunicator::collective(const Task& task) {
   const bool reduces = p.kind == Kind::all_reduce || p.kind == Kind::reduce_scatter ||
                        (p.kind == Kind::reduce && rank_ == p.root);
   const bool into_scratch = p.kind == Kind::all_reduce || (p.kind == Kind::reduce && rank_ == p.root);
+  // Scratch takes up to (n + 2) fp32 copies of a slice: a count beyond any address space fails here,
+  // before the sizes below could overflow (and before a sanitizer's allocator would abort instead).
+  const std::size_t elements = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  ZERO_CHECK(elements <= std::size_t(PTRDIFF_MAX) / sizeof(float) / std::size_t(n + 2),
+             "{}: {} elements are more than a buffer of this process can hold", kind_name(p.kind), elements);
   if (reduces) ring_->reserve(n, max_slice, p.fp32 && p.dtype != DType::f32);
   if (into_scratch) result_.resize(count * elem);
   if (p.kind == Kind::control) control_result_.resize(count);
@@ -411,6 +425,7 @@ void InProcessCommunicator::collective(const Task& task) {
 
   std::exception_ptr error;
   try {
+    check_same_collective(task);
     auto buffers = [&](bool send) {  // every rank's input buffer
       std::vector<const void*> b;
       for (const Posted* q : peers_) b.push_back(send ? q->send : q->recv);

@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "distributed/inprocess_communicator.h"
 #include "distributed/mpi_communicator.h"
+#include "tests/rounding_input.h"
 
 namespace zero::dist {
 namespace {
@@ -512,15 +513,9 @@ TEST_F(CommunicatorTest, ControlScalarsStayOutOfTheFiveCounters) {
 // Every MPI rank also runs an in-process world (distributed/inprocess_communicator.h) of the same size
 // on the same inputs, which are formulas of (rank, index), and keeps what its own rank computed there:
 // it must equal this rank's MPI result bit for bit, for sums that round (Note [The ring's order] in
-// inprocess_communicator.cpp). Inputs use integer arithmetic and ldexp only, so every thread computes
-// the same values (a vectorised sin may round differently from a scalar one).
+// inprocess_communicator.cpp).
 
-float rounding_source(int rank, std::size_t i) {
-  std::uint64_t h = (std::uint64_t(i) * 2654435761u + std::uint64_t(rank) * 40503u + 1) * 0x9E3779B97F4A7C15ull;
-  h ^= h >> 29;
-  const float magnitude = std::ldexp(float(h & 0xFFFFFF), -30 + int((h >> 24) % 12));
-  return (h >> 40) & 1 ? -magnitude : magnitude;
-}
+using zero::testing::rounding_input;
 
 // The results of one rank: a reduce-scatter with uneven counts (one rank's slice empty), an all-reduce,
 // a reduce to the last rank.
@@ -535,7 +530,7 @@ RoundingResults<T> run_rounding_collectives(Communicator& comm, DType dtype, boo
   std::vector<std::size_t> counts(n);
   for (int r = 0; r < n; ++r) counts[r] = r == 1 ? 0 : 1000 + 37 * std::size_t(r);
   std::vector<T> source(std::max<std::size_t>(sum_of(counts), 10007));
-  for (std::size_t i = 0; i < source.size(); ++i) source[i] = T(rounding_source(rank, i));
+  for (std::size_t i = 0; i < source.size(); ++i) source[i] = T(rounding_input(rank, i));
   comm.set_reduce_in_fp32(fp32_wire);
   RoundingResults<T> out;
   out.scattered.resize(counts[rank]);
@@ -574,7 +569,7 @@ void check_inprocess_equals_mpi(Communicator& mpi, DType dtype, bool fp32_wire) 
     std::size_t order_shows = 0;
     for (std::size_t i = 0; i < over_mpi.all_reduced.size(); ++i) {
       float in_rank_order = 0;
-      for (int r = 0; r < mpi.world_size(); ++r) in_rank_order += rounding_source(r, i);
+      for (int r = 0; r < mpi.world_size(); ++r) in_rank_order += rounding_input(r, i);
       order_shows += in_rank_order != float(over_mpi.all_reduced[i]);
     }
     EXPECT_GT(order_shows, over_mpi.all_reduced.size() / 100) << what;
