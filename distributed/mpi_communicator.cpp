@@ -585,10 +585,8 @@ void MpiCommunicator::reduce_impl(void* buf, std::size_t count, DType dtype, int
 // Wire bytes of the algorithms above: only the fp32-widened all-reduce mixes dtypes (its reduce-scatter
 // half moves fp32, its all-gather half the narrowed slices).
 double MpiCommunicator::wire_bus_bytes(Collective c, std::size_t count, DType dtype) const {
-  if (c == Collective::all_reduce && dtype != DType::f32 && reduce_in_fp32()) {
-    const double n = world_size_;
-    return (n - 1.0) / n * double(count) * double(sizeof(float) + dtype_size(dtype));
-  }
+  if (c == Collective::all_reduce && dtype != DType::f32 && reduce_in_fp32())
+    return detail::widened_all_reduce_bus_bytes(count, dtype, world_size_);
   return Communicator::wire_bus_bytes(c, count, dtype);
 }
 

@@ -57,6 +57,13 @@ inline void narrow(const float* src, void* dst, DType dtype, std::size_t n) {
   else narrow_as<bfloat16>(src, dst, n);
 }
 
+/// Bus bytes of a ring all-reduce of `count` fp16/bf16 elements on n ranks that reduces in fp32
+/// (reduce_in_fp32): its reduce-scatter half moves fp32, its all-gather half the narrowed 16-bit slices.
+/// The one collective of the ring whose wire dtype is mixed (Communicator::wire_bus_bytes).
+inline double widened_all_reduce_bus_bytes(std::size_t count, DType dtype, int n) {
+  return (n - 1.0) / n * double(count) * double(sizeof(float) + dtype_size(dtype));
+}
+
 /// One hop of a ring reduction: dst[i] = in[i] (op) own[i], where `in` is the partial result that
 /// arrived and `own` this rank's contribution. dst may alias in or own (same index only).
 inline void combine(float* dst, const float* in, const float* own, std::size_t n, ReduceOp op) {
