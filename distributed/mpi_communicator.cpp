@@ -16,10 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <exception>
 #include <numeric>
-#include <optional>
 #include <type_traits>
 
 #include "core/trace.h"
