@@ -14,61 +14,26 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <exception>
 #include <numeric>
-#include <optional>
 #include <type_traits>
 
 #include "core/check.h"
 #include "core/trace.h"
 #include "distributed/control_channel.h"
+#include "distributed/cpu_work.h"
+#include "distributed/ring_math.h"
 
 namespace zero::dist {
 
 namespace detail {
 
-// Completion flag + exception of one queued collective.
-class CpuWork final : public Work {
- public:
-  void wait() override {
-    std::unique_lock lock(mutex_);
-    // Time the training thread spends blocked on communication: the exposed part of it in a trace.
-    std::optional<trace::Span> blocked;
-    if (!done_ && trace::active()) blocked.emplace("wait", "wait", trace::kComputeThread);
-    done_cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool is_completed() const override {
-    std::lock_guard lock(mutex_);
-    return done_;
-  }
-  void finish(std::exception_ptr error) {
-    {
-      std::lock_guard lock(mutex_);
-      error_ = std::move(error);
-      done_ = true;
-    }
-    done_cv_.notify_all();
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::condition_variable done_cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
 
 }  // namespace detail
 
 namespace {
 
-// CPU time this thread has used so far (user + system), in nanoseconds.
-std::int64_t thread_cpu_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-}
+using detail::thread_cpu_ns;
 
 // Note [A short time slice for the communication thread]
 // With one rank per core the communication thread shares its core with the training thread. Every
@@ -101,63 +66,11 @@ void request_short_time_slice() {
 // MPI counts are int; every message is cut to at most this many bytes so buffers of any size work.
 constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
 
-// Rank r's share of `count` elements split as evenly as possible (the first count % n ranks get one
-// more): the layout all_reduce and reduce use for their internal reduce-scatter.
-std::vector<std::size_t> split_even(std::size_t count, int n) {
-  std::vector<std::size_t> counts(n, count / n);
-  for (std::size_t r = 0; r < count % n; ++r) counts[r] += 1;
-  return counts;
-}
-
-std::vector<std::size_t> prefix_offsets(const std::vector<std::size_t>& counts) {
-  std::vector<std::size_t> offsets(counts.size(), 0);
-  for (std::size_t r = 1; r < counts.size(); ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
-  return offsets;
-}
-
-// f16/bf16 <-> f32 through Eigen's vectorised casts.
-template <typename T>
-void widen_as(const void* src, float* dst, std::size_t n) {
-  using In = Eigen::Array<T, Eigen::Dynamic, 1>;
-  using Out = Eigen::Array<float, Eigen::Dynamic, 1>;
-  Eigen::Map<Out>(dst, Eigen::Index(n)) =
-      Eigen::Map<const In>(static_cast<const T*>(src), Eigen::Index(n)).template cast<float>();
-}
-template <typename T>
-void narrow_as(const float* src, void* dst, std::size_t n) {
-  using In = Eigen::Array<float, Eigen::Dynamic, 1>;
-  using Out = Eigen::Array<T, Eigen::Dynamic, 1>;
-  Eigen::Map<Out>(static_cast<T*>(dst), Eigen::Index(n)) =
-      Eigen::Map<const In>(src, Eigen::Index(n)).template cast<T>();
-}
-void widen(const void* src, DType dtype, float* dst, std::size_t n) {
-  if (dtype == DType::f16) widen_as<half>(src, dst, n);
-  else widen_as<bfloat16>(src, dst, n);
-}
-void narrow(const float* src, void* dst, DType dtype, std::size_t n) {
-  if (dtype == DType::f16) narrow_as<half>(src, dst, n);
-  else narrow_as<bfloat16>(src, dst, n);
-}
-
-// dst[i] = in[i] (op) own[i]. dst may alias own (same index only).
-void combine(float* dst, const float* in, const float* own, std::size_t n, ReduceOp op) {
-  if (op == ReduceOp::sum) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = in[i] + own[i];
-  } else {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(in[i], own[i]);
-  }
-}
-// 16-bit: both operands widened to fp32, combined, rounded once (one hop of Note [Wire dtype]).
-template <typename T>
-void combine(T* dst, const T* in, const T* own, std::size_t n, ReduceOp op) {
-  using A = Eigen::Array<T, Eigen::Dynamic, 1>;
-  const Eigen::Map<const A> a(in, Eigen::Index(n)), b(own, Eigen::Index(n));
-  Eigen::Map<A> out(dst, Eigen::Index(n));
-  if (op == ReduceOp::sum)
-    out = (a.template cast<float>() + b.template cast<float>()).template cast<T>();
-  else
-    out = a.template cast<float>().max(b.template cast<float>()).template cast<T>();
-}
+using detail::combine;
+using detail::narrow;
+using detail::prefix_offsets;
+using detail::split_even;
+using detail::widen;
 
 template <typename T>
 MPI_Datatype mpi_type() {
@@ -643,10 +556,8 @@ void MpiCommunicator::reduce_impl(void* buf, std::size_t count, DType dtype, int
 // Wire bytes of the algorithms above: only the fp32-widened all-reduce mixes dtypes (its reduce-scatter
 // half moves fp32, its all-gather half the narrowed slices).
 double MpiCommunicator::wire_bus_bytes(Collective c, std::size_t count, DType dtype) const {
-  if (c == Collective::all_reduce && dtype != DType::f32 && reduce_in_fp32()) {
-    const double n = world_size_;
-    return (n - 1.0) / n * double(count) * double(sizeof(float) + dtype_size(dtype));
-  }
+  if (c == Collective::all_reduce && dtype != DType::f32 && reduce_in_fp32())
+    return detail::widened_all_reduce_bus_bytes(count, dtype, world_size_);
   return Communicator::wire_bus_bytes(c, count, dtype);
 }
 
