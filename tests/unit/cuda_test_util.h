@@ -51,6 +51,19 @@ class CudaTest : public ::testing::Test {
   }
 };
 
+/// cuda::set_allow_tf32(allow) for the guard's lifetime; the previous setting comes back on every exit
+/// (a failed ASSERT or an exception included), so no later test in the process runs with TF32 by mistake.
+class ScopedAllowTf32 {
+ public:
+  explicit ScopedAllowTf32(bool allow) : previous_(cuda::allow_tf32()) { cuda::set_allow_tf32(allow); }
+  ~ScopedAllowTf32() { cuda::set_allow_tf32(previous_); }
+  ScopedAllowTf32(const ScopedAllowTf32&) = delete;
+  ScopedAllowTf32& operator=(const ScopedAllowTf32&) = delete;
+
+ private:
+  bool previous_;
+};
+
 /// A device copy of a host vector; to_host() copies back (synchronously).
 template <typename T>
 class DeviceArray {
