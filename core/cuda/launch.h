@@ -128,8 +128,9 @@ void launch_causal_softmax_forward(float* att, std::int64_t rows, int T, cudaStr
 void launch_causal_softmax_backward(float* datt, const float* att, std::int64_t rows, int T, float scale,
                                     cudaStream_t s);
 
-/// probs[N,V] = softmax(logits); losses[n] = -log(max(probs[n, target], 1e-30)). Bad targets set
-/// the error flag bit and get loss 0.
+/// probs[N,V] = softmax(logits); losses[n] = -log softmax(logits[n])[target], computed as
+/// log(sum exp(logits - max)) - (logits[target] - max) (no clamp: finite for any finite logits). Bad
+/// targets set the error flag bit and get loss 0.
 void launch_cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int64_t* targets,
                                   std::int64_t N, int V, int* error_flag, cudaStream_t s);
 /// dlogits = (probs - onehot) * (dloss_dev ? *dloss_dev : dloss) / N.

@@ -212,10 +212,30 @@ inline void causal_softmax_backward_ref(std::vector<double>& g, std::vector<doub
   softmax_backward_row_ref(g, bound, p.data(), dp.data(), t + 1, T, scale, warp_chain(t + 1));
 }
 
-/// Bound on one row's cross-entropy loss -log(max(p, 1e-30)) given the bound p_bound on the probability
-/// of the target (softmax_row_ref): the relative error of p, plus logf's log_ulps ulp.
-inline double cross_entropy_loss_bound(double p, double p_bound, double log_ulps) {
-  return kSecondOrder * (p_bound / p + log_ulps * ulp_f32(-std::log(p)));
+/// One row's cross-entropy as the kernel computes it, the log-softmax loss = log(S) - z with S = sum_s
+/// exp(a_s - m), z = a_target - m <= 0, in double, and the bound of its f32 evaluation: S errs by `chain` u
+/// plus the largest relative error of an exp term (as in softmax_row_ref), which log turns into the same
+/// absolute error; logf adds log_ulps ulp of log(S); z one rounding (u |z|); the final subtraction u |loss|.
+/// S >= 1 and -z >= 0, so the two terms add without cancelling and the bound stays small however small
+/// the target's probability is.
+struct CrossEntropyRowRef {
+  double loss = 0, bound = 0;
+};
+inline CrossEntropyRowRef cross_entropy_row_ref(const float* a, std::int64_t len, std::int64_t target, double chain,
+                                                double exp_ulps, double log_ulps) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t s = 0; s < len; ++s) m = std::max(m, static_cast<double>(a[s]));
+  double sum = 0.0, worst_e = 0.0;
+  for (std::int64_t s = 0; s < len; ++s) {
+    sum += std::exp(a[s] - m);
+    worst_e = std::max(worst_e, std::abs(a[s] - m) * kU + 2.0 * exp_ulps * kU);
+  }
+  const double z = a[target] - m, log_sum = std::log(sum);
+  CrossEntropyRowRef r;
+  r.loss = log_sum - z;
+  r.bound = kSecondOrder * (chain * kU + worst_e + log_ulps * ulp_f32(log_sum) + kU * std::abs(z) +
+                            kU * std::abs(r.loss));
+  return r;
 }
 
 // ---- LayerNorm forward and input gradient (one warp per row) ------------------------------------------------
