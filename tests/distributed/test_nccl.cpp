@@ -144,6 +144,10 @@ void check_control_and_ledger(Communicator& comm) {
   const int n = comm.world_size();
   EXPECT_EQ(comm.all_reduce_sum(comm.rank() + 1.0), 0.5 * n * (n + 1));
   EXPECT_EQ(comm.all_reduce_max(double(comm.rank())), double(n - 1));
+  // The batched control vector (ZeroOptimizer's norm partial and flags): one call, every value summed.
+  std::vector<double> values{comm.rank() + 1.0, 0.0, comm.rank() == 0 ? 1.0 : 0.0, -2.0 * comm.rank()};
+  comm.all_reduce_sum(values);
+  EXPECT_EQ(values, (std::vector<double>{0.5 * n * (n + 1), 0.0, 1.0, -1.0 * n * (n - 1)}));
   comm.barrier();
   comm.ledger().reset();
   Tensor buf = Tensor::zeros({1000}, DType::f32, Device::cuda);
@@ -164,6 +168,22 @@ TEST(CudaNccl, CollectivesMatchClosedForms) {
     EXPECT_EQ(comm.rank(), mpi->rank());
     for (DType t : {DType::f32, DType::f16, DType::bf16}) check_collectives(comm, t);
     check_control_and_ledger(comm);
+  }
+}
+
+// The grouped per-slice paths (ncclReduce / ncclBroadcast per rank in one NCCL group) that uneven counts
+// take: forced, so that they run on one rank too, where every count list is "equal".
+TEST(CudaNccl, GroupedPathsMatchClosedForms) {
+  auto mpi = mpi_world();
+  if (!nccl_usable(mpi->rank(), mpi->world_size())) {
+    GTEST_SKIP() << "NCCL needs a GPU per rank (" << cuda::device_count() << " visible)";
+  }
+  for (bool fp32_accumulate : {true, false}) {
+    NcclOptions options;
+    options.fp32_accumulate = fp32_accumulate;
+    options.force_grouped = true;
+    NcclCommunicator comm(mpi, options);
+    for (DType t : {DType::f32, DType::f16, DType::bf16}) check_collectives(comm, t);
   }
 }
 
