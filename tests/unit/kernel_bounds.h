@@ -446,6 +446,70 @@ struct Worst {
   }
 };
 
+// ---- AdamW over a sequence of gradients (test_cuda_gpt.cpp, tests/distributed/test_zero_cuda.cpp) -----------
+
+// Note [AdamW trajectory bound]
+// Two f32 training runs cannot be compared within a worst-case bound through AdamW: its first update is
+// about lr sign(g), so a gradient that is zero up to rounding moves a parameter by +-lr on one side and
+// not the other. So the tests feed every implementation the same gradient values (up to a stated relative
+// error rel_g: the rounding of the clip coefficient, a 16-bit gradient) and compare each with exact AdamW
+// on those values, in double, with the f32 scalars the implementations form (optim::adamw_update,
+// cuda::adamw_scalars: the same on every side). A near-zero gradient then moves every side alike. Per
+// element and step, with c1 = 1 - b1 and c2 = 1 - b2 (exact in f32, Sterbenz's lemma), first order in u:
+//   m' = b1 m + c1 g        e_m' = b1 e_m + c1 |g| rel_g + 3u (b1 |m| + c1 |g|)         (3 roundings)
+//   v' = b2 v + c2 g g      e_v' = b2 e_v + 2 c2 g^2 rel_g + 4u v'                        (4; terms >= 0)
+//   d = sqrt(v') / s2 + eps e_d = e_v' / (2 sqrt(v') s2) + 3u d                          (sqrt, /, +)
+//   r = m' / d              e_r = (e_m' + |r| e_d) / d + u |r|
+//   p' = p decay - k r      e_p' = decay e_p + k e_r + u (|p decay| + |k r| + |p'|)
+// (k = step_size, s2 = bias_correction2_sqrt.) Every operation is counted as one rounding of u times its
+// result, which also covers an FMA (one rounding where two are counted); kSecondOrder covers the rest.
+// A gradient that is exactly 0 on every step keeps m = v = r = 0 exactly (bound 0 from them).
+struct AdamWTrajectory {
+  std::vector<double> param, exp_avg, exp_avg_sq;  // exact AdamW
+  std::vector<double> bound, m_bound, v_bound;     // per element: |an f32 implementation - exact|
+  std::int64_t step = 0;
+  float lr, beta1, beta2, eps;
+
+  AdamWTrajectory(std::vector<double> p0, float lr_, float beta1_, float beta2_, float eps_)
+      : param(std::move(p0)), lr(lr_), beta1(beta1_), beta2(beta2_), eps(eps_) {
+    const std::size_t n = param.size();
+    exp_avg.assign(n, 0.0);
+    exp_avg_sq.assign(n, 0.0);
+    bound.assign(n, 0.0);
+    m_bound.assign(n, 0.0);
+    v_bound.assign(n, 0.0);
+  }
+
+  /// One step on gradient g (the exact values; the implementations may see them with relative error
+  /// rel_g), element i decayed with weight_decay[i].
+  void apply(const std::vector<double>& g, const std::vector<float>& weight_decay, double rel_g) {
+    ++step;
+    const double t = static_cast<double>(step);
+    const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t), bc2 = 1.0 - std::pow(static_cast<double>(beta2), t);
+    const double k = static_cast<float>(lr / bc1), s2 = static_cast<float>(std::sqrt(bc2));
+    const double b1 = beta1, b2 = beta2, c1 = 1.0f - beta1, c2 = 1.0f - beta2;
+    for (std::size_t i = 0; i < param.size(); ++i) {
+      const double decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay[i]);
+      const double gi = g[i], m = exp_avg[i], v = exp_avg_sq[i];
+      const double m1 = b1 * m + c1 * gi, v1 = b2 * v + c2 * gi * gi;
+      const double em = b1 * m_bound[i] + c1 * std::abs(gi) * rel_g + 3 * kU * (b1 * std::abs(m) + c1 * std::abs(gi));
+      const double ev = b2 * v_bound[i] + 2 * c2 * gi * gi * rel_g + 4 * kU * v1;
+      const double d = std::sqrt(v1) / s2 + eps;
+      const double ed = (v1 > 0 ? ev / (2 * std::sqrt(v1) * s2) : 0.0) + 3 * kU * d;
+      const double r = m1 / d;
+      const double er = (em + std::abs(r) * ed) / d + kU * std::abs(r);
+      const double p1 = param[i] * decay - k * r;
+      bound[i] = kSecondOrder * (decay * bound[i] + k * er +
+                                 kU * (std::abs(param[i] * decay) + std::abs(k * r) + std::abs(p1)));
+      m_bound[i] = kSecondOrder * em;
+      v_bound[i] = kSecondOrder * ev;
+      param[i] = p1;
+      exp_avg[i] = m1;
+      exp_avg_sq[i] = v1;
+    }
+  }
+};
+
 /// |got[i] - want[i]| <= bound[i] everywhere (NaN never passes); the failure names the worst element
 /// (by error / bound) and how far past its bound it is.
 inline ::testing::AssertionResult within_bounds(const std::vector<float>& got, const std::vector<double>& want,
