@@ -236,7 +236,8 @@ class Check:
         else:
             bad = {k: v for k, v in self.steps.items() if v["status"] != "ok"}
             status = min((v["status"] for v in bad.values()), key=STATUS_ORDER.index, default="ok")
-            reason = "; ".join(f"{k}: {v.get('reason') or v['status']}" for k, v in bad.items()) or \
+            worst_first = sorted(bad.items(), key=lambda kv: STATUS_ORDER.index(kv[1]["status"]))  # stable
+            reason = "; ".join(f"{k}: {v.get('reason') or v['status']}" for k, v in worst_first) or \
                 "every step ran and passed"
             if not self.steps:
                 status, reason = "failed", "no step ran"

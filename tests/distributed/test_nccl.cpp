@@ -155,13 +155,12 @@ void check_control_and_ledger(Communicator& comm) {
   EXPECT_DOUBLE_EQ(comm.ledger()[Collective::all_reduce], 2.0 * (n - 1) / n * 4000.0);
 }
 
-TEST(CudaNccl, CollectivesMatchClosedForms) {
+// NcclCommunicator with either wire dtype (fp32 scratch, or 16-bit sums) and the given options, through
+// every collective; false when this node lacks a GPU per rank (the caller skips, on every rank).
+bool check_nccl(NcclOptions options) {
   auto mpi = mpi_world();
-  if (!nccl_usable(mpi->rank(), mpi->world_size())) {
-    GTEST_SKIP() << "NCCL needs a GPU per rank (" << cuda::device_count() << " visible)";
-  }
+  if (!nccl_usable(mpi->rank(), mpi->world_size())) return false;
   for (bool fp32_accumulate : {true, false}) {
-    NcclOptions options;
     options.fp32_accumulate = fp32_accumulate;
     NcclCommunicator comm(mpi, options);
     EXPECT_EQ(comm.world_size(), mpi->world_size());
@@ -169,22 +168,19 @@ TEST(CudaNccl, CollectivesMatchClosedForms) {
     for (DType t : {DType::f32, DType::f16, DType::bf16}) check_collectives(comm, t);
     check_control_and_ledger(comm);
   }
+  return true;
+}
+
+TEST(CudaNccl, CollectivesMatchClosedForms) {
+  if (!check_nccl({})) GTEST_SKIP() << "NCCL needs a GPU per rank (" << cuda::device_count() << " visible)";
 }
 
 // The grouped per-slice paths (ncclReduce / ncclBroadcast per rank in one NCCL group) that uneven counts
 // take: forced, so that they run on one rank too, where every count list is "equal".
 TEST(CudaNccl, GroupedPathsMatchClosedForms) {
-  auto mpi = mpi_world();
-  if (!nccl_usable(mpi->rank(), mpi->world_size())) {
-    GTEST_SKIP() << "NCCL needs a GPU per rank (" << cuda::device_count() << " visible)";
-  }
-  for (bool fp32_accumulate : {true, false}) {
-    NcclOptions options;
-    options.fp32_accumulate = fp32_accumulate;
-    options.force_grouped = true;
-    NcclCommunicator comm(mpi, options);
-    for (DType t : {DType::f32, DType::f16, DType::bf16}) check_collectives(comm, t);
-  }
+  NcclOptions options;
+  options.force_grouped = true;
+  if (!check_nccl(options)) GTEST_SKIP() << "NCCL needs a GPU per rank (" << cuda::device_count() << " visible)";
 }
 
 TEST(CudaHostStaged, CollectivesMatchClosedForms) {
