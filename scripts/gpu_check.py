@@ -222,7 +222,6 @@ class Check:
         self.host = {}
         self.manifest = {}
         self.listings = {}   # binary -> [test names]
-        self.current = None
         self.env = dict(os.environ)
         self.mpirun = None
         self.child = None  # the command running now (its own process group)
