@@ -142,7 +142,9 @@ std::shared_ptr<dist::Communicator> make_communicator(const Args& a, std::shared
   cuda::set_allow_tf32(a.tf32);
   ZERO_CHECK(a.comm != "mpi", "--comm mpi cannot reduce device buffers; use nccl or host-staged with --device cuda");
   std::string comm = a.comm;
-  if (comm == "auto") comm = dist::nccl_usable(world->rank(), world->world_size()) ? "nccl" : "host-staged";
+  // One rank has nothing to exchange: host-staged, which is then local copies only, needs no NCCL bootstrap.
+  if (comm == "auto")
+    comm = world->world_size() > 1 && dist::nccl_usable(world->rank(), world->world_size()) ? "nccl" : "host-staged";
   if (comm == "nccl") return std::make_shared<dist::NcclCommunicator>(world);
   return dist::make_host_staged(world);
 #else
@@ -749,8 +751,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  app.add_option("--comm", a.comm, "communicator: auto (cpu: mpi; cuda: nccl if every rank has its own GPU, else "
-                 "host-staged), mpi, nccl, host-staged (MPI through pinned host memory)")
+  app.add_option("--comm", a.comm, "communicator: auto (cpu: mpi; cuda: nccl if there are several ranks and each has "
+                 "its own GPU, else host-staged), mpi, nccl, host-staged (MPI through pinned host memory)")
       ->check(CLI::IsMember({"auto", "mpi", "nccl", "host-staged"}))
       ->capture_default_str();
   app.add_flag("--tf32", a.tf32, "let fp32 matmuls use TF32 tensor cores (cuda)");

@@ -84,7 +84,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         std::int64_t T, std::int64_t C, std::int64_t H, DType gemm_dtype = DType::f32);
 
 /// Synchronizes and returns the mean loss (like cpu::cross_entropy_forward); a target outside [0, V)
-/// throws zero::Error (after the kernel ran).
+/// throws zero::Error (after the kernel ran). Each row's loss is the log-softmax log(sum exp(x - max)) -
+/// (x[target] - max), accurate for any finite logits (the CPU's -log(max(p, 1e-30)) stops at 69).
 float cross_entropy_forward(float* probs, const float* logits, const std::int64_t* targets, std::int64_t N,
                             std::int64_t V);
 void cross_entropy_backward(float* dlogits, const float* probs, const std::int64_t* targets, float dloss,
