@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <regex>
@@ -143,8 +144,10 @@ void set_generator_state(Generator& gen, const std::string& state) {
   gen.engine() = engine;
 }
 
-SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
-                           Communicator& comm, const nlohmann::json& extra, int keep) {
+namespace {
+
+SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt, Communicator& comm,
+                const nlohmann::json& extra, int keep, const std::function<bool()>& cancelled) {
   const auto t0 = Clock::now();
   const int rank = comm.rank(), world = comm.world_size();
   const FlatLayout& layout = opt.layout();
@@ -229,6 +232,18 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
     st::io::sync_close(fd, model_path);
   }
   comm.barrier();
+  // A cancellation on any rank abandons the checkpoint on all: nothing was renamed yet, so the
+  // previous checkpoint stays the newest (Note [Preemption] in examples/preemption.cpp).
+  SaveResult result;
+  result.dir = final_dir.string();
+  const bool cancel_here = cancelled && cancelled();
+  if (world > 1 ? comm.all_reduce_max(cancel_here ? 1.0 : 0.0) > 0.0 : cancel_here) {
+    if (rank == 0) fs::remove_all(tmp);
+    comm.barrier();
+    result.cancelled = true;
+    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return result;
+  }
   // Every shard's CRC-32 to every rank (a 32-bit value is exact in a double).
   std::vector<std::uint32_t> crcs(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r)
@@ -236,8 +251,7 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
         static_cast<std::uint32_t>(comm.all_reduce_sum(r == rank ? static_cast<double>(shard_crc) : 0.0));
 
   // ---- 3. rank 0: state.json, rename into place, then `latest`, then pruning ----
-  SaveResult result;
-  result.dir = final_dir.string();
+  bool cancelled_late = false;  // rank 0 only: asked to cancel before the commit (the rename)
   if (rank == 0) {
     nlohmann::json files = nlohmann::json::object();
     const auto [model_crc, model_bytes] = st::file_crc32(model_path);
@@ -284,9 +298,14 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
     const std::string text = state.dump(1) + "\n";
     st::io::write_text_synced((tmp / kStateFile).string(), text);
     total += text.size();
+    result.bytes = total;
     st::io::sync_dir(tmp.string());
+    cancelled_late = cancelled && cancelled();
+  }
+  if (rank == 0 && cancelled_late) fs::remove_all(tmp);
+  if (rank == 0 && !cancelled_late) {
     if (fs::exists(final_dir)) remove_dir(final_dir);
-    fs::rename(tmp, final_dir);
+    fs::rename(tmp, final_dir);  // the commit: from here on the checkpoint exists
     st::io::sync_dir(root.string());
     const fs::path latest_tmp = root / ".tmp-latest";
     st::io::write_text_synced(latest_tmp.string(), name + "\n");
@@ -301,11 +320,27 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
       for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < dirs.size(); ++i)
         if (dirs[i] != name) remove_dir(root / dirs[i]);
     }
-    result.bytes = total;
   }
-  comm.barrier();  // the checkpoint is complete on every rank's return
+  // The checkpoint is complete (or abandoned, as rank 0 says) on every rank's return.
+  const double abandoned = rank == 0 && cancelled_late ? 1.0 : 0.0;
+  result.cancelled = (world > 1 ? comm.all_reduce_max(abandoned) : abandoned) > 0.0;
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return result;
+}
+
+}  // namespace
+
+SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
+                           Communicator& comm, const nlohmann::json& extra, int keep,
+                           const std::function<bool()>& cancelled) {
+  try {
+    return save(save_dir, step, opt, comm, extra, keep, cancelled);
+  } catch (const fs::filesystem_error& e) {
+    // "filesystem error: cannot create directories: Permission denied [/x/y]" -> without the prefix
+    std::string what = e.what();
+    if (what.rfind("filesystem error: ", 0) == 0) what = what.substr(18);
+    throw Error(what);
+  }
 }
 
 std::string resolve_checkpoint(const std::string& path) {
@@ -325,25 +360,31 @@ std::string resolve_checkpoint(const std::string& path) {
   return (fs::path(path) / best).string();
 }
 
-Checkpoint open_checkpoint(const std::string& dir, Communicator* comm) {
-  Checkpoint c;
-  c.dir = dir;
+nlohmann::json read_state(const std::string& dir) {
   const fs::path state_path = fs::path(dir) / kStateFile;
   ZERO_CHECK(fs::exists(state_path), "checkpoint '{}': state.json is missing", dir);
+  nlohmann::json state;
   {
     std::ifstream in(state_path);
     ZERO_CHECK(in.good(), "checkpoint '{}': cannot read state.json", dir);
     try {
-      c.state = nlohmann::json::parse(in);
+      state = nlohmann::json::parse(in);
     } catch (const nlohmann::json::exception&) {
       throw Error(fmt::format("checkpoint '{}': state.json is corrupt (not valid JSON)", dir));
     }
   }
-  ZERO_CHECK(c.state.is_object() && c.state.contains("version") && c.state["version"].is_number_integer(),
+  ZERO_CHECK(state.is_object() && state.contains("version") && state["version"].is_number_integer(),
              "checkpoint '{}': state.json has no format version", dir);
-  const int version = c.state["version"].get<int>();
+  const int version = state["version"].get<int>();
   ZERO_CHECK(version == kCheckpointVersion, "checkpoint '{}' has format version {}; this build reads version {}", dir,
              version, kCheckpointVersion);
+  return state;
+}
+
+Checkpoint open_checkpoint(const std::string& dir, Communicator* comm) {
+  Checkpoint c;
+  c.dir = dir;
+  c.state = read_state(dir);
   const auto files = get<nlohmann::json>(c.state, "files", dir);
   ZERO_CHECK(files.is_object() && files.contains(kModelFile), "checkpoint '{}': state.json lists no {}", dir,
              kModelFile);
