@@ -41,7 +41,8 @@ std::atomic<int> g_requests{0};
 std::atomic<int> g_signal{0};
 
 void on_stop_signal(int signal) {
-  g_signal.store(signal);
+  int none = 0;
+  g_signal.compare_exchange_strong(none, signal);  // the first one names the stop
   if (g_requests.fetch_add(1) + 1 >= 2) {
     // The next one gets the default action (ends the process).
     struct sigaction dfl {};
@@ -69,6 +70,9 @@ void install_stop_handlers() {
   action.sa_flags = SA_RESTART;  // system calls in flight (writes, waits) carry on
   sigemptyset(&action.sa_mask);
   for (int s : {SIGTERM, SIGINT, SIGUSR1}) sigaction(s, &action, nullptr);
+  // A file-size limit (ulimit -f) then fails the write (EFBIG), which the program reports in one line,
+  // instead of killing the process.
+  signal(SIGXFSZ, SIG_IGN);
 }
 
 int stop_requests() { return g_requests.load(); }

@@ -12,12 +12,13 @@
 
 namespace zero::examples {
 
-/// Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (async-signal-safe: they count and remember
-/// the signal). The first two requests are handled at step boundaries; a third ends the process at once
-/// (the signal's default action).
+/// Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (async-signal-safe: they count, and remember
+/// the first signal). The first two requests are handled at step boundaries; a third ends the process
+/// at once (the signal's default action). Also ignores SIGXFSZ, so a write past a file-size limit
+/// fails with an error (reported like a full disk) instead of ending the process.
 void install_stop_handlers();
 
-/// Signals this process received since install_stop_handlers(), and the last one (0 if none).
+/// Signals this process received since install_stop_handlers(), and the first one (0 if none).
 int stop_requests();
 int stop_signal();
 

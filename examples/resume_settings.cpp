@@ -93,7 +93,9 @@ void take(Args& a, const Given& given, const CheckpointSettings& c, bool shape_o
       throw Error(fmt::format("checkpoint '{}': state.json \"{}\" has the wrong type ({})", c.dir, s.pointer + 1,
                               saved.dump()));
     }
-    const std::string saved_text = saved.is_string() ? saved.get<std::string>() : saved.dump();
+    Args as_saved = a;  // the saved value printed as the flag's type prints it (a float lr as 0.001)
+    s.set(as_saved, saved);
+    const std::string saved_text = s.show(as_saved);
     ZERO_CHECK(!s.shape, "{} {} differs from the checkpoint's {} ('{}'): the model shape cannot change; leave {} out "
                "to take the checkpoint's", s.flag, s.show(a), saved_text, c.dir, s.flag);
     warnings.push_back(fmt::format("warning: {} {} differs from the checkpoint's {} ('{}'); continuing with {}", s.flag,

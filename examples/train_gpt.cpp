@@ -373,9 +373,9 @@ int run(const Setup& setup, dist::Communicator& comm) {
   if (lead) {
     fmt::print("train_gpt: {} ({} train / {} val tokens, vocab {})\n", a.data, data.train.size(), data.val.size(),
                cfg.vocab_size);
-    fmt::print("model: {} layers, {} heads, {} channels, block {}: {} parameters; {} steps, {} thread{}/rank\n",
-               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, num_params, a.steps, cpu::num_threads(),
-               cpu::num_threads() == 1 ? "" : "s");
+    fmt::print("model: {} layers, {} heads, {} channels, block {}: {} parameters; {} step{}, {} thread{}/rank\n",
+               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, num_params, a.steps, a.steps == 1 ? "" : "s",
+               cpu::num_threads(), cpu::num_threads() == 1 ? "" : "s");
     fmt::print("data parallel: {} rank(s) x micro-batch {} x {} accumulation step(s) = global batch {}\n", world,
                micro, gas, a.batch);
     const auto& layout = opt.layout();

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/check.h"
 
@@ -232,15 +233,41 @@ void validate(const Args& a, const Given& given) {
   probe_output_paths(a);
 }
 
+namespace {
+
+// Copies every non-null value of `top` over `base`, object by object (null means "not given": the
+// value below stays).
+void overlay(nlohmann::json& base, const nlohmann::json& top) {
+  for (const auto& [key, value] : top.items()) {
+    if (value.is_null()) continue;
+    if (value.is_object() && base.contains(key) && base[key].is_object())
+      overlay(base[key], value);
+    else
+      base[key] = value;
+  }
+}
+
+}  // namespace
+
 dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed) {
   dist::TrainingConfig cfg;
   bool has_base = true;
-  if (!a.config.empty()) {
-    cfg = dist::TrainingConfig::from_file(a.config);
-  } else if (resumed != nullptr) {
+  if (resumed != nullptr) {
+    // The checkpoint's config, with the keys the --config file gives on top (the file is checked on its
+    // own first, so its errors name it).
     nlohmann::json base = *resumed;
     base["train_micro_batch_size_per_gpu"] = nullptr;  // derived again: the world size may differ
+    if (!a.config.empty()) {
+      const dist::TrainingConfig file = dist::TrainingConfig::from_file(a.config);
+      // The file's batch keys replace the checkpoint's as a whole (the ones it leaves out are derived).
+      if (file.train_batch_size || file.train_micro_batch_size_per_gpu || file.gradient_accumulation_steps)
+        for (const char* k : {"train_batch_size", "gradient_accumulation_steps"}) base[k] = nullptr;
+      std::ifstream in(a.config);
+      overlay(base, nlohmann::json::parse(in));
+    }
     cfg = dist::TrainingConfig::from_json(base);
+  } else if (!a.config.empty()) {
+    cfg = dist::TrainingConfig::from_file(a.config);
   } else {
     cfg = dist::TrainingConfig::from_json(nlohmann::json::object());
     has_base = false;
