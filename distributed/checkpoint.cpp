@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -144,7 +146,46 @@ void set_generator_state(Generator& gen, const std::string& state) {
   gen.engine() = engine;
 }
 
+// Note [Save failures agreed]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A write can fail on one rank only (its disk is full, its file-size limit is reached). If that rank
+// threw at once, the others would be waiting for it in the save's next collective, and the job would
+// end by the failure notice and the collective's abort path rather than by one clear line. So each
+// phase's file work runs under Attempt, which keeps the first error, and the phase ends with one scalar
+// all-reduce (max) of every rank's outcome: 0 fine, 1 cancelled, or (rank + 1) * 2^16 + errno for a
+// failure. Then every rank acts on the same answer: on a failure all of them throw, the failing rank its
+// own message and the others one naming that rank and the reason, so the job's one error line (rank 0's,
+// as every rank failed) says what went wrong where; rank 0 first removes the temporary directory, giving
+// back the space a full disk needs. The checkpoints already there are never touched before the commit.
+
 namespace {
+
+constexpr double kFailureBase = 65536.0;  // outcome codes: (rank + 1) * kFailureBase + errno
+
+// The first error of a rank's file work in one save, with its errno.
+struct Attempt {
+  std::string message;
+  int err = 0;
+
+  template <typename Fn>
+  void run(Fn&& fn) {
+    if (!message.empty()) return;  // after a failure this rank writes nothing more
+    try {
+      fn();
+    } catch (const fs::filesystem_error& e) {
+      // "filesystem error: cannot create directories: Permission denied [/x/y]" -> without the prefix
+      message = e.what();
+      if (message.rfind("filesystem error: ", 0) == 0) message = message.substr(18);
+      err = e.code().value();
+    } catch (const std::exception& e) {
+      err = errno;  // the failed system call's, still set: nothing since has failed
+      message = e.what();
+    }
+  }
+  double code(int rank) const {
+    return message.empty() ? 0.0 : (rank + 1) * kFailureBase + std::clamp(err, 0, static_cast<int>(kFailureBase) - 1);
+  }
+};
 
 SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt, Communicator& comm,
                 const nlohmann::json& extra, int keep, const std::function<bool()>& cancelled) {
@@ -157,6 +198,23 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
   const std::string name = checkpoint_name(step);
   const fs::path tmp = root / (".tmp-" + name), final_dir = root / name;
   const bool mixed = zo.dtype != DType::f32;
+  SaveResult result;
+  result.dir = final_dir.string();
+  Attempt attempt;
+  // The phase's end (Note [Save failures agreed]): the worst outcome over the ranks; throws on a failure.
+  auto agree = [&](double mine, const char* doing) {
+    const double worst = world > 1 ? comm.all_reduce_max(mine) : mine;
+    if (worst < kFailureBase) return worst;
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    if (!attempt.message.empty()) throw Error(attempt.message);
+    const int failed = static_cast<int>(worst / kFailureBase) - 1;
+    const int err = static_cast<int>(worst - (failed + 1) * kFailureBase);
+    throw Error(fmt::format("rank {} could not {} in '{}': {}", failed, doing, tmp.string(),
+                            err > 0 ? std::strerror(err) : "an I/O error"));
+  };
 
   // The model file's header (the same on every rank): parameters back to back in layout order.
   std::vector<st::TensorInfo> model_tensors;
@@ -166,19 +224,27 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
 
   // ---- 1. rank 0 prepares the temporary directory and sizes model.safetensors ----
   if (rank == 0) {
-    fs::create_directories(root);
-    for (const auto& e : fs::directory_iterator(root)) {
-      const std::string f = e.path().filename().string();
-      if (f.rfind(".tmp-", 0) == 0 || f.rfind(".trash-", 0) == 0) fs::remove_all(e.path());  // crash leftovers
-    }
-    fs::create_directories(tmp);
-    const int fd = st::io::open_write(model_path, true);
-    st::io::pwrite_all(fd, model_header.data(), model_header.size(), 0, model_path);
-    const auto size = static_cast<off_t>(model_header.size() + 4 * static_cast<std::uint64_t>(numel));
-    ZERO_CHECK(::ftruncate(fd, size) == 0, "cannot size '{}' to {} bytes", model_path, size);
-    ::close(fd);  // flushed to disk with the ranges below: every rank's fsync covers the whole file
+    attempt.run([&] {
+      fs::create_directories(root);
+      for (const auto& e : fs::directory_iterator(root)) {
+        const std::string f = e.path().filename().string();
+        if (f.rfind(".tmp-", 0) == 0 || f.rfind(".trash-", 0) == 0) fs::remove_all(e.path());  // crash leftovers
+      }
+      fs::create_directories(tmp);
+      const int fd = st::io::open_write(model_path, true);
+      try {
+        st::io::pwrite_all(fd, model_header.data(), model_header.size(), 0, model_path);
+        const auto size = static_cast<off_t>(model_header.size() + 4 * static_cast<std::uint64_t>(numel));
+        ZERO_CHECK(::ftruncate(fd, size) == 0, "cannot size '{}' to {} bytes: {}", model_path, size,
+                   std::strerror(errno));
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);  // flushed to disk with the ranges below: every rank's fsync covers the whole file
+    });
   }
-  comm.barrier();
+  agree(attempt.code(rank), "prepare the checkpoint directory");
 
   // ---- 2. every rank writes its range (Note [Checkpoint ranges]) ----
   const std::int64_t P = layout.partition_size();
@@ -199,7 +265,7 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
                       {"zero_stage", std::to_string(zo.stage)}, {"dtype", std::string(dtype_name(zo.dtype))}});
   const std::string shard_path = (tmp / shard_name(rank)).string();
   std::uint32_t shard_crc = 0;
-  {
+  attempt.run([&] {
     const int fd = st::io::open_write(shard_path, true);
     try {
       st::io::pwrite_all(fd, shard_header.data(), shard_header.size(), 0, shard_path);
@@ -217,8 +283,8 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
       throw;
     }
     st::io::sync_close(fd, shard_path);
-  }
-  {
+  });
+  attempt.run([&] {
     const int fd = st::io::open_write(model_path, false);
     try {
       for_host_chunks_read(opt.master(), src, n, [&](const float* p, std::int64_t first, std::int64_t c) {
@@ -230,14 +296,12 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
       throw;
     }
     st::io::sync_close(fd, model_path);
-  }
-  comm.barrier();
-  // A cancellation on any rank abandons the checkpoint on all: nothing was renamed yet, so the
-  // previous checkpoint stays the newest (Note [Preemption] in examples/preemption.cpp).
-  SaveResult result;
-  result.dir = final_dir.string();
-  const bool cancel_here = cancelled && cancelled();
-  if (world > 1 ? comm.all_reduce_max(cancel_here ? 1.0 : 0.0) > 0.0 : cancel_here) {
+  });
+  // A failure anywhere stops every rank here; a cancellation on any rank abandons the checkpoint on all:
+  // nothing was renamed yet, so the previous checkpoint stays the newest (Note [Preemption] in
+  // examples/preemption.cpp).
+  const bool cancel_here = attempt.message.empty() && cancelled && cancelled();
+  if (agree(std::max(attempt.code(rank), cancel_here ? 1.0 : 0.0), "write its part of the checkpoint") > 0.0) {
     if (rank == 0) fs::remove_all(tmp);
     comm.barrier();
     result.cancelled = true;
@@ -252,7 +316,7 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
 
   // ---- 3. rank 0: state.json, rename into place, then `latest`, then pruning ----
   bool cancelled_late = false;  // rank 0 only: asked to cancel before the commit (the rename)
-  if (rank == 0) {
+  if (rank == 0) attempt.run([&] {
     nlohmann::json files = nlohmann::json::object();
     const auto [model_crc, model_bytes] = st::file_crc32(model_path);
     files[kModelFile] = {{"bytes", model_bytes}, {"crc32", model_crc}};
@@ -301,9 +365,10 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
     result.bytes = total;
     st::io::sync_dir(tmp.string());
     cancelled_late = cancelled && cancelled();
-  }
-  if (rank == 0 && cancelled_late) fs::remove_all(tmp);
-  if (rank == 0 && !cancelled_late) {
+    if (cancelled_late) {
+      fs::remove_all(tmp);
+      return;
+    }
     if (fs::exists(final_dir)) remove_dir(final_dir);
     fs::rename(tmp, final_dir);  // the commit: from here on the checkpoint exists
     st::io::sync_dir(root.string());
@@ -320,10 +385,10 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
       for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < dirs.size(); ++i)
         if (dirs[i] != name) remove_dir(root / dirs[i]);
     }
-  }
-  // The checkpoint is complete (or abandoned, as rank 0 says) on every rank's return.
-  const double abandoned = rank == 0 && cancelled_late ? 1.0 : 0.0;
-  result.cancelled = (world > 1 ? comm.all_reduce_max(abandoned) : abandoned) > 0.0;
+  });
+  // The checkpoint is complete (or abandoned, or failed, as rank 0 says) on every rank's return. A
+  // failure after the commit (pruning) leaves the new checkpoint complete and the newest.
+  result.cancelled = agree(std::max(attempt.code(rank), cancelled_late ? 1.0 : 0.0), "finish the checkpoint") > 0.0;
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return result;
 }
@@ -333,14 +398,7 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
 SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
                            Communicator& comm, const nlohmann::json& extra, int keep,
                            const std::function<bool()>& cancelled) {
-  try {
-    return save(save_dir, step, opt, comm, extra, keep, cancelled);
-  } catch (const fs::filesystem_error& e) {
-    // "filesystem error: cannot create directories: Permission denied [/x/y]" -> without the prefix
-    std::string what = e.what();
-    if (what.rfind("filesystem error: ", 0) == 0) what = what.substr(18);
-    throw Error(what);
-  }
+  return save(save_dir, step, opt, comm, extra, keep, cancelled);
 }
 
 std::string resolve_checkpoint(const std::string& path) {
