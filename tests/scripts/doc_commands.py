@@ -1,6 +1,6 @@
 """Runs every shell command block of the given Markdown files (```sh, ```bash) as written, from a scratch
 copy of the repository (scratch_root.py) whose build/ is the build this test belongs to, with
-ZERO_MAX_STEPS (default 20) capping every training run's steps, evaluation batches and sampled
+ZERO_MAX_STEPS (default 10) capping every training run's steps, evaluation batches and sampled
 characters (train_gpt honours it, so the scripts do too). A block fails the test when it exits non-zero.
 
 A block preceded by an HTML comment is treated as it says (the comment is invisible on the rendered
@@ -62,7 +62,7 @@ def main():
             open(os.path.join(root, "path", "to.txt"), "wb") as dst:
         dst.write(src.read(200_000))
     env = dict(os.environ)
-    env.setdefault("ZERO_MAX_STEPS", "20")
+    env.setdefault("ZERO_MAX_STEPS", "10")
     ran, skipped, failed = 0, [], []
     t_all = time.time()
     try:
@@ -81,7 +81,8 @@ def main():
                         continue
                 t0 = time.time()
                 r = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", text], cwd=root, env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   errors="replace")
                 ran += 1
                 first = text.strip().split("\n")[0]
                 print(f"{where}: exit {r.returncode} in {time.time() - t0:.1f} s: {first}", flush=True)
