@@ -12,8 +12,11 @@
 // and trains on its own micro-batch slices of it, so a run's trajectory does not depend on the number
 // of ranks beyond floating-point summation order.
 // Checkpoints (docs/checkpoint.md): --save-dir DIR [--save-every N] [--keep K] writes DIR/step_XXXXXXXX;
-// --resume PATH continues a run (any world size and ZeRO stage); --init-from FILE starts from the
-// weights of a model.safetensors; --log-file PATH writes one JSON object per step.
+// --resume PATH continues a run (any world size and ZeRO stage) with the checkpoint's own settings
+// (examples/resume_settings.h); --init-from PATH starts from the weights of a model.safetensors or a
+// checkpoint; --log-file PATH writes one JSON object per step. SIGTERM, SIGINT or SIGUSR1 stop every
+// rank after the same step, with a checkpoint of it (examples/preemption.h). The flags and the checks
+// they get before any work are in examples/train_options.h.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -43,6 +43,7 @@ zero_build_progress() {
     [[ $line =~ ^\[\ *([0-9]+)%\]\ (Building|Linking)\ [A-Za-z+]+\ [a-z\ ]*(object|executable|library)\ (.*)$ ]] || continue
     pct=${BASH_REMATCH[1]} what=${BASH_REMATCH[4]}
     what=${what#*.dir/} what=${what%.o}
+    [ "${BASH_REMATCH[2]}" = Linking ] && what="linking ${what##*/}"
     [ "$pct" -lt "$shown" ] && shown=-1  # make starts again at 0 for the next target
     if [ $((pct / 10)) -gt $((shown / 10)) ] || [ "$shown" -lt 0 ]; then
       printf 'build: %3d%% %s\n' "$pct" "$what"

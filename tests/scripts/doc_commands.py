@@ -1,5 +1,5 @@
 """Runs every shell command block of the given Markdown files (```sh, ```bash) as written, from a scratch
-copy of the repository (scratch_root.py) whose build/ is the build this test belongs to, with
+copy of the repository (script_util.py) whose build/ is the build this test belongs to, with
 ZERO_MAX_STEPS (default 10) capping every training run's steps, evaluation batches and sampled
 characters (train_gpt honours it, so the scripts do too). A block fails the test when it exits non-zero.
 
@@ -19,7 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scratch_root  # noqa: E402
+import script_util  # noqa: E402
 
 FENCE = re.compile(r"^\s*```(\w*)\s*$")  # indented too: a block inside a list item
 MARKER = re.compile(r"^\s*<!--\s*doc-test:\s*(skip|needs)\s*(.*?)\s*-->\s*$")
@@ -56,7 +56,7 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("files", nargs="+")
     args = ap.parse_args()
-    root = scratch_root.make(args.source, args.build, "zero_doc_test_")
+    root = script_util.make(args.source, args.build, "zero_doc_test_")
     os.makedirs(os.path.join(root, "path"))
     with open(os.path.join(root, "data", "tinyshakespeare.txt"), "rb") as src, \
             open(os.path.join(root, "path", "to.txt"), "wb") as dst:
@@ -92,7 +92,7 @@ def main():
                     print("\n".join(r.stdout.rstrip("\n").split("\n")[-40:]))
                     print("----", flush=True)
     finally:
-        scratch_root.remove(root)
+        script_util.remove(root)
     print(f"doc commands: {ran} block(s) run in {time.time() - t_all:.0f} s, {len(failed)} failed"
           f"{': ' + ', '.join(failed) if failed else ''}; {len(skipped)} skipped"
           f"{': ' + '; '.join(skipped) if skipped else ''}")

@@ -1,5 +1,5 @@
 """scripts/launch.sh as a user runs it (from a scratch copy of the repository whose build/ is this
-test's build, scratch_root.py), on a tiny model:
+test's build, script_util.py), on a tiny model:
 
   1. --max-restarts 3, a rank killed with SIGKILL at three random moments: the job relaunches three
      times from the newest checkpoint and its per-step log is bitwise that of an uninterrupted run;
@@ -10,7 +10,6 @@ test's build, scratch_root.py), on a tiny model:
 usage: launch_restarts.py --source DIR --build DIR
 """
 import argparse
-import json
 import os
 import random
 import re
@@ -20,7 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scratch_root  # noqa: E402
+import script_util  # noqa: E402
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block", "16", "--batch", "24", "--eval-every", "0",
         "--eval-iters", "1", "--log-every", "100000", "--warmup", "2", "--sample", "0"]
@@ -33,47 +32,9 @@ def check(ok, what):
         failures.append(what)
 
 
-def read_log(path):
-    steps = {}
-    for line in open(path):
-        j = json.loads(line)
-        if "loss" in j:
-            if j["step"] in steps:
-                failures.append(f"{path}: step {j['step']} logged twice")
-            steps[j["step"]] = j
-    return steps
-
-
-def children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-
-
-def ranks_of(launcher_pid):
-    """The rank pids: launch.sh -> mpirun -> ranks."""
-    for child in children(launcher_pid):
-        try:
-            if open(f"/proc/{child}/comm").read().strip() == "mpirun":
-                return children(child)
-        except OSError:
-            pass
-    return []
-
-
 def launch(root, args, out, env=None):
     return subprocess.Popen(["scripts/launch.sh"] + args, cwd=root, stdout=out, stderr=subprocess.STDOUT,
                             env=env or os.environ, start_new_session=True)
-
-
-def lines_of(path):
-    try:
-        with open(path) as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return 0
 
 
 def main():
@@ -81,7 +42,7 @@ def main():
     ap.add_argument("--source", required=True)
     ap.add_argument("--build", required=True)
     args = ap.parse_args()
-    root = scratch_root.make(args.source, args.build, "zero_launch_test_")
+    root = script_util.make(args.source, args.build, "zero_launch_test_")
     rng = random.Random(7)
     t_all = time.time()
     try:
@@ -106,18 +67,19 @@ def main():
                 while job.poll() is None and open(out_path).read().count("model states") < k + 1:
                     time.sleep(0.05)
                 time.sleep(rng.uniform(0.3, 1.5))
-                ranks = ranks_of(job.pid)
+                ranks = script_util.ranks_of(job.pid)
                 if job.poll() is not None or not ranks:
                     break
                 victim = rng.choice(ranks)
                 os.kill(victim, signal.SIGKILL)
-                kills.append(lines_of(os.path.join(root, "log.jsonl")))
+                kills.append(script_util.lines_of(os.path.join(root, "log.jsonl")))
             rc = job.wait(timeout=600)
         output = open(out_path).read()
         restarts = re.findall(r"^launch: a rank died .*$", output, re.M)
         check(rc == 0, f"--max-restarts 3 with {len(kills)} kills (after about {kills} logged steps): exit {rc}")
         check(len(restarts) == 3, f"three restarts reported: {restarts}")
-        want, got = read_log(os.path.join(root, "ref.jsonl")), read_log(os.path.join(root, "log.jsonl"))
+        want = script_util.read_log(os.path.join(root, "ref.jsonl"))
+        got = script_util.read_log(os.path.join(root, "log.jsonl"))
         same = len(got) == len(want) and all(got[s]["loss"] == want[s]["loss"] and
                                               got[s]["grad_norm"] == want[s]["grad_norm"] for s in want)
         check(same, f"the restarted run's {len(got)} logged steps equal the uninterrupted run's {len(want)} bitwise")
@@ -141,7 +103,7 @@ def main():
                 time.sleep(0.05)
             with open(hosts, "w") as f:
                 f.write("localhost slots=2\n")  # two slots gone
-            ranks = ranks_of(job.pid)
+            ranks = script_util.ranks_of(job.pid)
             if ranks:
                 os.kill(ranks[-1], signal.SIGKILL)
             rc = job.wait(timeout=600)
@@ -149,7 +111,8 @@ def main():
         restarts = re.findall(r"^launch: a rank died .*$", output, re.M)
         check(rc == 0 and len(restarts) == 1 and "on 2 rank(s)" in restarts[0],
               f"--min-ranks 2 after two slots went: exit {rc}, {restarts}")
-        want, got = read_log(os.path.join(root, "ref4.jsonl")), read_log(os.path.join(root, "log4.jsonl"))
+        want = script_util.read_log(os.path.join(root, "ref4.jsonl"))
+        got = script_util.read_log(os.path.join(root, "log4.jsonl"))
         worst = max((abs(got[s]["loss"] - want[s]["loss"]) / abs(want[s]["loss"]) for s in want if s in got),
                     default=1.0)
         check(len(got) == len(want) and worst < 1e-5,
@@ -173,7 +136,7 @@ def main():
         if stopped:
             check(os.path.isdir(os.path.join(root, "ck2", f"step_{int(stopped[0]):08d}")), "its checkpoint exists")
     finally:
-        scratch_root.remove(root)
+        script_util.remove(root)
     print(f"launch_restarts: {len(failures)} failure(s) in {time.time() - t_all:.0f} s")
     return 1 if failures else 0
 

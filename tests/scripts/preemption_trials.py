@@ -13,7 +13,6 @@ the previous one newest, never anything else. Prints a table.
 usage: preemption_trials.py --source DIR --build DIR [--trials N]
 """
 import argparse
-import json
 import os
 import random
 import re
@@ -23,47 +22,15 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scratch_root  # noqa: E402
+import script_util  # noqa: E402
 
 TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block", "16", "--batch", "24", "--eval-every", "0",
         "--eval-iters", "1", "--log-every", "100000", "--warmup", "2", "--sample", "0", "--threads", "1"]
 
 
-def read_log(path):
-    out = {}
-    if os.path.exists(path):
-        for line in open(path):
-            j = json.loads(line)
-            if "loss" in j:
-                out[j["step"]] = j
-    return out
-
-
-def lines_of(path):
-    try:
-        with open(path) as f:
-            return sum(1 for _ in f)
-    except OSError:
-        return 0
-
-
-def children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-
-
 def rank_pids(pid, np):
-    """train_gpt's pid for 1 rank; the ranks under mpirun (directly, or under launch.sh) otherwise."""
-    if np == 1:
-        return [pid]
-    for c in children(pid):
-        name = open(f"/proc/{c}/comm").read().strip()
-        if name == "mpirun":
-            return children(c)
-    return children(pid)
+    """train_gpt's pid for 1 rank; the ranks under launch.sh's mpirun otherwise."""
+    return [pid] if np == 1 else script_util.ranks_of(pid)
 
 
 def command(root, np, stage, extra):
@@ -83,7 +50,7 @@ def trial(root, np, stage, sig, steps, ref, rng, n):
         p = subprocess.Popen(command(root, np, stage, ["--steps", str(steps), "--save-dir", save, "--log-file", log]),
                              cwd=root, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         at = rng.randint(5, steps // 3)
-        while p.poll() is None and lines_of(log) < at:
+        while p.poll() is None and script_util.lines_of(log) < at:
             time.sleep(0.002)
         if np == 1 or sig == signal.SIGINT:
             p.send_signal(sig)  # train_gpt, or launch.sh
@@ -111,7 +78,7 @@ def trial(root, np, stage, sig, steps, ref, rng, n):
                        text=True)
     if r.returncode != 0:
         problems.append(f"resume exit {r.returncode}: {r.stdout[-500:]}{r.stderr[-500:]}")
-    got = read_log(log)
+    got = script_util.read_log(log)
     if len(got) != len(ref) or any(got[s]["loss"] != ref[s]["loss"] or got[s]["grad_norm"] != ref[s]["grad_norm"]
                                    for s in ref if s in got):
         problems.append(f"resumed log differs ({len(got)} of {len(ref)} steps)")
@@ -126,7 +93,7 @@ def second_signal_trial(root, rng, n):
                               "--block", "16", "--batch", "4", "--eval-every", "0", "--eval-iters", "1", "--sample",
                               "0", "--threads", "1", "--steps", "100000", "--save-every", "25", "--save-dir", save,
                               "--log-file", log], cwd=root, stdout=out, stderr=subprocess.STDOUT)
-        while p.poll() is None and lines_of(log) < rng.randint(30, 60):
+        while p.poll() is None and script_util.lines_of(log) < rng.randint(30, 60):
             time.sleep(0.002)
         p.send_signal(signal.SIGTERM)
         time.sleep(rng.uniform(0, 0.15))
@@ -164,7 +131,7 @@ def main():
     ap.add_argument("--build", required=True)
     ap.add_argument("--trials", type=int, default=10)
     args = ap.parse_args()
-    root = scratch_root.make(args.source, args.build, "zero_trials_")
+    root = script_util.make(args.source, args.build, "zero_trials_")
     rng = random.Random(1)
     with open(os.path.join(root, "text.txt"), "w") as f:
         f.write("".join(f"To be, or not to be, that is the question: whether 'tis nobler {i}\n" for i in range(60)))
@@ -176,7 +143,7 @@ def main():
                 r = subprocess.run(command(root, np, stage, ["--steps", str(steps), "--log-file", ref_log]), cwd=root,
                                    capture_output=True, text=True)
                 assert r.returncode == 0, r.stdout + r.stderr
-                ref = read_log(ref_log)
+                ref = script_util.read_log(ref_log)
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     stops, fails = [], []
                     for t in range(args.trials):
@@ -197,7 +164,7 @@ def main():
                 second_fails.append(f"trial {t}: {'; '.join(problems)}")
         bad += len(second_fails)
     finally:
-        scratch_root.remove(root)
+        script_util.remove(root)
     print("\n| ranks | stage | signal | sent | trials | failed | stopped after steps |")
     print("|---|---|---|---|---|---|---|")
     for np, stage, sig, how, n, f, stops in rows:
