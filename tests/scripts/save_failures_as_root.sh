@@ -41,13 +41,14 @@ run_case() {  # run_case NAME NP SIZE MAKE_UNWRITABLE(0/1)
   local step resumed=no
   step=$(basename "$newest" | sed 's/step_0*//')
   if [ -n "$newest" ] && "${launcher[@]}" "$build/bin/train_gpt" --threads 1 --resume "$newest" --steps $((step + 2)) \
-       --save-dir "$work/elsewhere_$name" 2>&1 | grep -q "^resumed from $newest "; then
+       --save-dir "$work/elsewhere" >"$work/resumed" 2>&1 && grep -q "^resumed from $newest " "$work/resumed"; then
     resumed=yes
   fi
+  rm -rf "$work/elsewhere"
   umount "$mnt"
   local verdict=ok
   if [ "$rc" != 1 ] || [ "$errors" != 1 ] || [ "$resumed" != yes ]; then verdict=FAILED; failures=$((failures + 1)); fi
-  echo "$verdict: $name: exit $rc after ${seconds} s, $errors error line(s), newest checkpoint loads: $resumed"
+  echo "$verdict: $name: exit $rc (the run took ${seconds} s in all), $errors error line(s), newest checkpoint loads: $resumed"
   echo "    $line"
 }
 
