@@ -190,10 +190,10 @@ struct StopCase {
 
 TEST_F(LongRunCli, AStopRequestSavesThatStepOnceAndTheResumedRunIsBitwiseTheUninterruptedOne) {
   const std::vector<StopCase> cases = {
-      {"SIGTERM, 1 rank", 1, SIGTERM, false, "--steps 3000 --eval-every 700 "},
-      {"SIGINT, 1 rank, dropout", 1, SIGINT, false, "--steps 3000 --eval-every 700 --dropout 0.1 "},
-      {"SIGUSR1 to mpirun, 4 ranks, stage 2", 4, SIGUSR1, false, "--steps 800 --eval-every 300 --zero-stage 2 "},
-      {"SIGTERM to rank 3 only, 4 ranks, stage 0", 4, SIGTERM, true, "--steps 800 --eval-every 300 --zero-stage 0 "},
+      {"SIGTERM, 1 rank", 1, SIGTERM, false, "--steps 1500 --eval-every 400 "},
+      {"SIGINT, 1 rank, dropout", 1, SIGINT, false, "--steps 1500 --eval-every 400 --dropout 0.1 "},
+      {"SIGUSR1 to mpirun, 4 ranks, stage 2", 4, SIGUSR1, false, "--steps 400 --eval-every 150 --zero-stage 2 "},
+      {"SIGTERM to rank 3 only, 4 ranks, stage 0", 4, SIGTERM, true, "--steps 400 --eval-every 150 --zero-stage 0 "},
   };
   std::mt19937 rng(2024);
   for (const StopCase& c : cases) {
