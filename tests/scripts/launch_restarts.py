@@ -37,6 +37,15 @@ def launch(root, args, out, env=None):
                             env=env or os.environ, start_new_session=True)
 
 
+def reference(root, ranks, flags):
+    """The per-step log of an uninterrupted launch.sh run on `ranks` ranks."""
+    log = os.path.join(root, f"ref{ranks}.jsonl")
+    r = subprocess.run(["scripts/launch.sh", "-n", str(ranks)] + flags + ["--log-file", log], cwd=root,
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"uninterrupted {ranks}-rank run: exit {r.returncode}")
+    return script_util.read_log(log)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--source", required=True)
@@ -54,9 +63,7 @@ def main():
 
         # ---- 1. three kills, three restarts, bitwise ----
         steps = ["--steps", "1500", "--zero-stage", "2"]
-        ref = subprocess.run(["scripts/launch.sh", "-n", "2"] + base + steps + ["--log-file", "ref.jsonl"], cwd=root,
-                             capture_output=True, text=True)
-        check(ref.returncode == 0, f"uninterrupted 2-rank run: exit {ref.returncode}")
+        want = reference(root, 2, base + steps)
         out_path = os.path.join(root, "restarts.out")
         with open(out_path, "w") as out:
             job = launch(root, ["-n", "2", "--max-restarts", "3"] + base + steps +
@@ -78,7 +85,6 @@ def main():
         restarts = re.findall(r"^launch: a rank died .*$", output, re.M)
         check(rc == 0, f"--max-restarts 3 with {len(kills)} kills (after about {kills} logged steps): exit {rc}")
         check(len(restarts) == 3, f"three restarts reported: {restarts}")
-        want = script_util.read_log(os.path.join(root, "ref.jsonl"))
         got = script_util.read_log(os.path.join(root, "log.jsonl"))
         same = len(got) == len(want) and all(got[s]["loss"] == want[s]["loss"] and
                                               got[s]["grad_norm"] == want[s]["grad_norm"] for s in want)
@@ -88,9 +94,7 @@ def main():
 
         # ---- 2. fewer slots: relaunch on fewer ranks ----
         steps = ["--steps", "600", "--zero-stage", "2"]
-        ref4 = subprocess.run(["scripts/launch.sh", "-n", "4"] + base + steps + ["--log-file", "ref4.jsonl"], cwd=root,
-                              capture_output=True, text=True)
-        check(ref4.returncode == 0, f"uninterrupted 4-rank run: exit {ref4.returncode}")
+        want = reference(root, 4, base + steps)
         hosts = os.path.join(root, "hosts")
         with open(hosts, "w") as f:
             f.write("localhost slots=4\n")
@@ -111,7 +115,6 @@ def main():
         restarts = re.findall(r"^launch: a rank died .*$", output, re.M)
         check(rc == 0 and len(restarts) == 1 and "on 2 rank(s)" in restarts[0],
               f"--min-ranks 2 after two slots went: exit {rc}, {restarts}")
-        want = script_util.read_log(os.path.join(root, "ref4.jsonl"))
         got = script_util.read_log(os.path.join(root, "log4.jsonl"))
         worst = max((abs(got[s]["loss"] - want[s]["loss"]) / abs(want[s]["loss"]) for s in want if s in got),
                     default=1.0)
