@@ -13,7 +13,7 @@
 #include <string>
 
 #include "distributed/checkpoint.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/gpt.h"
 
