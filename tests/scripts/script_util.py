@@ -62,6 +62,22 @@ def read_log(path):
     return out
 
 
+def last_step(path):
+    """The highest step of train_gpt's --log-file so far (0 before the first; a partly written last line
+    is skipped)."""
+    last = 0
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    last = max(last, int(json.loads(line).get("step", 0)))
+                except ValueError:
+                    pass
+    except FileNotFoundError:
+        pass
+    return last
+
+
 def lines_of(path):
     try:
         with open(path) as f:
