@@ -189,7 +189,7 @@ nccl_h="$(sed -n 's/^ZERO_NCCL_INCLUDE_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")/
 nccl_version=$(grep -s -o 'NCCL_\(MAJOR\|MINOR\|PATCH\) [0-9]*' "$nccl_h" | awk '{print $2}' | paste -sd. || true)
 # The toolkit's version, as CMake found it (its runtime and cuBLAS are what the binaries link).
 cuda_version=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\([0-9.]*\)")$/\1/p' \
-                 "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -n 1)
+                 "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -n 1 || true)
 [ "$with_cuda" = ON ] || cuda_version=""
 commit=$(cd "$root" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
 printf '%s\n' "${plugins[@]}" >"$build/bundle.plugins.txt"
