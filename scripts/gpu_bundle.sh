@@ -33,8 +33,10 @@ archs="${CUDA_ARCHS:-90}"
 cpu_arch="${ZERO_ARCH:-x86-64-v3}"
 nccl_max_mb="${ZERO_BUNDLE_NCCL_MAX_MB:-24}"
 
-# A folder that holds anything but an earlier bundle is never overwritten.
-if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ] && [ ! -f "$dir/manifest.json" ]; then
+# A folder that holds anything but an earlier bundle (manifest.json), or one this script began to pack
+# (.gpu_bundle, written first), is never overwritten.
+if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ] && [ ! -f "$dir/manifest.json" ] &&
+   [ ! -f "$dir/.gpu_bundle" ]; then
   echo "gpu_bundle: $dir exists and is not a bundle (no manifest.json); give an empty or new folder" >&2
   exit 2
 fi
@@ -70,6 +72,7 @@ echo "gpu_bundle: built in $(( $(date +%s) - t0 ))s (CUDA backend $with_cuda)"
 # ---- pack ----
 rm -rf "$dir"
 mkdir -p "$dir/bin" "$dir/lib" "$dir/share/zero/tests" "$dir/share/zero/examples" "$dir/data"
+echo "packed by scripts/gpu_bundle.sh; complete once manifest.json exists" >"$dir/.gpu_bundle"
 dir=$(cd "$dir" && pwd)
 cp "$build"/bin/{zero_tests,zero_dist_tests,train_gpt} "$dir/bin/"
 if [ "$with_cuda" = ON ]; then
