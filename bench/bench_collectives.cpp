@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "distributed/job_runtime.h"
 #include "distributed/mpi_communicator.h"
 #include "distributed/zero_plan.h"
 

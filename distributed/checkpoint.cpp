@@ -3,8 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <regex>
@@ -143,8 +146,49 @@ void set_generator_state(Generator& gen, const std::string& state) {
   gen.engine() = engine;
 }
 
-SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
-                           Communicator& comm, const nlohmann::json& extra, int keep) {
+// Note [Save failures agreed]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A write can fail on one rank only (its disk is full, its file-size limit is reached). If that rank
+// threw at once, the others would be waiting for it in the save's next collective, and the job would
+// end by the failure notice and the collective's abort path rather than by one clear line. So each
+// phase's file work runs under Attempt, which keeps the first error, and the phase ends with one scalar
+// all-reduce (max) of every rank's outcome: 0 fine, 1 cancelled, or (rank + 1) * 2^16 + errno for a
+// failure. Then every rank acts on the same answer: on a failure all of them throw, the failing rank its
+// own message and the others one naming that rank and the reason, so the job's one error line (rank 0's,
+// as every rank failed) says what went wrong where; rank 0 first removes the temporary directory, giving
+// back the space a full disk needs. The checkpoints already there are never touched before the commit.
+
+namespace {
+
+constexpr double kFailureBase = 65536.0;  // outcome codes: (rank + 1) * kFailureBase + errno
+
+// The first error of a rank's file work in one save, with its errno.
+struct Attempt {
+  std::string message;
+  int err = 0;
+
+  template <typename Fn>
+  void run(Fn&& fn) {
+    if (!message.empty()) return;  // after a failure this rank writes nothing more
+    try {
+      fn();
+    } catch (const fs::filesystem_error& e) {
+      // "filesystem error: cannot create directories: Permission denied [/x/y]" -> without the prefix
+      message = e.what();
+      if (message.rfind("filesystem error: ", 0) == 0) message = message.substr(18);
+      err = e.code().value();
+    } catch (const std::exception& e) {
+      err = errno;  // the failed system call's, still set: nothing since has failed
+      message = e.what();
+    }
+  }
+  double code(int rank) const {
+    return message.empty() ? 0.0 : (rank + 1) * kFailureBase + std::clamp(err, 0, static_cast<int>(kFailureBase) - 1);
+  }
+};
+
+SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt, Communicator& comm,
+                const nlohmann::json& extra, int keep, const std::function<bool()>& cancelled) {
   const auto t0 = Clock::now();
   const int rank = comm.rank(), world = comm.world_size();
   const FlatLayout& layout = opt.layout();
@@ -154,6 +198,23 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
   const std::string name = checkpoint_name(step);
   const fs::path tmp = root / (".tmp-" + name), final_dir = root / name;
   const bool mixed = zo.dtype != DType::f32;
+  SaveResult result;
+  result.dir = final_dir.string();
+  Attempt attempt;
+  // The phase's end (Note [Save failures agreed]): the worst outcome over the ranks; throws on a failure.
+  auto agree = [&](double mine, const char* doing) {
+    const double worst = world > 1 ? comm.all_reduce_max(mine) : mine;
+    if (worst < kFailureBase) return worst;
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    if (!attempt.message.empty()) throw Error(attempt.message);
+    const int failed = static_cast<int>(worst / kFailureBase) - 1;
+    const int err = static_cast<int>(worst - (failed + 1) * kFailureBase);
+    throw Error(fmt::format("rank {} could not {} in '{}': {}", failed, doing, tmp.string(),
+                            err > 0 ? std::strerror(err) : "an I/O error"));
+  };
 
   // The model file's header (the same on every rank): parameters back to back in layout order.
   std::vector<st::TensorInfo> model_tensors;
@@ -163,19 +224,27 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
 
   // ---- 1. rank 0 prepares the temporary directory and sizes model.safetensors ----
   if (rank == 0) {
-    fs::create_directories(root);
-    for (const auto& e : fs::directory_iterator(root)) {
-      const std::string f = e.path().filename().string();
-      if (f.rfind(".tmp-", 0) == 0 || f.rfind(".trash-", 0) == 0) fs::remove_all(e.path());  // crash leftovers
-    }
-    fs::create_directories(tmp);
-    const int fd = st::io::open_write(model_path, true);
-    st::io::pwrite_all(fd, model_header.data(), model_header.size(), 0, model_path);
-    const auto size = static_cast<off_t>(model_header.size() + 4 * static_cast<std::uint64_t>(numel));
-    ZERO_CHECK(::ftruncate(fd, size) == 0, "cannot size '{}' to {} bytes", model_path, size);
-    ::close(fd);  // flushed to disk with the ranges below: every rank's fsync covers the whole file
+    attempt.run([&] {
+      fs::create_directories(root);
+      for (const auto& e : fs::directory_iterator(root)) {
+        const std::string f = e.path().filename().string();
+        if (f.rfind(".tmp-", 0) == 0 || f.rfind(".trash-", 0) == 0) fs::remove_all(e.path());  // crash leftovers
+      }
+      fs::create_directories(tmp);
+      const int fd = st::io::open_write(model_path, true);
+      try {
+        st::io::pwrite_all(fd, model_header.data(), model_header.size(), 0, model_path);
+        const auto size = static_cast<off_t>(model_header.size() + 4 * static_cast<std::uint64_t>(numel));
+        ZERO_CHECK(::ftruncate(fd, size) == 0, "cannot size '{}' to {} bytes: {}", model_path, size,
+                   std::strerror(errno));
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);  // flushed to disk with the ranges below: every rank's fsync covers the whole file
+    });
   }
-  comm.barrier();
+  agree(attempt.code(rank), "prepare the checkpoint directory");
 
   // ---- 2. every rank writes its range (Note [Checkpoint ranges]) ----
   const std::int64_t P = layout.partition_size();
@@ -196,7 +265,7 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
                       {"zero_stage", std::to_string(zo.stage)}, {"dtype", std::string(dtype_name(zo.dtype))}});
   const std::string shard_path = (tmp / shard_name(rank)).string();
   std::uint32_t shard_crc = 0;
-  {
+  attempt.run([&] {
     const int fd = st::io::open_write(shard_path, true);
     try {
       st::io::pwrite_all(fd, shard_header.data(), shard_header.size(), 0, shard_path);
@@ -214,8 +283,8 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
       throw;
     }
     st::io::sync_close(fd, shard_path);
-  }
-  {
+  });
+  attempt.run([&] {
     const int fd = st::io::open_write(model_path, false);
     try {
       for_host_chunks_read(opt.master(), src, n, [&](const float* p, std::int64_t first, std::int64_t c) {
@@ -227,8 +296,18 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
       throw;
     }
     st::io::sync_close(fd, model_path);
+  });
+  // A failure anywhere stops every rank here; a cancellation on any rank abandons the checkpoint on all:
+  // nothing was renamed yet, so the previous checkpoint stays the newest (Note [Preemption] in
+  // examples/preemption.cpp).
+  const bool cancel_here = attempt.message.empty() && cancelled && cancelled();
+  if (agree(std::max(attempt.code(rank), cancel_here ? 1.0 : 0.0), "write its part of the checkpoint") > 0.0) {
+    if (rank == 0) fs::remove_all(tmp);
+    comm.barrier();
+    result.cancelled = true;
+    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return result;
   }
-  comm.barrier();
   // Every shard's CRC-32 to every rank (a 32-bit value is exact in a double).
   std::vector<std::uint32_t> crcs(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r)
@@ -236,9 +315,8 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
         static_cast<std::uint32_t>(comm.all_reduce_sum(r == rank ? static_cast<double>(shard_crc) : 0.0));
 
   // ---- 3. rank 0: state.json, rename into place, then `latest`, then pruning ----
-  SaveResult result;
-  result.dir = final_dir.string();
-  if (rank == 0) {
+  bool cancelled_late = false;  // rank 0 only: asked to cancel before the commit (the rename)
+  if (rank == 0) attempt.run([&] {
     nlohmann::json files = nlohmann::json::object();
     const auto [model_crc, model_bytes] = st::file_crc32(model_path);
     files[kModelFile] = {{"bytes", model_bytes}, {"crc32", model_crc}};
@@ -284,9 +362,15 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
     const std::string text = state.dump(1) + "\n";
     st::io::write_text_synced((tmp / kStateFile).string(), text);
     total += text.size();
+    result.bytes = total;
     st::io::sync_dir(tmp.string());
+    cancelled_late = cancelled && cancelled();
+    if (cancelled_late) {
+      fs::remove_all(tmp);
+      return;
+    }
     if (fs::exists(final_dir)) remove_dir(final_dir);
-    fs::rename(tmp, final_dir);
+    fs::rename(tmp, final_dir);  // the commit: from here on the checkpoint exists
     st::io::sync_dir(root.string());
     const fs::path latest_tmp = root / ".tmp-latest";
     st::io::write_text_synced(latest_tmp.string(), name + "\n");
@@ -301,11 +385,20 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
       for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < dirs.size(); ++i)
         if (dirs[i] != name) remove_dir(root / dirs[i]);
     }
-    result.bytes = total;
-  }
-  comm.barrier();  // the checkpoint is complete on every rank's return
+  });
+  // The checkpoint is complete (or abandoned, or failed, as rank 0 says) on every rank's return. A
+  // failure after the commit (pruning) leaves the new checkpoint complete and the newest.
+  result.cancelled = agree(std::max(attempt.code(rank), cancelled_late ? 1.0 : 0.0), "finish the checkpoint") > 0.0;
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return result;
+}
+
+}  // namespace
+
+SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
+                           Communicator& comm, const nlohmann::json& extra, int keep,
+                           const std::function<bool()>& cancelled) {
+  return save(save_dir, step, opt, comm, extra, keep, cancelled);
 }
 
 std::string resolve_checkpoint(const std::string& path) {
@@ -325,25 +418,31 @@ std::string resolve_checkpoint(const std::string& path) {
   return (fs::path(path) / best).string();
 }
 
-Checkpoint open_checkpoint(const std::string& dir, Communicator* comm) {
-  Checkpoint c;
-  c.dir = dir;
+nlohmann::json read_state(const std::string& dir) {
   const fs::path state_path = fs::path(dir) / kStateFile;
   ZERO_CHECK(fs::exists(state_path), "checkpoint '{}': state.json is missing", dir);
+  nlohmann::json state;
   {
     std::ifstream in(state_path);
     ZERO_CHECK(in.good(), "checkpoint '{}': cannot read state.json", dir);
     try {
-      c.state = nlohmann::json::parse(in);
+      state = nlohmann::json::parse(in);
     } catch (const nlohmann::json::exception&) {
       throw Error(fmt::format("checkpoint '{}': state.json is corrupt (not valid JSON)", dir));
     }
   }
-  ZERO_CHECK(c.state.is_object() && c.state.contains("version") && c.state["version"].is_number_integer(),
+  ZERO_CHECK(state.is_object() && state.contains("version") && state["version"].is_number_integer(),
              "checkpoint '{}': state.json has no format version", dir);
-  const int version = c.state["version"].get<int>();
+  const int version = state["version"].get<int>();
   ZERO_CHECK(version == kCheckpointVersion, "checkpoint '{}' has format version {}; this build reads version {}", dir,
              version, kCheckpointVersion);
+  return state;
+}
+
+Checkpoint open_checkpoint(const std::string& dir, Communicator* comm) {
+  Checkpoint c;
+  c.dir = dir;
+  c.state = read_state(dir);
   const auto files = get<nlohmann::json>(c.state, "files", dir);
   ZERO_CHECK(files.is_object() && files.contains(kModelFile), "checkpoint '{}': state.json lists no {}", dir,
              kModelFile);

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,8 @@ std::string checkpoint_name(std::int64_t step);
 struct SaveResult {
   std::string dir;          // the checkpoint directory written
   double seconds = 0;       // wall time of the whole save, on this rank
-  std::uint64_t bytes = 0;  // bytes of every file in it (state.json included)
+  std::uint64_t bytes = 0;  // bytes of every file in it (state.json included); rank 0 only
+  bool cancelled = false;   // abandoned on request: nothing of it exists, the previous checkpoint is the newest
 };
 
 /// Writes DIR/step_XXXXXXXX for `opt` after `step` steps, then points DIR/latest at it, deletes step
@@ -48,9 +50,15 @@ struct SaveResult {
 /// renamed into place, then `latest` is written to a temporary name, fsynced and renamed; a process
 /// killed at any instant leaves every earlier checkpoint intact and loadable. An existing directory
 /// of the same step is replaced. Memory: no buffer beyond a 1 Mi-element staging chunk (cuda only).
-/// Collective. Throws zero::Error naming the path on an I/O error.
+/// `cancelled` (optional) is asked on every rank once its files are written, and on rank 0 again just
+/// before the commit (the rename into place): if it says true anywhere, the checkpoint is abandoned on
+/// every rank (its temporary directory removed, `latest` untouched) and the result says `cancelled`.
+/// Collective. Throws zero::Error naming the path and the reason on an I/O error ("cannot write
+/// '.../optimizer_rank00001.safetensors': No space left on device"); the previous checkpoint then
+/// stays the newest.
 SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
-                           Communicator& comm, const nlohmann::json& extra, int keep);
+                           Communicator& comm, const nlohmann::json& extra, int keep,
+                           const std::function<bool()>& cancelled = {});
 
 /// A checkpoint whose files were all found and verified.
 struct Checkpoint {
@@ -62,6 +70,11 @@ struct Checkpoint {
 /// complete checkpoint in it (the one DIR/latest names, or a newer step directory if a crash came
 /// between that directory's rename and latest's update). Throws zero::Error if there is none.
 std::string resolve_checkpoint(const std::string& path);
+
+/// Reads DIR/state.json only (nothing is verified but its format version): for a program that needs a
+/// checkpoint's settings before it can start. Throws zero::Error naming the checkpoint: state.json
+/// missing, unreadable or not JSON, or an unknown format version.
+nlohmann::json read_state(const std::string& dir);
 
 /// Reads state.json and verifies every file it lists: present, of the recorded size (else
 /// "truncated"), with the recorded CRC-32 (else "corrupt"); the CRC work is split over the ranks of

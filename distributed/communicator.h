@@ -25,7 +25,7 @@
 
 namespace zero::dist {
 
-// ---- failures of the job, not of one call (Note [No hang] in mpi_communicator.cpp) ----------------------
+// ---- failures of the job, not of one call (Note [No hang] in job_runtime.cpp) ---------------------------
 
 /// A collective could not finish within the communicator's timeout. what() names the collective, the
 /// optimizer step (set_step) and the peer ranks whose messages never arrived.
@@ -204,8 +204,8 @@ class Communicator {
 
   // ---- deadlines -------------------------------------------------------------------------------
   /// Every collective issued after this call must finish within `seconds` (> 0) of starting, or it
-  /// throws CollectiveTimeout (the job cannot go on; see abort_job / fail_job). Every rank should use
-  /// the same value. Throws zero::Error for a value that is not finite and > 0.
+  /// throws CollectiveTimeout (the job cannot go on; see fail_job in job_runtime.h). Every rank should
+  /// use the same value. Throws zero::Error for a value that is not finite and > 0.
   virtual void set_timeout(double seconds);
   double timeout() const { return timeout_s_; }
   /// The optimizer step in progress (1-based; 0 = before the first), named in timeout messages.

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -49,8 +51,106 @@ std::string to_lower(std::string s) {
   return s;
 }
 
-// One JSON object of the config. Every key read through it is "known"; warn_unknown() then reports
-// the others with their full path.
+// Note [Strict config keys]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// DeepSpeed's config models forbid fields they do not define (DeepSpeedConfigModel: pydantic
+// `extra = "forbid"`), so a misspelt key is an error there, not a default silently applied. Here too,
+// in every section we model (the top level, fp16, bf16, zero_optimization, optimizer, scheduler and
+// their params): a key that is neither read by the parser nor listed below is an error naming the key
+// and the file, with a "did you mean" for a near miss (at most two edits, a swap counting as one) or
+// for a key that belongs to another section. DeepSpeed keys that change nothing about the numbers a
+// run computes here (logging, monitoring, offloading, stage-3 tuning, ...) are accepted with one
+// warning each (docs/config.md, "Ignored DeepSpeed keys"); DeepSpeed keys that would change the
+// training and are not implemented are errors saying so. A section we do not model at all (say
+// "tensorboard") is one ignored top-level key: its contents are not looked at.
+
+// DeepSpeed keys accepted and ignored, by section path ("" = the top level).
+const std::map<std::string, std::vector<std::string>>& ignored_keys() {
+  static const std::map<std::string, std::vector<std::string>> keys = {
+      {"",
+       {"steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "tensorboard", "csv_monitor",
+        "wandb", "comet", "comms_logger", "flops_profiler", "timers", "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer", "activation_checkpointing", "aio", "checkpoint", "compile",
+        "graph_harvesting", "disable_allgather"}},
+      {"fp16", {"auto_cast"}},
+      {"bf16", {"immediate_grad_update", "check_grad_overflow"}},
+      {"bfloat16", {"immediate_grad_update", "check_grad_overflow"}},
+      {"zero_optimization",
+       {"allgather_partitions", "use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "elastic_checkpoint",
+        "ignore_unused_parameters", "round_robin_gradients", "offload_optimizer", "offload_param", "cpu_offload",
+        "cpu_offload_param", "cpu_offload_use_pin_memory", "sub_group_size", "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold", "stage3_model_persistence_threshold", "stage3_max_live_parameters",
+        "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+        "stage3_gather_fp16_weights_on_model_save", "stage3_module_granularity_threshold",
+        "stage3_use_all_reduce_for_fetch_params", "memory_efficient_linear", "pipeline_loading_checkpoint",
+        "override_module_apply", "log_trace_cache_warnings"}},
+      {"optimizer.params", {"torch_adam", "fused"}},
+      {"scheduler.params", {"last_batch_iteration"}},
+  };
+  return keys;
+}
+
+// DeepSpeed keys that would change what is computed and that zero.cpp does not implement.
+const std::map<std::string, std::vector<std::string>>& unsupported_keys() {
+  static const std::map<std::string, std::vector<std::string>> keys = {
+      {"",
+       {"prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "amp", "data_types", "pipeline",
+        "elasticity", "compression_training", "curriculum_learning", "data_efficiency", "progressive_layer_drop",
+        "quantize_training", "sparse_attention", "eigenvalue", "hybrid_engine", "autotuning",
+        "seq_parallel_communication_data_type", "torch_autocast"}},
+      {"fp16", {"fp16_master_weights_and_grads"}},
+      {"zero_optimization",
+       {"zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
+        "zero_quantized_gradients", "mics_shard_size", "mics_hierarchical_params_gather", "legacy_stage1"}},
+      {"optimizer.params", {"amsgrad", "bias_correction"}},
+  };
+  return keys;
+}
+
+bool listed(const std::map<std::string, std::vector<std::string>>& table, const std::string& section,
+            const std::string& key) {
+  const auto it = table.find(section);
+  return it != table.end() && std::find(it->second.begin(), it->second.end(), key) != it->second.end();
+}
+
+// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two adjacent
+// characters each cost 1 ("stgae" is one edit from "stage").
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// The modelled keys of every section, recorded as the parser reads them (Section::find), for "did you
+// mean 'zero_optimization.stage'?" when a key sits in the wrong section. complete_modelled_keys() first
+// parses a config that has every section, so the record is complete before it is consulted.
+std::map<std::string, std::set<std::string>>& modelled_keys() {
+  static std::map<std::string, std::set<std::string>> keys;
+  return keys;
+}
+TrainingConfig parse(const json& j, const std::string& src);
+const std::map<std::string, std::set<std::string>>& complete_modelled_keys() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    parse(json{{"fp16", json::object()},
+               {"bf16", json::object()},
+               {"zero_optimization", json::object()},
+               {"optimizer", {{"type", "AdamW"}, {"params", json::object()}}},
+               {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 1}}}}}},
+          "");
+  });
+  return modelled_keys();
+}
+
+// One JSON object of the config. Every key read through it is "known"; check_keys() then judges the
+// others (Note [Strict config keys]).
 class Section {
  public:
   Section(const json& obj, std::string path, const std::string& source, std::vector<std::string>& warnings)
@@ -62,6 +162,7 @@ class Section {
   // The value of `key`, or nullptr when absent or null (DeepSpeed treats None as "not given").
   const json* find(const std::string& key) {
     known_.insert(key);
+    modelled_keys()[path_].insert(key);
     auto it = obj_.find(key);
     if (it == obj_.end() || it->is_null()) return nullptr;
     return &*it;
@@ -138,10 +239,40 @@ class Section {
     fail(source_, key, "expected an integer, got " + describe(v));
   }
 
-  void warn_unknown() const {
+  // Every key of this object that the parser did not read: a listed DeepSpeed key we ignore (one
+  // warning), an unsupported one or an unknown one (an error, with a suggestion when one is near).
+  void check_keys() const {
     for (const auto& [key, value] : obj_.items()) {
-      if (!known_.count(key)) warnings_.push_back(fmt::format("warning: unknown config key '{}'", key_path(key)));
+      if (known_.count(key)) continue;
+      const std::string where = source_.empty() ? "" : " in " + source_;
+      if (listed(ignored_keys(), path_, key)) {
+        warnings_.push_back(fmt::format("warning: config key '{}'{} is a DeepSpeed key zero.cpp ignores (docs/config.md, "
+                                        "\"Ignored DeepSpeed keys\")", key_path(key), where));
+        continue;
+      }
+      if (listed(unsupported_keys(), path_, key))
+        throw Error(fmt::format("config key '{}'{} is a DeepSpeed key zero.cpp does not implement; remove it",
+                                key_path(key), where));
+      throw Error(fmt::format("unknown config key '{}'{}{}", key_path(key), where, suggestion(key)));
     }
+  }
+
+  // ": did you mean 'stage'?" for the nearest known key of this section within two edits, else the
+  // section where a known key of that exact name belongs; "" when nothing is near.
+  std::string suggestion(const std::string& key) const {
+    std::set<std::string> candidates = known_;
+    if (const auto it = ignored_keys().find(path_); it != ignored_keys().end())
+      candidates.insert(it->second.begin(), it->second.end());
+    std::string best;
+    std::size_t best_distance = 3;
+    for (const std::string& c : candidates) {
+      const std::size_t d = to_lower(c) == to_lower(key) ? 0 : edit_distance(key, c);
+      if (d < best_distance) best_distance = d, best = c;
+    }
+    if (!best.empty()) return fmt::format("; did you mean '{}'?", key_path(best));
+    for (const auto& [section, keys] : complete_modelled_keys())
+      if (section != path_ && keys.count(key)) return fmt::format("; did you mean '{}'?", join(section, key));
+    return "";
   }
 
  private:
@@ -160,7 +291,7 @@ void parse_fp16(Section s, Fp16Config& c) {
   s.read("hysteresis", c.hysteresis);
   s.read("consecutive_hysteresis", c.consecutive_hysteresis);
   s.read("min_loss_scale", c.min_loss_scale);
-  s.warn_unknown();
+  s.check_keys();
 }
 
 void parse_zero(Section s, ZeroConfig& c) {
@@ -171,7 +302,7 @@ void parse_zero(Section s, ZeroConfig& c) {
   s.read("contiguous_gradients", c.contiguous_gradients);
   s.read("overlap_comm", c.overlap_comm);
   s.read("overlap_param_gather", c.overlap_param_gather);
-  s.warn_unknown();
+  s.check_keys();
 }
 
 OptimizerConfig parse_optimizer(Section s) {
@@ -193,9 +324,9 @@ OptimizerConfig parse_optimizer(Section s) {
     if (!adam_w_mode)
       fail(s.source(), p->key_path("adam_w_mode"),
            "false (Adam with L2 regularisation) is not supported; only decoupled weight decay (AdamW)");
-    p->warn_unknown();
+    p->check_keys();
   }
-  s.warn_unknown();
+  s.check_keys();
   return c;
 }
 
@@ -219,11 +350,11 @@ SchedulerConfig parse_scheduler(Section s) {
     if (warmup_type != "linear")
       fail(s.source(), p->key_path("warmup_type"),
            fmt::format("only \"linear\" is supported, got \"{}\"", warmup_type));
-    p->warn_unknown();
+    p->check_keys();
   }
   if (!total_given && c.type == "WarmupCosineLR")
     fail(s.source(), s.key_path("params.total_num_steps"), "is required for WarmupCosineLR");
-  s.warn_unknown();
+  s.check_keys();
   return c;
 }
 
@@ -356,7 +487,7 @@ TrainingConfig parse(const json& j, const std::string& src) {
   for (const char* name : {"bf16", "bfloat16"}) {
     if (auto s = root.section(name)) {
       s->read("enabled", c.bf16.enabled);
-      s->warn_unknown();
+      s->check_keys();
     }
   }
 
@@ -371,7 +502,7 @@ TrainingConfig parse(const json& j, const std::string& src) {
   }
   if (auto s = root.section("optimizer")) c.optimizer = parse_optimizer(*s);
   if (auto s = root.section("scheduler")) c.scheduler = parse_scheduler(*s);
-  root.warn_unknown();
+  root.check_keys();
   validate_config(c, src);
   return c;
 }

@@ -4,14 +4,17 @@
 // runtime/precision_config.py), so a DeepSpeed config for a ZeRO-1/2
 // run works here unchanged; docs/config.md lists every key. Where we differ it is said beside the field.
 //
-// Two kinds of problems, two behaviours:
-//   - an UNKNOWN key, at any level, does not stop the run: it adds a line to `warnings`, naming the key
-//     with its path ("warning: unknown config key 'zero_optimization.stage3_prefetch'"), for the caller
-//     to print (on rank 0 only);
+// Strict, as DeepSpeed's config models are (Note [Strict config keys] in config.cpp):
+//   - an UNKNOWN key in a section we model, a key given twice, or a DeepSpeed key that would change the
+//     training and is not implemented throws zero::Error naming the key and the file, with a "did you
+//     mean" for a near miss:
+//       unknown config key 'zero_optimization.stgae' in ds.json; did you mean 'zero_optimization.stage'?
 //   - an INVALID value (wrong JSON type, out of range, stage 3, fp16 and bf16 both on, inconsistent
 //     batch sizes, a missing or malformed file) throws zero::Error with one line naming the key (and
 //     the file), before training starts:
 //       invalid config key 'zero_optimization.stage' in ds.json: stage 3 is not supported (stages 0, 1, 2)
+//   - a DeepSpeed key that changes nothing here (logging, offloading, stage-3 tuning; the list is in
+//     docs/config.md) adds one line to `warnings` for the caller to print (on rank 0 only).
 //
 // A JSON null counts as "not given" (the default applies; for the batch keys: derive it), as in
 // DeepSpeed. Integer keys also accept whole JSON floats, so 5e8 is a valid bucket size.
@@ -126,7 +129,7 @@ struct TrainingConfig {
   std::optional<OptimizerConfig> optimizer;  // absent: the training program's own defaults apply
   std::optional<SchedulerConfig> scheduler;
 
-  /// One line per unknown key or deprecated form, "warning: " prefix included, ready to print.
+  /// One line per ignored DeepSpeed key or deprecated form, "warning: " prefix included, ready to print.
   std::vector<std::string> warnings;
 
   /// Reads and parses a JSON file (duplicate keys are an error, as in DeepSpeed). Throws zero::Error
@@ -134,8 +137,9 @@ struct TrainingConfig {
   /// and the key for any invalid value (see from_json).
   static TrainingConfig from_file(const std::string& path);
 
-  /// Parses a JSON object and validates it (validate()). Unknown keys go to `warnings`. Throws
-  /// zero::Error naming the key for a value of the wrong type or out of range.
+  /// Parses a JSON object and validates it (validate()). Ignored DeepSpeed keys go to `warnings`.
+  /// Throws zero::Error naming the key for an unknown or unsupported key, or a value of the wrong type
+  /// or out of range.
   static TrainingConfig from_json(const nlohmann::json& j);
 
   /// The config with DeepSpeed's key names, every default filled in and, after resolve_batch, all

@@ -6,6 +6,14 @@
 
 namespace zero::dist {
 
+char* element_ptr(const Tensor& t, std::int64_t element) {
+  return static_cast<char*>(t.raw_data()) + element * static_cast<std::int64_t>(dtype_size(t.dtype()));
+}
+
+Tensor flat_range(const Tensor& t, std::int64_t begin, std::int64_t n) {
+  return t.as_strided({n}, {1}, t.offset() + begin);
+}
+
 FlatLayout::FlatLayout(const std::vector<Entry>& entries, int world_size) : world_size_(world_size) {
   ZERO_CHECK(world_size >= 1, "FlatLayout: world_size must be >= 1, got {}", world_size);
   std::int64_t offset = 0;

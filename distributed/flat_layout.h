@@ -60,6 +60,11 @@ struct Bucket {
   std::int64_t size() const { return end - begin; }
 };
 
+/// Address of element `element` of contiguous `t` (any dtype): the raw pointer a collective is handed.
+char* element_ptr(const Tensor& t, std::int64_t element);
+/// A 1-D view of elements [begin, begin + n) of contiguous `t` (a range of a flat buffer; no copy).
+Tensor flat_range(const Tensor& t, std::int64_t begin, std::int64_t n);
+
 class FlatLayout {
  public:
   /// What the layout needs to know about one parameter.

@@ -63,17 +63,6 @@ namespace zero::dist {
 // bucket size (Ψ/8) the partition gradient plus two buckets stay below stage 1's full gradient for every
 // N >= 2 (docs/zero.md, "Bucket size").
 
-namespace {
-
-char* at(const Tensor& t, std::int64_t element) {
-  return static_cast<char*>(t.raw_data()) + element * static_cast<std::int64_t>(dtype_size(t.dtype()));
-}
-
-// A 1-D view of elements [begin, begin + n) of contiguous `t`.
-Tensor range(const Tensor& t, std::int64_t begin, std::int64_t n) { return t.as_strided({n}, {1}, t.offset() + begin); }
-
-}  // namespace
-
 GradientReducer::GradientReducer(const ZeroPlan& plan, int rank, std::shared_ptr<Communicator> comm,
                                  std::vector<Tensor> params, Device device)
     : plan_(plan), rank_(rank), world_(plan.layout.world_size()), comm_(std::move(comm)), params_(std::move(params)) {
@@ -116,7 +105,7 @@ double GradientReducer::pool_bytes() const {
 
 Tensor GradientReducer::gradient() const {
   if (plan_.options.stage == 2) return accumulated_;
-  return range(accumulated_, plan_.region_begin(rank_), plan_.region_size());
+  return flat_range(accumulated_, plan_.region_begin(rank_), plan_.region_size());
 }
 
 void GradientReducer::zero_grad() {
@@ -211,7 +200,8 @@ void GradientReducer::on_gradient(std::size_t i, Tensor& param) {
     return;  // stages 0/1 before the boundary: autograd accumulated into the flat gradient
   }
   const std::int64_t padded = plan_.layout.padded_numel(), bsize = plan_.options.reduce_bucket_size;
-  const int first = static_cast<int>((padded - p.end()) / bsize), last = static_cast<int>((padded - 1 - p.offset) / bsize);
+  const int first = static_cast<int>((padded - p.end()) / bsize),
+            last = static_cast<int>((padded - 1 - p.offset) / bsize);
   for (int k = first; k <= last; ++k)
     if (--pending_[static_cast<std::size_t>(k)] == 0 && !stage2 && trace::active())
       trace::instant("bucket ready", "bucket", trace::kComputeThread, {{"bucket", k}});
@@ -230,10 +220,10 @@ void GradientReducer::issue_bucket(int k) {
   const Bucket& b = plan_.buckets[static_cast<std::size_t>(k)];
   const DType dt = plan_.options.dtype;
   const int buffer = plan_.options.stage == 2 ? take_free_buffer() : -1;
-  const Tensor bucket = buffer >= 0 ? fill_pool_buffer(k, buffer) : range(accumulated_, b.begin, b.size());
+  const Tensor bucket = buffer >= 0 ? fill_pool_buffer(k, buffer) : flat_range(accumulated_, b.begin, b.size());
   // Average by pre-dividing: every rank scales its contribution by 1/N, the collective sums.
   if (world_ > 1) optim::scale_grad_(bucket, 1.0f / static_cast<float>(world_));
-  char* data = at(bucket, 0);
+  char* data = element_ptr(bucket, 0);
   const std::size_t n = static_cast<std::size_t>(b.size());
   if (trace::active())
     trace::instant("bucket issued", "bucket", trace::kComputeThread,
@@ -273,20 +263,20 @@ Tensor GradientReducer::fill_pool_buffer(int k, int buffer) {
   // bucket; a gradient is dropped once the bucket holding its start (its last one) is out.
   const Bucket& b = plan_.buckets[static_cast<std::size_t>(k)];
   const Tensor& buf = pool_[static_cast<std::size_t>(buffer)];
-  range(buf, 0, b.size()).zero_();
+  flat_range(buf, 0, b.size()).zero_();
   for (std::size_t pi : b.params) {
     const ParamRange& p = plan_.layout.params()[pi];
     Tensor& g = kept_[pi];
     if (!g.defined()) continue;
     const std::int64_t lo = std::max(p.offset, b.begin), hi = std::min(p.end(), b.end);
-    range(buf, lo - b.begin, hi - lo).copy_(range(g, lo - p.offset, hi - lo));
+    flat_range(buf, lo - b.begin, hi - lo).copy_(flat_range(g, lo - p.offset, hi - lo));
     if (p.offset >= b.begin) g = Tensor();
   }
-  return range(buf, 0, b.size());
+  return flat_range(buf, 0, b.size());
 }
 
 int GradientReducer::take_free_buffer() {
-  deliver_finished();  // recycle buffers whose collectives are done
+  deliver_finished();                            // recycle buffers whose collectives are done
   if (free_buffers_.empty()) wait_for_oldest();  // both busy: the double buffer's bound
   ZERO_CHECK(!free_buffers_.empty(), "ZeRO: no free bucket buffer (internal error)");
   const int b = free_buffers_.back();
@@ -304,8 +294,8 @@ void GradientReducer::deliver(const InFlight& f) {
   const DType dt = plan_.options.dtype;
   if (hi > lo)
     backend(accumulated_.device())
-        .accumulate(at(accumulated_, lo - pb), dt, at(pool_[static_cast<std::size_t>(f.buffer)], lo - b.begin), dt,
-                    hi - lo);
+        .accumulate(element_ptr(accumulated_, lo - pb), dt,
+                    element_ptr(pool_[static_cast<std::size_t>(f.buffer)], lo - b.begin), dt, hi - lo);
   free_buffers_.push_back(f.buffer);
 }
 

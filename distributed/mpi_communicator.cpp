@@ -1,81 +1,39 @@
 #include "distributed/mpi_communicator.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <sched.h>
 #include <sys/resource.h>
-#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <csignal>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <exception>
 #include <numeric>
-#include <optional>
 #include <type_traits>
 
+#include "core/check.h"
 #include "core/trace.h"
+#include "distributed/control_channel.h"
+#include "distributed/cpu_work.h"
+#include "distributed/ring_math.h"
 
 namespace zero::dist {
 
 namespace detail {
 
-std::string mpi_error_message(const char* call, int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
-  return fmt::format("{} failed: {} (MPI error {})", call, std::string(text, length), code);
-}
-
-// Completion flag + exception of one queued collective.
-class CpuWork final : public Work {
- public:
-  void wait() override {
-    std::unique_lock lock(mutex_);
-    // Time the training thread spends blocked on communication: the exposed part of it in a trace.
-    std::optional<trace::Span> blocked;
-    if (!done_ && trace::active()) blocked.emplace("wait", "wait", trace::kComputeThread);
-    done_cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool is_completed() const override {
-    std::lock_guard lock(mutex_);
-    return done_;
-  }
-  void finish(std::exception_ptr error) {
-    {
-      std::lock_guard lock(mutex_);
-      error_ = std::move(error);
-      done_ = true;
-    }
-    done_cv_.notify_all();
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::condition_variable done_cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
 
 }  // namespace detail
 
 namespace {
 
-// CPU time this thread has used so far (user + system), in nanoseconds.
-std::int64_t thread_cpu_ns() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-}
+using detail::thread_cpu_ns;
 
 // Note [A short time slice for the communication thread]
 // With one rank per core the communication thread shares its core with the training thread. Every
@@ -108,63 +66,11 @@ void request_short_time_slice() {
 // MPI counts are int; every message is cut to at most this many bytes so buffers of any size work.
 constexpr std::size_t kMaxMessageBytes = std::size_t{1} << 30;
 
-// Rank r's share of `count` elements split as evenly as possible (the first count % n ranks get one
-// more): the layout all_reduce and reduce use for their internal reduce-scatter.
-std::vector<std::size_t> split_even(std::size_t count, int n) {
-  std::vector<std::size_t> counts(n, count / n);
-  for (std::size_t r = 0; r < count % n; ++r) counts[r] += 1;
-  return counts;
-}
-
-std::vector<std::size_t> prefix_offsets(const std::vector<std::size_t>& counts) {
-  std::vector<std::size_t> offsets(counts.size(), 0);
-  for (std::size_t r = 1; r < counts.size(); ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
-  return offsets;
-}
-
-// f16/bf16 <-> f32 through Eigen's vectorised casts.
-template <typename T>
-void widen_as(const void* src, float* dst, std::size_t n) {
-  using In = Eigen::Array<T, Eigen::Dynamic, 1>;
-  using Out = Eigen::Array<float, Eigen::Dynamic, 1>;
-  Eigen::Map<Out>(dst, Eigen::Index(n)) =
-      Eigen::Map<const In>(static_cast<const T*>(src), Eigen::Index(n)).template cast<float>();
-}
-template <typename T>
-void narrow_as(const float* src, void* dst, std::size_t n) {
-  using In = Eigen::Array<float, Eigen::Dynamic, 1>;
-  using Out = Eigen::Array<T, Eigen::Dynamic, 1>;
-  Eigen::Map<Out>(static_cast<T*>(dst), Eigen::Index(n)) =
-      Eigen::Map<const In>(src, Eigen::Index(n)).template cast<T>();
-}
-void widen(const void* src, DType dtype, float* dst, std::size_t n) {
-  if (dtype == DType::f16) widen_as<half>(src, dst, n);
-  else widen_as<bfloat16>(src, dst, n);
-}
-void narrow(const float* src, void* dst, DType dtype, std::size_t n) {
-  if (dtype == DType::f16) narrow_as<half>(src, dst, n);
-  else narrow_as<bfloat16>(src, dst, n);
-}
-
-// dst[i] = in[i] (op) own[i]. dst may alias own (same index only).
-void combine(float* dst, const float* in, const float* own, std::size_t n, ReduceOp op) {
-  if (op == ReduceOp::sum) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = in[i] + own[i];
-  } else {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = std::max(in[i], own[i]);
-  }
-}
-// 16-bit: both operands widened to fp32, combined, rounded once (one hop of Note [Wire dtype]).
-template <typename T>
-void combine(T* dst, const T* in, const T* own, std::size_t n, ReduceOp op) {
-  using A = Eigen::Array<T, Eigen::Dynamic, 1>;
-  const Eigen::Map<const A> a(in, Eigen::Index(n)), b(own, Eigen::Index(n));
-  Eigen::Map<A> out(dst, Eigen::Index(n));
-  if (op == ReduceOp::sum)
-    out = (a.template cast<float>() + b.template cast<float>()).template cast<T>();
-  else
-    out = a.template cast<float>().max(b.template cast<float>()).template cast<T>();
-}
+using detail::combine;
+using detail::narrow;
+using detail::prefix_offsets;
+using detail::split_even;
+using detail::widen;
 
 template <typename T>
 MPI_Datatype mpi_type() {
@@ -257,8 +163,8 @@ void MpiCommunicator::run_queue() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    // Note [No hang]: once a collective timed out or lost a peer, the ranks are out of step; what follows
-    // fails at once.
+    // Note [No hang] (job_runtime.cpp): once a collective timed out or lost a peer, the ranks are out of
+    // step; what follows fails at once.
     if (!broken_ && abandon_) broken_ = std::make_exception_ptr(PeerGone("this rank is leaving the job", rank_, false));
     std::exception_ptr error = broken_;
     if (!error) {
@@ -388,31 +294,10 @@ void MpiCommunicator::control_all_reduce_values(std::span<double> values, Reduce
 // (overlap_comm, one core per rank) tens of thousands of context switches a second, while adding at
 // most an eighth to any wait.
 //
-// Note [No hang]
-// A collective waits for its peers, so a peer that never arrives would hang the job. Three guards:
-//   - a deadline: each collective must finish within the communicator's timeout (set_timeout,
-//     $ZERO_COLLECTIVE_TIMEOUT_S, default 300 s), measured from when this rank starts waiting; past it
-//     the requests still pending are cancelled and CollectiveTimeout names the collective, the step and
-//     the peers whose messages never came. That covers a peer that is stuck, or whose connection
-//     dropped without an MPI error;
-//   - a control channel: a duplicate of MPI_COMM_WORLD on which a rank posts a small notice when it
-//     fails (fail_job) or leaves (MPI finalisation, which also runs when main returns early). This wait
-//     loop probes it about once a millisecond; once a peer's notice is in, the collective gets a short
-//     grace (the peer may have finished its part before leaving: messages on two communicators are
-//     not ordered) and then fails with PeerGone, so the others stop in about a second instead of
-//     waiting out the timeout;
-//   - a rank that crashes or is killed is Open MPI's to handle: its runtime ends the whole job as soon
-//     as a process dies without finalising. A crashing rank (SIGSEGV, SIGABRT, ...) first prints one
-//     line of ours from a signal handler; a killed one (SIGKILL) cannot, and mpirun reports it.
-// After any failure the communicator is "broken": the ranks are out of step, so every later
-// collective fails at once. Ending the job cleanly, with one line, is fail_job's work (below).
-namespace {
-constexpr int kNoticeTag = 77;
-constexpr double kGoneGraceSeconds = 1.0;
-std::string rank_list(const std::vector<int>& ranks);
-// The first rank that has posted a notice (or -1) and whether it left without failing.
-std::pair<int, bool> gone_peer();
-}  // namespace
+// The same loop keeps a peer that never arrives from hanging the job (Note [No hang] in job_runtime.cpp):
+// it enforces the collective's deadline, and about once a millisecond it asks the control channel one
+// question, control_channel::first_gone_peer(): "has a peer left or failed?". Once a peer's notice is
+// in, it waits out a short grace (kGoneGraceSeconds) and fails with PeerGone; abandon() ends it at once.
 
 void MpiCommunicator::wait_all(int count, MPI_Request* requests, const int* peers) {
   constexpr double kSpinSeconds = 100e-6;
@@ -420,7 +305,7 @@ void MpiCommunicator::wait_all(int count, MPI_Request* requests, const int* peer
   const double start = MPI_Wtime();
   double deadline = start + current_.timeout_s;
   double next_probe = start + 1e-3;
-  std::pair<int, bool> gone{-1, false};
+  std::optional<control_channel::GonePeer> gone;
   int small[4];  // exchange() waits on two requests: no allocation on the hot path
   std::vector<int> large(count > 4 ? static_cast<std::size_t>(count) : 0);
   int* indices = count > 4 ? large.data() : small;
@@ -433,9 +318,9 @@ void MpiCommunicator::wait_all(int count, MPI_Request* requests, const int* peer
     const double now = MPI_Wtime();
     if (now >= next_probe) {
       next_probe = now + 1e-3;
-      if (gone.first < 0) {
-        gone = gone_peer();
-        if (gone.first >= 0) deadline = std::min(deadline, now + kGoneGraceSeconds);
+      if (!gone) {
+        gone = control_channel::first_gone_peer();
+        if (gone) deadline = std::min(deadline, now + control_channel::kGoneGraceSeconds);
       }
       if (abandon_) deadline = now;
     }
@@ -449,14 +334,14 @@ void MpiCommunicator::wait_all(int count, MPI_Request* requests, const int* peer
       }
       std::sort(missing.begin(), missing.end());
       if (abandon_) throw PeerGone("this rank is leaving the job", rank_, false);
-      if (gone.first >= 0)
-        throw PeerGone(fmt::format("{} at step {}: rank {} {}", current_.name, current_.step, gone.first,
-                                   gone.second ? "left the job (finalised MPI, e.g. returned from main) without "
-                                                 "taking part"
-                                               : "failed"),
-                       gone.first, gone.second);
+      if (gone)
+        throw PeerGone(fmt::format("{} at step {}: rank {} {}", current_.name, current_.step, gone->rank,
+                                   gone->left ? "left the job (finalised MPI, e.g. returned from main) without "
+                                                "taking part"
+                                              : "failed"),
+                       gone->rank, gone->left);
       throw CollectiveTimeout(current_.name, current_.step, current_.timeout_s,
-                              missing.empty() ? std::string("(all)") : rank_list(missing));
+                              missing.empty() ? std::string("(all)") : fmt::format("{}", fmt::join(missing, ", ")));
     }
     if (now - start > kSpinSeconds)
       std::this_thread::sleep_for(
@@ -671,10 +556,8 @@ void MpiCommunicator::reduce_impl(void* buf, std::size_t count, DType dtype, int
 // Wire bytes of the algorithms above: only the fp32-widened all-reduce mixes dtypes (its reduce-scatter
 // half moves fp32, its all-gather half the narrowed slices).
 double MpiCommunicator::wire_bus_bytes(Collective c, std::size_t count, DType dtype) const {
-  if (c == Collective::all_reduce && dtype != DType::f32 && reduce_in_fp32()) {
-    const double n = world_size_;
-    return (n - 1.0) / n * double(count) * double(sizeof(float) + dtype_size(dtype));
-  }
+  if (c == Collective::all_reduce && dtype != DType::f32 && reduce_in_fp32())
+    return detail::widened_all_reduce_bus_bytes(count, dtype, world_size_);
   return Communicator::wire_bus_bytes(c, count, dtype);
 }
 
@@ -710,326 +593,6 @@ void MpiCommunicator::broadcast_impl(void* buf, std::size_t count, DType dtype, 
     exchange(send ? bytes + (k - 1) * seg : nullptr, send ? segment_size(k - 1) : 0, MPI_BYTE, right,
              receive ? bytes + k * seg : nullptr, receive ? segment_size(k) : 0, left, 3);
   }
-}
-
-// ---- the world communicator, the control channel and the MPI lifetime ---------------------------------
-
-namespace {
-
-std::atomic<int> g_world_rank{-1};  // for abort_job's message; read without calling MPI
-
-// Notices a rank posts on the control channel (Note [No hang]).
-enum Notice : int {
-  kNoNotice = 0,
-  kFailed = 1,       // failed with an error of its own
-  kFailedAfter = 2,  // failed only because another rank had (prints nothing)
-  kLeaving = 3,      // finalising MPI: done with every collective
-};
-
-// The control channel: MPI_COMM_WORLD duplicated, and what each rank has posted on it. Used by the
-// communication thread (probing while it waits) and by the main thread in finalize / fail_job once
-// that thread is joined, never by both at once (MPI_THREAD_SERIALIZED); the mutex guards the data.
-struct Control {
-  std::mutex mutex;
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0;
-  int size = 1;
-  std::vector<int> notice;  // per world rank: the first notice received from it
-  int posted = kNoNotice;   // what this rank posted (the send buffer)
-  std::vector<MPI_Request> sends;
-};
-
-// Never destroyed: the exit-time finaliser (WorldState's destructor) still needs it, and it is
-// created after WorldState, so as a plain static it would be destroyed first.
-Control& control() {
-  static Control* c = new Control;
-  return *c;
-}
-
-// Receives every notice that has arrived. Caller holds control().mutex.
-void receive_notices(Control& c) {
-  if (c.comm == MPI_COMM_NULL) return;
-  for (;;) {
-    int flag = 0;
-    MPI_Status status;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, c.comm, &flag, &status) != MPI_SUCCESS || !flag) return;
-    int kind = kNoNotice;
-    MPI_Recv(&kind, 1, MPI_INT, status.MPI_SOURCE, kNoticeTag, c.comm, MPI_STATUS_IGNORE);
-    int& slot = c.notice[static_cast<std::size_t>(status.MPI_SOURCE)];
-    if (slot == kNoNotice) slot = kind;
-  }
-}
-
-std::pair<int, bool> gone_peer() {
-  Control& c = control();
-  std::lock_guard lock(c.mutex);
-  receive_notices(c);
-  for (int r = 0; r < c.size; ++r)
-    if (r != c.rank && c.notice[static_cast<std::size_t>(r)] != kNoNotice)
-      return {r, c.notice[static_cast<std::size_t>(r)] == kLeaving};
-  return {-1, false};
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (std::size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
-  return out;
-}
-
-// Posts `kind` to every other rank and waits until each has posted a notice of its own or `seconds`
-// have passed. Returns the ranks that stayed silent. Main thread, after the communication thread ended.
-std::vector<int> post_and_wait(int kind, double seconds) {
-  Control& c = control();
-  std::lock_guard lock(c.mutex);
-  if (c.posted == kNoNotice) {
-    c.posted = kind;
-    for (int r = 0; r < c.size; ++r) {
-      if (r == c.rank) continue;
-      c.sends.emplace_back();
-      if (MPI_Isend(&c.posted, 1, MPI_INT, r, kNoticeTag, c.comm, &c.sends.back()) != MPI_SUCCESS)
-        c.sends.pop_back();
-    }
-  }
-  const double deadline = MPI_Wtime() + seconds;
-  std::vector<int> silent;
-  for (;;) {
-    receive_notices(c);
-    if (!c.sends.empty()) {
-      int done = 0;
-      MPI_Testall(static_cast<int>(c.sends.size()), c.sends.data(), &done, MPI_STATUSES_IGNORE);
-    }
-    silent.clear();
-    for (int r = 0; r < c.size; ++r)
-      if (r != c.rank && c.notice[static_cast<std::size_t>(r)] == kNoNotice) silent.push_back(r);
-    if (silent.empty() || MPI_Wtime() > deadline) return silent;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
-
-// Completes the notices this rank sent and frees the channel (every peer has answered).
-void close_control() {
-  Control& c = control();
-  std::lock_guard lock(c.mutex);
-  if (c.comm == MPI_COMM_NULL) return;
-  if (!c.sends.empty()) MPI_Waitall(static_cast<int>(c.sends.size()), c.sends.data(), MPI_STATUSES_IGNORE);
-  c.sends.clear();
-  MPI_Comm_free(&c.comm);
-  c.comm = MPI_COMM_NULL;
-}
-
-struct WorldState {
-  std::mutex mutex;
-  std::shared_ptr<MpiCommunicator> comm;
-  bool initialised_by_us = false;
-  bool finalised = false;
-  double timeout_s = 300.0;  // the world communicator's, when it was shut down
-
-  // Runs at exit if finalize_mpi() was not called: the thread must be joined before MPI_Finalize.
-  ~WorldState() {
-    try {
-      finalize();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "rank %d: finalising MPI failed: %s\n", g_world_rank.load(), e.what());
-    }
-  }
-
-  // Joins the communication thread (first making it give up waiting when `abandon`).
-  void stop_comm(bool abandon) {
-    if (!comm) return;
-    timeout_s = comm->timeout();
-    if (abandon) comm->abandon();
-    comm->shutdown();
-    comm.reset();
-  }
-
-  void finalize() {
-    std::lock_guard lock(mutex);
-    if (finalised) return;
-    finalised = true;
-    stop_comm(false);
-    int done = 0;
-    MPI_Finalized(&done);
-    if (!initialised_by_us || done) return;
-    // Note [No hang]: say we are leaving, so a rank still waiting for us stops now; then wait (like a
-    // barrier, up to the collective timeout) for the others to leave or fail before finalising.
-    const Control& c = control();
-    if (c.size > 1) {
-      const std::vector<int> silent = post_and_wait(kLeaving, timeout_s);
-      if (!silent.empty()) {
-        // Printed by the lowest-numbered rank that got here (the others stay quiet).
-        bool lowest = true;
-        for (int r = 0; r < c.rank; ++r)
-          if (c.notice[static_cast<std::size_t>(r)] == kLeaving) lowest = false;
-        if (lowest)
-          std::fprintf(stderr, "error: rank(s) %s did not reach the end of the job within %g s of the others\n",
-                       rank_list(silent).c_str(), timeout_s);
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
-      close_control();
-    }
-    MPI_Finalize();
-  }
-};
-
-WorldState& world_state() {
-  static WorldState state;
-  return state;
-}
-
-// A rank that crashes is ended by Open MPI, which then ends the others; before that it says so in one
-// line of ours (the others are killed and print nothing). Async-signal-safe: write(2) and raise only.
-char g_crash_prefix[64];
-std::size_t g_crash_prefix_length = 0;
-
-void on_crash(int signal) {
-  char digits[8];
-  std::size_t n = 0;
-  for (int v = signal; v > 0 && n < sizeof digits; v /= 10) digits[n++] = static_cast<char>('0' + v % 10);
-  char line[96];
-  std::size_t len = 0;
-  for (std::size_t i = 0; i < g_crash_prefix_length; ++i) line[len++] = g_crash_prefix[i];
-  while (n > 0) line[len++] = digits[--n];
-  line[len++] = ')';
-  line[len++] = '\n';
-  [[maybe_unused]] const auto written = ::write(2, line, len);
-  std::raise(signal);  // SA_RESETHAND: the default action now (core dump / termination)
-}
-
-void install_crash_handlers(int rank) {
-  const int len = std::snprintf(g_crash_prefix, sizeof g_crash_prefix, "error: rank %d: crashed (signal ", rank);
-  g_crash_prefix_length = len > 0 ? static_cast<std::size_t>(len) : 0;
-  struct sigaction action {};
-  action.sa_handler = on_crash;
-  action.sa_flags = SA_RESETHAND;
-  sigemptyset(&action.sa_mask);
-  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) sigaction(sig, &action, nullptr);
-}
-
-}  // namespace
-
-std::shared_ptr<Communicator> mpi_world() {
-  WorldState& state = world_state();
-  std::lock_guard lock(state.mutex);
-  ZERO_CHECK(!state.finalised, "mpi_world(): MPI was already finalised");
-  if (!state.comm) {
-    int initialised = 0;
-    ZERO_MPI_CHECK(MPI_Initialized(&initialised));
-    if (!initialised) {
-      int provided = MPI_THREAD_SINGLE;
-      ZERO_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
-      state.initialised_by_us = true;
-    }
-    Control& c = control();
-    if (c.comm == MPI_COMM_NULL) {
-      ZERO_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &c.comm));
-      ZERO_MPI_CHECK(MPI_Comm_set_errhandler(c.comm, MPI_ERRORS_RETURN));
-      ZERO_MPI_CHECK(MPI_Comm_rank(c.comm, &c.rank));
-      ZERO_MPI_CHECK(MPI_Comm_size(c.comm, &c.size));
-      c.notice.assign(static_cast<std::size_t>(c.size), kNoNotice);
-    }
-    state.comm = std::make_shared<MpiCommunicator>(MPI_COMM_WORLD);
-    g_world_rank = state.comm->rank();
-    if (state.comm->world_size() > 1) install_crash_handlers(state.comm->rank());
-  }
-  return state.comm;
-}
-
-void finalize_mpi() { world_state().finalize(); }
-
-int launcher_rank() {
-  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
-    if (const char* v = std::getenv(name)) return std::atoi(v);
-  return 0;
-}
-
-int launcher_size() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"})
-    if (const char* v = std::getenv(name)) return std::atoi(v);
-  return 1;
-}
-
-void fail_job(const std::exception& error, bool verbose, int exit_code) {
-  std::string message = error.what();
-  const auto* zero_error = dynamic_cast<const Error*>(&error);
-  if (verbose && zero_error && !zero_error->location().empty()) message += " (" + zero_error->location() + ")";
-  const auto* gone = dynamic_cast<const PeerGone*>(&error);
-  const bool caused_here = !(gone && !gone->departed());
-  std::fflush(stdout);
-
-  WorldState& state = world_state();
-  int initialised = 0;
-  int finalised = 0;
-  MPI_Initialized(&initialised);
-  // An error found before MPI started, in a job of several ranks: start MPI now, so the ranks can agree
-  // on who prints (otherwise the launcher may end rank 0 before it has said anything).
-  if (!initialised && launcher_size() > 1) {
-    try {
-      mpi_world();
-    } catch (const std::exception&) {
-    }
-    MPI_Initialized(&initialised);
-  }
-  MPI_Finalized(&finalised);
-  Control& c = control();
-  if (!initialised || finalised || c.comm == MPI_COMM_NULL || c.size == 1) {
-    // One process (or MPI could not start under a launcher: then the launcher's rank 0 says it).
-    if (launcher_rank() == 0 || (initialised && !finalised)) std::fprintf(stderr, "error: %s\n", message.c_str());
-    std::fflush(stderr);
-    if (initialised && !finalised) {
-      state.stop_comm(true);
-      state.finalised = true;
-      close_control();
-      MPI_Finalize();
-    }
-    std::exit(exit_code);
-  }
-  {
-    std::lock_guard lock(state.mutex);
-    state.stop_comm(true);
-    state.finalised = true;  // this function finalises (or aborts); the exit-time finaliser must not
-  }
-  // Long enough for a peer waiting in a collective to see the notice, sit out its grace and answer.
-  const std::vector<int> silent =
-      post_and_wait(caused_here ? kFailed : kFailedAfter, kGoneGraceSeconds + std::min(state.timeout_s, 3.0));
-  if (caused_here) {
-    bool lowest = true, everyone = true;
-    for (int r = 0; r < c.size; ++r) {
-      if (r == c.rank) continue;
-      const int n = c.notice[static_cast<std::size_t>(r)];
-      if (n == kFailed && r < c.rank) lowest = false;
-      if (n != kFailed) everyone = false;
-    }
-    if (const auto* t = dynamic_cast<const CollectiveTimeout*>(&error); t && !silent.empty())
-      message = fmt::format("{} at step {} timed out after {:g} s: rank(s) {} did not arrive", t->collective(),
-                            t->step(), t->seconds(), rank_list(silent));
-    if (lowest) {
-      if (everyone)
-        std::fprintf(stderr, "error: %s\n", message.c_str());
-      else
-        std::fprintf(stderr, "error: rank %d: %s\n", c.rank, message.c_str());
-    }
-  }
-  std::fflush(stderr);
-  if (!silent.empty()) MPI_Abort(MPI_COMM_WORLD, exit_code);  // a rank that never answered: stuck
-  close_control();
-  MPI_Finalize();
-  std::exit(exit_code);
-}
-
-void abort_job(const std::string& message) {
-  int initialised = 0;
-  int finalised = 0;
-  MPI_Initialized(&initialised);
-  MPI_Finalized(&finalised);
-  int rank = g_world_rank.load();
-  if (rank < 0 && initialised && !finalised) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::fprintf(stderr, "rank %d: %s\n", std::max(rank, 0), message.c_str());
-  std::fflush(stderr);
-  // MPI_Abort from this thread while the communication thread may be inside MPI bends
-  // MPI_THREAD_SERIALIZED, but it is the only way to end the ranks that wait on us.
-  if (initialised && !finalised) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::exit(1);
 }
 
 }  // namespace zero::dist

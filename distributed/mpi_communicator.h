@@ -16,8 +16,10 @@
 //   broadcast       pipelined chain from root.
 // Waiting ranks poll, then sleep, instead of busy-polling (Note [Waiting without spinning] in the .cpp):
 // with more ranks than cores, spinning steals the CPU of the rank being waited for. The same loop
-// enforces each collective's deadline (Communicator::set_timeout) and watches a control channel on
-// which a rank that fails or leaves posts a notice, so no rank is left waiting for it (Note [No hang]).
+// enforces each collective's deadline (Communicator::set_timeout) and asks the control channel
+// (control_channel.h) one question, control_channel::first_gone_peer(): "has a peer left or failed?",
+// so no rank is left waiting for a peer that failed or left (Note [No hang] in job_runtime.cpp). That
+// question is all the collectives know of the job runtime (job_runtime.h: mpi_world, fail_job, ...).
 // fp16/bf16 reductions travel in their own dtype, each hop adding in fp32 and rounding once (NCCL's
 // behaviour), unless set_reduce_in_fp32(true) widens them to fp32 for the whole collective and narrows
 // once at the end (Note [Wire dtype] in communicator.cpp). The communication thread times every
@@ -33,27 +35,15 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <thread>
 #include <vector>
 
-#include "core/check.h"
 #include "distributed/communicator.h"
+#include "distributed/mpi_check.h"
 
 namespace zero::dist {
 
-/// Throws zero::Error naming the call and MPI's error string unless `call` returns MPI_SUCCESS.
-/// (Our communicators use MPI_ERRORS_RETURN, so failures reach this check instead of aborting.)
-#define ZERO_MPI_CHECK(call)                                                                     \
-  do {                                                                                           \
-    const int zero_mpi_rc_ = (call);                                                             \
-    if (zero_mpi_rc_ != MPI_SUCCESS)                                                             \
-      ::zero::detail::fail(__FILE__, __LINE__,                                                   \
-                           ::zero::dist::detail::mpi_error_message(#call, zero_mpi_rc_));        \
-  } while (0)
-
 namespace detail {
-std::string mpi_error_message(const char* call, int code);
 class CpuWork;
 }  // namespace detail
 
@@ -61,7 +51,8 @@ class MpiCommunicator final : public Communicator {
  public:
   /// Duplicates `comm` (collective over its ranks) and starts the communication thread. MPI must be
   /// initialised with at least MPI_THREAD_SERIALIZED (throws zero::Error otherwise), and no other
-  /// thread may call MPI while this communicator has work queued. Most code wants mpi_world().
+  /// thread may call MPI while this communicator has work queued. Most code wants mpi_world()
+  /// (job_runtime.h).
   explicit MpiCommunicator(MPI_Comm comm);
   /// Calls shutdown().
   ~MpiCommunicator() override;
@@ -77,7 +68,8 @@ class MpiCommunicator final : public Communicator {
   /// communicator. Idempotent; must happen before MPI_Finalize. Later calls throw zero::Error.
   void shutdown();
   /// Makes the collective in progress and everything queued fail at once (PeerGone) instead of
-  /// waiting for peers: for a rank that is leaving the job after an error (fail_job). Thread-safe.
+  /// waiting for peers: for a rank that is leaving the job after an error (fail_job, job_runtime.h).
+  /// Thread-safe.
   void abandon() { abandon_ = true; }
 
   /// Size of the pipelining segments of the ring reduce-scatter, ring all-gather and chain broadcast,
@@ -113,8 +105,9 @@ class MpiCommunicator final : public Communicator {
 
   // ---- algorithms; run on the communication thread only ----
   // Waits for every request. peers[i] is the rank requests[i] talks to (nullptr: unknown). Throws
-  // CollectiveTimeout past the deadline, PeerGone when a peer's notice arrived and the requests did not
-  // finish within a short grace, after cancelling what is still pending (Note [No hang]).
+  // CollectiveTimeout past the deadline, PeerGone when control_channel::first_gone_peer() named a peer
+  // and the requests did not finish within a short grace, after cancelling what is still pending
+  // (Note [No hang] in job_runtime.cpp).
   void wait_all(int count, MPI_Request* requests, const int* peers = nullptr);
   void exchange(const void* send, std::size_t send_count, MPI_Datatype type, int dest, void* recv,
                 std::size_t recv_count, int source, int tag);
@@ -166,45 +159,5 @@ class MpiCommunicator final : public Communicator {
   mutable std::atomic<std::int64_t> busy_ns_[kNumCollectives] = {};
   mutable std::atomic<std::int64_t> cpu_ns_{0};  // the same collectives' thread CPU time
 };
-
-/// The communicator over MPI_COMM_WORLD, created on first use. Initialises MPI (MPI_Init_thread,
-/// MPI_THREAD_SERIALIZED) unless it already is; a program started without mpirun gets world_size 1.
-/// With several ranks it also creates the control channel (Note [No hang]) and installs handlers for
-/// SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT that print "error: rank R: crashed (signal N)" before
-/// the default action (Open MPI then ends the job).
-/// MPI is finalised at exit (after the communication thread is joined), or earlier by finalize_mpi().
-/// Throws zero::Error if MPI cannot give MPI_THREAD_SERIALIZED or was already finalised.
-std::shared_ptr<Communicator> mpi_world();
-
-/// Shuts down the world communicator (joins its thread) and calls MPI_Finalize if mpi_world()
-/// initialised MPI. Collective: every rank must call it. Idempotent; runs automatically at exit, so a
-/// rank that returns from main early also passes here: it posts a "leaving" notice on the control
-/// channel first, so ranks still waiting for it in a collective fail at once (PeerGone) instead of
-/// waiting out their timeout, and it waits (up to the collective timeout) for every other rank to
-/// leave or fail before finalising (Note [No hang]).
-void finalize_mpi();
-
-/// Ends this rank after `error`, and with it the job, printing ONE line for the whole job:
-///   - every rank hit an error: rank 0 prints "error: <message>";
-///   - some ranks did: the lowest-numbered of them prints "error: rank R: <message>";
-///   - a rank that fails only because another one did (PeerGone from a failed peer) prints nothing.
-/// A CollectiveTimeout's message names the ranks that sent no notice within a short grace (the ones
-/// that did not arrive). `verbose` appends the C++ source location of a zero::Error. The rank posts a
-/// "failed" notice on the control channel (so peers waiting for it stop at once), waits up to
-/// 1 s + min(timeout, 3 s) for every rank to fail or leave, then finalises MPI and exits with
-/// `exit_code`; a rank that never answers (stuck) is ended by MPI_Abort instead. An error found before
-/// MPI started, in a job of several ranks (launcher_size() > 1), starts MPI first so the ranks can
-/// agree on who prints; a single process prints the line and exits.
-[[noreturn]] void fail_job(const std::exception& error, bool verbose = false, int exit_code = 1);
-
-/// This process's rank as the launcher (mpirun) numbered it, read from the environment without
-/// calling MPI (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK); 0 when not started by a launcher.
-int launcher_rank();
-/// The number of ranks the launcher started (OMPI_COMM_WORLD_SIZE, PMIX_SIZE, PMI_SIZE); 1 without one.
-int launcher_size();
-
-/// Prints "rank R: message" to stderr and ends the whole job: MPI_Abort(MPI_COMM_WORLD, 1) when MPI
-/// is initialised, std::exit(1) otherwise. The last resort; programs report errors with fail_job.
-[[noreturn]] void abort_job(const std::string& message);
 
 }  // namespace zero::dist

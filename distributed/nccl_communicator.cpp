@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <numeric>
 #include <string>
@@ -43,7 +44,6 @@ void DeviceFree::operator()(double* p) const {
   cudaFree(p);
   cudaGetLastError();
 }
-void PinnedFree::operator()(double* p) const { cuda::pinned_free(p); }
 
 // Owns the NCCL communicator; shared by the NcclCommunicator and its outstanding Works, so a Work that
 // outlives the communicator can still ask NCCL for errors.
@@ -71,15 +71,18 @@ ncclDataType_t nccl_type(DType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::sum ? ncclSum : ncclMax; }
 
-// cudaEventQuery: true when done, false when not yet; throws on a real error. A "not ready" answer is
-// cleared from the thread's last-error slot so a later launch check does not report it.
+// cudaEventQuery: true when done, false when not yet; throws on a real error. The runtime also leaves a
+// "not ready" answer in the thread's last-error slot, where a later launch check would report it, so it
+// is cleared there; but only that answer: an error some other call left in the slot first (a failed
+// launch not yet checked) is reported here, not swallowed by the clearing.
 bool event_done(cudaEvent_t event) {
+  const cudaError_t pending = cudaPeekAtLastError();
+  if (pending != cudaSuccess && pending != cudaErrorNotReady) ZERO_CUDA_CHECK(pending);
   const cudaError_t rc = cudaEventQuery(event);
   if (rc == cudaSuccess) return true;
-  cudaGetLastError();
-  if (rc == cudaErrorNotReady) return false;
-  ZERO_CUDA_CHECK(rc);
-  return true;
+  if (rc != cudaErrorNotReady) ZERO_CUDA_CHECK(rc);
+  if (cudaPeekAtLastError() == cudaErrorNotReady) cudaGetLastError();
+  return false;
 }
 
 class NcclWork final : public Work {
@@ -226,7 +229,6 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> bootstrap, Nccl
   double* control = nullptr;
   ZERO_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&control), sizeof(double)));
   control_dev_.reset(control);
-  control_host_.reset(static_cast<double*>(cuda::pinned_alloc(sizeof(double))));
 
   ncclUniqueId id{};
   if (rank_ == 0) ZERO_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -310,7 +312,7 @@ std::shared_ptr<Work> NcclCommunicator::issue_reduce_scatter(const void* send, v
   const char* base = static_cast<const char*>(src);
   // With fp32 scratch the reduced slice lands in the scratch (in place) and is narrowed into recv after.
   void* dst = scratch ? static_cast<void*>(static_cast<char*>(scratch.get()) + offsets[rank_] * elem) : recv;
-  if (all_equal(counts)) {
+  if (all_equal(counts) && !options_.force_grouped) {
     ZERO_NCCL_CHECK(ncclReduceScatter(src, dst, counts[0], type, ncclSum, comm, stream));
   } else {
     nccl_group([&] {
@@ -339,7 +341,7 @@ std::shared_ptr<Work> NcclCommunicator::issue_all_gather(const void* send, void*
   const ncclDataType_t type = nccl_type(dtype);
   const std::size_t elem = dtype_size(dtype);
   char* base = static_cast<char*>(recv);
-  if (all_equal(counts)) {
+  if (all_equal(counts) && !options_.force_grouped) {
     ZERO_NCCL_CHECK(ncclAllGather(send, recv, counts[0], type, comm, stream));
   } else {
     nccl_group([&] {
@@ -388,14 +390,31 @@ std::shared_ptr<Work> NcclCommunicator::issue_barrier() {
 }
 
 double NcclCommunicator::control_all_reduce(double value, ReduceOp op) {
-  // Ordered after every collective issued before it (same stream); the value itself is on the host.
+  control_all_reduce_values(std::span<double>(&value, 1), op);
+  return value;
+}
+
+void NcclCommunicator::control_all_reduce_values(std::span<double> values, ReduceOp op) {
+  // One ncclAllReduce for the whole vector (ZeroOptimizer's norm partial and per-parameter flags, every
+  // step), ordered after every collective issued before it (same stream); the values travel through
+  // pinned memory, the device buffer is released with the Work.
+  if (values.empty()) return;
+  const std::size_t bytes = values.size() * sizeof(double);
   cudaStream_t stream = stream_.get();
-  *control_host_ = value;
-  ZERO_CUDA_CHECK(cudaMemcpyAsync(control_dev_.get(), control_host_.get(), sizeof(double), cudaMemcpyHostToDevice, stream));
-  ZERO_NCCL_CHECK(ncclAllReduce(control_dev_.get(), control_dev_.get(), 1, ncclFloat64, nccl_op(op), handle_->comm, stream));
-  ZERO_CUDA_CHECK(cudaMemcpyAsync(control_host_.get(), control_dev_.get(), sizeof(double), cudaMemcpyDeviceToHost, stream));
-  finish(nullptr)->wait();
-  return *control_host_;
+  std::unique_ptr<void, void (*)(void*)> host(cuda::pinned_alloc(bytes), [](void* p) { cuda::pinned_free(p); });
+  std::memcpy(host.get(), values.data(), bytes);
+  std::shared_ptr<void> dev(cuda::device_alloc(bytes, stream), [](void* p) { cuda::device_free(p); });
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(dev.get(), host.get(), bytes, cudaMemcpyHostToDevice, stream));
+  ZERO_NCCL_CHECK(ncclAllReduce(dev.get(), dev.get(), values.size(), ncclFloat64, nccl_op(op), handle_->comm, stream));
+  ZERO_CUDA_CHECK(cudaMemcpyAsync(host.get(), dev.get(), bytes, cudaMemcpyDeviceToHost, stream));
+  const auto work = finish(std::move(dev));
+  try {
+    work->wait();
+  } catch (...) {
+    (void)host.release();  // the copy back may still be pending: the block must never be handed out again
+    throw;
+  }
+  std::memcpy(values.data(), host.get(), bytes);
 }
 
 // ---- host-staged mode ------------------------------------------------------------------------------------
@@ -476,7 +495,12 @@ class HostStagedCommunicator final : public Communicator {
   std::string_view backend_name() const override { return "mpi-host-staged"; }
 
  protected:
+  // A world of one rank: a sum or max over one contribution is the contribution, a reduce-scatter or
+  // all-gather a copy of this rank's slice (nothing when it is in place), a reduce or broadcast nothing.
+  bool solo() const { return inner_->world_size() == 1; }
+
   std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
+    if (solo()) return done();
     if (!cuda::is_device_pointer(buf)) return inner_->all_reduce_async(buf, count, dtype, op);
     const std::size_t bytes = count * dtype_size(dtype);
     auto staging = std::make_unique<Staging>(bytes);
@@ -488,6 +512,7 @@ class HostStagedCommunicator final : public Communicator {
 
   std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
                                              DType dtype) override {
+    if (solo()) return local_copy(recv, send, counts[0] * dtype_size(dtype));
     if (!cuda::is_device_pointer(send) && !cuda::is_device_pointer(recv))
       return inner_->reduce_scatter_async(send, recv, counts, dtype);
     const auto offsets = prefix_offsets(counts);
@@ -503,6 +528,7 @@ class HostStagedCommunicator final : public Communicator {
 
   std::shared_ptr<Work> issue_all_gather(const void* send, void* recv, std::span<const std::size_t> counts,
                                          DType dtype) override {
+    if (solo()) return local_copy(recv, send, counts[0] * dtype_size(dtype));
     if (!cuda::is_device_pointer(send) && !cuda::is_device_pointer(recv))
       return inner_->all_gather_async(send, recv, counts, dtype);
     const auto offsets = prefix_offsets(counts);
@@ -519,6 +545,7 @@ class HostStagedCommunicator final : public Communicator {
   // reduce, broadcast and barrier have only blocking public forms on the inner communicator: run them
   // now (still in issue order, after everything queued before) and return a finished Work.
   std::shared_ptr<Work> issue_reduce(void* buf, std::size_t count, DType dtype, int root) override {
+    if (solo()) return done();
     const std::size_t bytes = count * dtype_size(dtype);
     if (!cuda::is_device_pointer(buf)) {
       inner_->reduce(buf, count, dtype, root);
@@ -532,6 +559,7 @@ class HostStagedCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Work> issue_broadcast(void* buf, std::size_t count, DType dtype, int root) override {
+    if (solo()) return done();
     const std::size_t bytes = count * dtype_size(dtype);
     if (!cuda::is_device_pointer(buf)) {
       inner_->broadcast(buf, count, dtype, root);
@@ -552,9 +580,31 @@ class HostStagedCommunicator final : public Communicator {
   double control_all_reduce(double value, ReduceOp op) override {
     return op == ReduceOp::sum ? inner_->all_reduce_sum(value) : inner_->all_reduce_max(value);
   }
+  // Control values are host doubles: the inner communicator's own batched all-reduce, one call for the
+  // whole vector (a max, which ZeRO never batches, has no vector form there: one call per value).
+  void control_all_reduce_values(std::span<double> values, ReduceOp op) override {
+    if (op == ReduceOp::sum) {
+      inner_->all_reduce_sum(values);
+      return;
+    }
+    for (double& v : values) v = inner_->all_reduce_max(v);
+  }
 
  private:
   static std::shared_ptr<Work> done() { return std::make_shared<StagedWork>(nullptr, nullptr, nullptr, nullptr, 0); }
+
+  // recv = send (bytes, either side host or device), ordered on the current stream: a device-to-device
+  // copy is left in the stream (the caller's later kernels come after it), one touching the host is
+  // finished before returning, as the Work says it is.
+  static std::shared_ptr<Work> local_copy(void* recv, const void* send, std::size_t bytes) {
+    if (bytes > 0 && recv != send) {
+      if (cuda::is_device_pointer(recv) && cuda::is_device_pointer(send))
+        cuda::copy_async(recv, send, bytes);
+      else
+        cuda::copy(recv, send, bytes);
+    }
+    return done();
+  }
 
   std::shared_ptr<Communicator> inner_;
 };

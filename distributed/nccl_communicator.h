@@ -45,9 +45,6 @@ struct EventFree {
 struct DeviceFree {
   void operator()(double* p) const;
 };
-struct PinnedFree {
-  void operator()(double* p) const;
-};
 }  // namespace detail
 
 struct NcclOptions {
@@ -62,6 +59,11 @@ struct NcclOptions {
   /// communication_data_type, whose default is the model dtype). false sends 16-bit data
   /// and accepts NCCL's per-hop rounding (what DeepSpeed does by default for fp16), for speed.
   bool fp32_accumulate = true;
+  /// For tests: reduce-scatter and all-gather take the grouped per-slice path (one ncclReduce /
+  /// ncclBroadcast per rank inside one NCCL group, the path uneven counts need) even when every rank's
+  /// count is equal, so a single rank, whose one count is always "equal", runs the code that ZeRO's
+  /// uneven buckets run on several ranks.
+  bool force_grouped = false;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -95,6 +97,7 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Work> issue_broadcast(void* buf, std::size_t count, DType dtype, int root) override;
   std::shared_ptr<Work> issue_barrier() override;
   double control_all_reduce(double value, ReduceOp op) override;
+  void control_all_reduce_values(std::span<double> values, ReduceOp op) override;
 
  private:
   // Makes the communication stream wait for everything issued so far on the caller's current stream.
@@ -115,8 +118,7 @@ class NcclCommunicator final : public Communicator {
   // Destroyed in reverse order, after ~NcclCommunicator has drained the stream and released NCCL.
   detail::UniqueHandle<cudaStream_t, detail::StreamFree> stream_;
   detail::UniqueHandle<cudaEvent_t, detail::EventFree> ready_;  // recorded on the compute stream before each collective
-  detail::UniqueHandle<double*, detail::DeviceFree> control_dev_;   // device double for control_all_reduce and barrier
-  detail::UniqueHandle<double*, detail::PinnedFree> control_host_;  // pinned
+  detail::UniqueHandle<double*, detail::DeviceFree> control_dev_;  // the device double the barrier reduces
   std::shared_ptr<detail::NcclHandle> handle_;
 };
 
@@ -135,7 +137,10 @@ bool nccl_usable(int rank, int world_size);
 /// so far wrote); the MPI collective runs asynchronously on `mpi`'s thread; the copy back happens in
 /// Work::wait() (on the caller's current stream, synchronously). Host buffers pass straight through.
 /// Same ledger and contracts as `mpi` (fp16/bf16 sums in fp32, rounded once). A documented test mode —
-/// PCIe copies every bucket — not a fast path. Throws zero::Error if `mpi` is null or CUDA is unavailable.
+/// PCIe copies every bucket — not a fast path. A world of one rank has nothing to exchange: every
+/// collective is then a local copy at most (reduce_scatter / all_gather into a separate buffer), with no
+/// staging and no MPI call; this is what train_gpt --comm auto gives a single process, which needs no
+/// NCCL bootstrap either. Throws zero::Error if `mpi` is null or CUDA is unavailable.
 std::shared_ptr<Communicator> make_host_staged(std::shared_ptr<Communicator> mpi);
 
 }  // namespace zero::dist

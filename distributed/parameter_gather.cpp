@@ -28,10 +28,6 @@ namespace zero::dist {
 
 namespace {
 
-char* at(const Tensor& t, std::int64_t element) {
-  return static_cast<char*>(t.raw_data()) + element * static_cast<std::int64_t>(dtype_size(t.dtype()));
-}
-
 // Waits for every work, then rethrows the first failure (until all have finished they may write).
 void wait_all(std::vector<std::shared_ptr<Work>>& works) {
   std::exception_ptr first;
@@ -47,8 +43,8 @@ void wait_all(std::vector<std::shared_ptr<Work>>& works) {
 
 }  // namespace
 
-ParameterGather::ParameterGather(const ZeroPlan& plan, int rank, std::shared_ptr<Communicator> comm,
-                                 Tensor flat_params, std::vector<Tensor> params)
+ParameterGather::ParameterGather(const ZeroPlan& plan, int rank, std::shared_ptr<Communicator> comm, Tensor flat_params,
+                                 std::vector<Tensor> params)
     : plan_(plan),
       rank_(rank),
       comm_(std::move(comm)),
@@ -57,7 +53,8 @@ ParameterGather::ParameterGather(const ZeroPlan& plan, int rank, std::shared_ptr
       param_ready_(params_.size(), 1) {
   if (!plan_.options.overlap_param_gather || plan_.options.stage == 0) return;
   for (std::size_t i = 0; i < params_.size(); ++i)
-    hook_ids_.push_back(autograd::register_parameter_use_hook(params_[i], [this, i](const Tensor&) { wait_for_param(i); }));
+    hook_ids_.push_back(
+        autograd::register_parameter_use_hook(params_[i], [this, i](const Tensor&) { wait_for_param(i); }));
 }
 
 ParameterGather::~ParameterGather() {
@@ -75,9 +72,10 @@ std::shared_ptr<Work> ParameterGather::gather_chunk(std::int64_t begin, bool asy
   const FlatLayout& layout = plan_.layout;
   const std::int64_t end = std::min(layout.padded_numel(), begin + plan_.options.allgather_bucket_size);
   const std::vector<std::size_t> counts = layout.range_counts(begin, end);
-  char* recv = at(flat_params_, begin);
+  char* recv = element_ptr(flat_params_, begin);
   const char* send = recv;
-  if (counts[static_cast<std::size_t>(rank_)] > 0) send = at(flat_params_, std::max(begin, layout.partition_begin(rank_)));
+  if (counts[static_cast<std::size_t>(rank_)] > 0)
+    send = element_ptr(flat_params_, std::max(begin, layout.partition_begin(rank_)));
   if (async) return comm_->all_gather_async(send, recv, counts, plan_.options.dtype);
   comm_->all_gather(send, recv, counts, plan_.options.dtype);
   return nullptr;
@@ -133,7 +131,8 @@ void ParameterGather::wait_for_param(std::size_t i) {
   const std::int64_t chunk = plan_.options.allgather_bucket_size;
   try {
     if (p.numel > 0)
-      for (std::int64_t c = p.offset / chunk; c <= (p.end() - 1) / chunk; ++c) in_flight_[static_cast<std::size_t>(c)]->wait();
+      for (std::int64_t c = p.offset / chunk; c <= (p.end() - 1) / chunk; ++c)
+        in_flight_[static_cast<std::size_t>(c)]->wait();
   } catch (...) {
     wait_in_flight();  // every chunk must finish before the error goes on; rethrows it
     throw;

@@ -5,17 +5,6 @@
 
 namespace zero::dist {
 
-namespace {
-
-char* at(const Tensor& t, std::int64_t element) {
-  return static_cast<char*>(t.raw_data()) + element * static_cast<std::int64_t>(dtype_size(t.dtype()));
-}
-
-// A 1-D view of elements [begin, begin + n) of contiguous `t`.
-Tensor range(const Tensor& t, std::int64_t begin, std::int64_t n) { return t.as_strided({n}, {1}, t.offset() + begin); }
-
-}  // namespace
-
 ShardedOptimizer::ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor flat_params)
     : plan_(plan),
       flat_params_(std::move(flat_params)),
@@ -24,7 +13,7 @@ ShardedOptimizer::ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor flat_p
       slices_(plan.region_slices(rank)),
       param_steps_(plan.layout.params().size(), 0) {
   const Device device = flat_params_.device();
-  const Tensor region = range(flat_params_, region_begin_, region_size_);
+  const Tensor region = flat_range(flat_params_, region_begin_, region_size_);
   if (plan_.options.dtype == DType::f32) {
     master_ = region;  // the model's own fp32 values: AdamW updates them in place
   } else {
@@ -52,9 +41,9 @@ void ShardedOptimizer::step(const Tensor& grad, float grad_factor, const std::ve
   for (const ParamSlice& s : slices_) {
     if (!stepped[s.param]) continue;  // Note [Unused parameters]
     const std::int64_t j = s.flat_offset - region_begin_;
-    optim::adamw_update(master_.device(), master_.data<float>() + j, at(grad, j), o.dtype, grad_factor,
+    optim::adamw_update(master_.device(), master_.data<float>() + j, element_ptr(grad, j), o.dtype, grad_factor,
                         exp_avg_.data<float>() + j, exp_avg_sq_.data<float>() + j,
-                        separate_master ? at(flat_params_, s.flat_offset) : nullptr, o.dtype, s.length,
+                        separate_master ? element_ptr(flat_params_, s.flat_offset) : nullptr, o.dtype, s.length,
                         s.decay ? with_decay : no_decay, param_steps_[s.param]);
   }
   // The flat buffer changed: layers must convert their 16-bit parameters again (Note [Compute copies]).
@@ -62,15 +51,17 @@ void ShardedOptimizer::step(const Tensor& grad, float grad_factor, const std::ve
 }
 
 void ShardedOptimizer::write_master_to_params() {
-  if (plan_.options.dtype != DType::f32) range(flat_params_, region_begin_, region_size_).copy_(master_);
+  if (plan_.options.dtype != DType::f32) flat_range(flat_params_, region_begin_, region_size_).copy_(master_);
   flat_params_.storage()->bump_version();  // Note [Compute copies]
 }
 
-void ShardedOptimizer::reset_param_steps(std::int64_t steps) { std::fill(param_steps_.begin(), param_steps_.end(), steps); }
+void ShardedOptimizer::reset_param_steps(std::int64_t steps) {
+  std::fill(param_steps_.begin(), param_steps_.end(), steps);
+}
 
 void ShardedOptimizer::set_param_steps(std::vector<std::int64_t> steps, std::int64_t max_steps) {
-  ZERO_CHECK(steps.size() == param_steps_.size(), "ZeRO: set_param_steps got {} counts for {} parameters",
-             steps.size(), param_steps_.size());
+  ZERO_CHECK(steps.size() == param_steps_.size(), "ZeRO: set_param_steps got {} counts for {} parameters", steps.size(),
+             param_steps_.size());
   for (std::size_t i = 0; i < steps.size(); ++i)
     ZERO_CHECK(steps[i] >= 0 && steps[i] <= max_steps, "ZeRO: step count {} of parameter '{}' is outside [0, {}]",
                steps[i], plan_.layout.params()[i].name, max_steps);

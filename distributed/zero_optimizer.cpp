@@ -52,7 +52,7 @@ namespace zero::dist {
 //     next step() or backward().
 // Recovery is consistent across ranks when every rank saw the same failure (a deterministic error, an
 // injected fault: tests/distributed/test_reliability.cpp). An error on some ranks only leaves the
-// others waiting in a collective; that ends the job instead (Note [No hang] in mpi_communicator.cpp).
+// others waiting in a collective; that ends the job instead (Note [No hang] in job_runtime.cpp).
 
 // Note [Unused parameters]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -115,9 +115,6 @@ class BackwardRestorePoint {
   bool committed_ = false;
 };
 
-// A 1-D view of elements [begin, begin + n) of contiguous `t`.
-Tensor range(const Tensor& t, std::int64_t begin, std::int64_t n) { return t.as_strided({n}, {1}, t.offset() + begin); }
-
 }  // namespace
 
 ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared_ptr<Communicator> comm,
@@ -139,8 +136,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
     if (!p.tensor.requires_grad()) continue;
     ZERO_CHECK(p.tensor.is_leaf(), "ZeRO: parameter '{}' is not a leaf tensor", p.name);
     if (params_.empty()) device = p.tensor.device();
-    ZERO_CHECK(p.tensor.device() == device, "ZeRO: parameter '{}' is on {} but the first one is on {}; move the "
-               "model with Module::to(Device) first", p.name, device_name(p.tensor.device()), device_name(device));
+    ZERO_CHECK(p.tensor.device() == device,
+               "ZeRO: parameter '{}' is on {} but the first one is on {}; move the "
+               "model with Module::to(Device) first",
+               p.name, device_name(p.tensor.device()), device_name(device));
     ZERO_CHECK(seen.insert(p.tensor.impl()).second, "ZeRO: parameter '{}' is listed twice", p.name);
     entries.push_back({p.name, p.tensor.shape(), p.decay});
     params_.push_back(p.tensor);
@@ -209,7 +208,8 @@ void ZeroOptimizer::backward(const Tensor& loss) {
   BackwardRestorePoint restore(*reducer_, grad_backup_, micro_step_ > 0);
   reducer_->begin_backward(plan_.options.stage == 2 || micro_step_ + 1 == gas);
   // Seeding backward with scale/GAS is the same as backward of loss·scale/GAS, without a graph node.
-  const Tensor seed = Tensor::full(loss.shape(), backward_scale_ / static_cast<float>(gas), loss.dtype(), loss.device());
+  const Tensor seed =
+      Tensor::full(loss.shape(), backward_scale_ / static_cast<float>(gas), loss.dtype(), loss.device());
   trace::Span span("backward", "backward");
   autograd::backward(loss, seed);  // the reducer's hooks fill and issue buckets as gradients become final
   reducer_->end_backward();        // the remaining buckets, then wait for every reduction
@@ -243,11 +243,13 @@ bool ZeroOptimizer::step() {
 //   reduce: done — the backward that ended the accumulation all-reduced every bucket of the flat
 //           gradient, so every rank holds the whole averaged gradient.
 bool ZeroOptimizer::step_stage_0() {
-  const Tensor grad = reducer_->gradient();                    // [padded]: the whole averaged gradient
+  const Tensor grad = reducer_->gradient();  // [padded]: the whole averaged gradient
+  // norm: every rank holds the whole gradient, so its own sum of squares is already the global one.
   const StepDecision d = agree_on_step(grad, /*norm_is_global=*/true);
   if (!d.finite) return skip_step(grad);
-  update(grad, d);                                             // AdamW on every element, on every rank
-  return true;                                                 // gather: nothing, nobody is missing anything
+  // update: AdamW on every element, on every rank. gather: nothing, nobody is missing anything.
+  update(grad, d);
+  return true;
 }
 
 // Stage 1, optimizer states partitioned (P_os).
@@ -255,11 +257,14 @@ bool ZeroOptimizer::step_stage_0() {
 //           the flat gradient: only this rank's partition of it holds averaged values (the rest is
 //           never read).
 bool ZeroOptimizer::step_stage_1() {
-  const Tensor grad = reducer_->gradient();                    // [P]: this rank's partition of the gradient
-  const StepDecision d = agree_on_step(grad, /*norm_is_global=*/false);  // partial norms summed over ranks
+  const Tensor grad = reducer_->gradient();  // [P]: this rank's partition of the gradient
+  // norm: each rank's partial sum of squares, summed over ranks.
+  const StepDecision d = agree_on_step(grad, /*norm_is_global=*/false);
   if (!d.finite) return skip_step(grad);
-  update(grad, d);                                             // AdamW on this rank's partition only
-  gather_->all_gather();                                       // every rank receives every updated partition
+  // update: AdamW on this rank's partition only.
+  update(grad, d);
+  // gather: every rank receives every updated partition.
+  gather_->all_gather();
   return true;
 }
 
@@ -332,16 +337,17 @@ void ZeroOptimizer::throw_nonfinite(const Tensor& grad, std::int64_t step) {
   const std::int64_t region_begin = optimizer_->region_begin();
   for (const ParamSlice& s : plan_.region_slices(rank_)) {
     if (static_cast<double>(s.param) >= first) continue;
-    if (!std::isfinite(optim::grad_sq_norm(range(grad, s.flat_offset - region_begin, s.length))))
+    if (!std::isfinite(optim::grad_sq_norm(flat_range(grad, s.flat_offset - region_begin, s.length))))
       first = static_cast<double>(s.param);
   }
   if (world_ > 1) first = -comm_->all_reduce_max(-first);
   const auto index = static_cast<std::size_t>(first);
   const std::string where =
       index < params_.size() ? fmt::format(", first in parameter '{}'", plan_.layout.params()[index].name) : "";
-  throw Error(fmt::format("step {}: non-finite gradient (inf or NaN){}; the step was not applied (set "
-                          "nonfinite_grads to \"skip\" to skip such steps)",
-                          step, where));
+  throw Error(
+      fmt::format("step {}: non-finite gradient (inf or NaN){}; the step was not applied (set "
+                  "nonfinite_grads to \"skip\" to skip such steps)",
+                  step, where));
 }
 
 // ---- what a checkpoint reads and restores ------------------------------------------------------------

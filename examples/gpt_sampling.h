@@ -89,7 +89,4 @@ inline std::string sample(const nn::GPT& model, const std::vector<unsigned char>
   return out;
 }
 
-/// state.json's "model": GPTConfig::to_json. (train_gpt still calls this name.)
-inline nlohmann::json gpt_config_json(const nn::GPTConfig& c) { return c.to_json(); }
-
 }  // namespace zero::examples

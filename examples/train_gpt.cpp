@@ -12,8 +12,11 @@
 // and trains on its own micro-batch slices of it, so a run's trajectory does not depend on the number
 // of ranks beyond floating-point summation order.
 // Checkpoints (docs/checkpoint.md): --save-dir DIR [--save-every N] [--keep K] writes DIR/step_XXXXXXXX;
-// --resume PATH continues a run (any world size and ZeRO stage); --init-from FILE starts from the
-// weights of a model.safetensors; --log-file PATH writes one JSON object per step.
+// --resume PATH continues a run (any world size and ZeRO stage) with the checkpoint's own settings
+// (examples/resume_settings.h); --init-from PATH starts from the weights of a model.safetensors or a
+// checkpoint; --log-file PATH writes one JSON object per step. SIGTERM, SIGINT or SIGUSR1 stop every
+// rank after the same step, with a checkpoint of it (examples/preemption.h). The flags and the checks
+// they get before any work are in examples/train_options.h.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -21,8 +24,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
@@ -37,7 +42,7 @@
 #include "core/trace.h"
 #include "distributed/checkpoint.h"
 #include "distributed/config.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/trace_file.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"
@@ -46,52 +51,19 @@
 #endif
 #include "distributed/zero_optimizer.h"
 #include "examples/gpt_sampling.h"
+#include "examples/preemption.h"
+#include "examples/resume_settings.h"
 #include "examples/text_data.h"
+#include "examples/train_options.h"
 #include "nn/gpt.h"
 #include "optim/lr_schedule.h"
 
 namespace {
 
 using namespace zero;
+using examples::Args;
+using examples::Given;
 using Clock = std::chrono::steady_clock;
-
-struct Args {
-  std::string data;
-  std::int64_t steps = 2000, batch = 12, block = 64, n_layer = 4, n_head = 4, n_embd = 128;
-  std::string norm = "layernorm";
-  float dropout = 0.0f, lr = 1e-3f, min_lr = 1e-4f, weight_decay = 0.1f, clip = 1.0f, beta1 = 0.9f, beta2 = 0.99f;
-  std::int64_t warmup = 100, eval_every = 500, eval_iters = 200, log_every = 100, sample = 500;
-  std::uint64_t seed = 1337;
-  int threads = 0;
-  std::string metrics;
-  std::string trace, trace_steps;  // Chrome trace file; steps A:B (1-based, inclusive) to record
-  // Distributed / mixed precision (override the --config file).
-  std::string config;
-  int zero_stage = 0;
-  std::string dtype = "fp32";
-  int grad_accum = 1;
-  double reduce_bucket_size = 0;  // a double so 5e8 is accepted, as in the JSON config
-  bool overlap_comm = false;
-  bool overlap_param_gather = false;
-  std::string communication_data_type;  // "" = the config's (default: the model dtype)
-  // Device and communicator.
-  std::string device = "cpu";  // cpu | cuda
-  std::string comm = "auto";   // auto | mpi | nccl | host-staged
-  bool tf32 = false;
-  // Checkpoints and the per-step log.
-  std::string save_dir, resume, init_from, log_file;
-  std::int64_t save_every = 0, keep = 0;
-  // Reliability and error reports.
-  double collective_timeout = 0;  // seconds; given or not (Given)
-  std::string nonfinite_grads = "error";
-  bool verbose = false;
-};
-
-// Which flags were given explicitly (they override the --config file).
-struct Given {
-  bool batch, clip, zero_stage, dtype, grad_accum, reduce_bucket_size, overlap_comm, collective_timeout,
-      nonfinite_grads, overlap_param_gather, communication_data_type;
-};
 
 Device device_of(const Args& a) { return a.device == "cuda" ? Device::cuda : Device::cpu; }
 
@@ -135,7 +107,9 @@ std::shared_ptr<dist::Communicator> make_communicator(const Args& a, std::shared
   cuda::set_allow_tf32(a.tf32);
   ZERO_CHECK(a.comm != "mpi", "--comm mpi cannot reduce device buffers; use nccl or host-staged with --device cuda");
   std::string comm = a.comm;
-  if (comm == "auto") comm = dist::nccl_usable(world->rank(), world->world_size()) ? "nccl" : "host-staged";
+  // One rank has nothing to exchange: host-staged, which is then local copies only, needs no NCCL bootstrap.
+  if (comm == "auto")
+    comm = world->world_size() > 1 && dist::nccl_usable(world->rank(), world->world_size()) ? "nccl" : "host-staged";
   if (comm == "nccl") return std::make_shared<dist::NcclCommunicator>(world);
   return dist::make_host_staged(world);
 #else
@@ -144,91 +118,6 @@ std::shared_ptr<dist::Communicator> make_communicator(const Args& a, std::shared
 #endif
 }
 
-// Finds the default corpus: data/tinyshakespeare.txt relative to the working directory.
-std::string default_data_path() { return "data/tinyshakespeare.txt"; }
-
-// The inclusive 1-based step range of --trace-steps "A:B" (all steps when empty). Throws zero::Error
-// naming the flag for anything else.
-std::pair<std::int64_t, std::int64_t> trace_range(const Args& a) {
-  if (a.trace_steps.empty()) return {1, a.steps};
-  const auto colon = a.trace_steps.find(':');
-  std::int64_t first = 0, last = 0;
-  bool ok = colon != std::string::npos;
-  try {
-    std::size_t used = 0;
-    if (ok) first = std::stoll(a.trace_steps.substr(0, colon), &used);
-    ok = ok && used == colon;
-    if (ok) last = std::stoll(a.trace_steps.substr(colon + 1), &used);
-    ok = ok && used == a.trace_steps.size() - colon - 1;
-  } catch (const std::exception&) {
-    ok = false;
-  }
-  ZERO_CHECK(ok && first >= 1 && last >= first, "--trace-steps must be A:B with 1 <= A <= B (steps counted from 1), "
-             "got '{}'", a.trace_steps);
-  return {first, std::min(last, a.steps)};
-}
-
-// An output path must not be a directory and its directory must exist (checked before any work).
-void check_output_path(const std::string& path, const char* flag) {
-  const auto p = std::filesystem::absolute(path);
-  ZERO_CHECK(!std::filesystem::is_directory(p), "{} '{}' is a directory; give a file path", flag, path);
-  ZERO_CHECK(std::filesystem::is_directory(p.parent_path()), "{}: '{}' is not an existing directory", flag,
-             p.parent_path().string());
-}
-
-// Every flag by the rule of the config key it overrides (distributed/config.cpp), naming the flag.
-void validate(const Args& a, const Given& given) {
-  ZERO_CHECK(a.steps > 0, "--steps must be positive, got {}", a.steps);
-  ZERO_CHECK(a.n_layer > 0, "--n-layer must be positive, got {}", a.n_layer);
-  ZERO_CHECK(a.n_head > 0, "--n-head must be positive, got {}", a.n_head);
-  ZERO_CHECK(a.n_embd > 0, "--n-embd must be positive, got {}", a.n_embd);
-  ZERO_CHECK(a.batch > 0, "--batch must be positive, got {}", a.batch);
-  ZERO_CHECK(a.block > 0, "--block must be positive, got {}", a.block);
-  ZERO_CHECK(a.warmup >= 0, "--warmup must be >= 0, got {}", a.warmup);
-  ZERO_CHECK(a.eval_every >= 0, "--eval-every must be >= 0, got {}", a.eval_every);
-  ZERO_CHECK(a.eval_iters > 0, "--eval-iters must be positive, got {}", a.eval_iters);
-  ZERO_CHECK(a.log_every > 0, "--log-every must be positive, got {}", a.log_every);
-  ZERO_CHECK(a.sample >= 0, "--sample must be >= 0, got {}", a.sample);
-  ZERO_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = all cores), got {}", a.threads);
-  ZERO_CHECK(std::isfinite(a.lr) && a.lr > 0, "--lr must be positive, got {}", a.lr);
-  ZERO_CHECK(a.min_lr >= 0 && a.min_lr <= a.lr, "--min-lr must be in [0, --lr = {}], got {}", a.lr, a.min_lr);
-  ZERO_CHECK(std::isfinite(a.weight_decay) && a.weight_decay >= 0, "--weight-decay must be >= 0, got {}",
-             a.weight_decay);
-  ZERO_CHECK(a.beta1 >= 0 && a.beta1 < 1, "--beta1 must be in [0, 1), got {}", a.beta1);
-  ZERO_CHECK(a.beta2 >= 0 && a.beta2 < 1, "--beta2 must be in [0, 1), got {}", a.beta2);
-  ZERO_CHECK(std::isfinite(a.clip) && a.clip >= 0, "--clip must be >= 0 (0 turns clipping off), got {}", a.clip);
-  ZERO_CHECK(a.dtype == "fp32" || a.dtype == "fp16" || a.dtype == "bf16", "--dtype must be fp32, fp16 or bf16, got '{}'",
-             a.dtype);
-  if (given.collective_timeout) dist::check_collective_timeout(a.collective_timeout, "--collective-timeout");
-  ZERO_CHECK(a.nonfinite_grads == "error" || a.nonfinite_grads == "skip",
-             "--nonfinite-grads must be error or skip, got '{}'", a.nonfinite_grads);
-  ZERO_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got {}", a.dropout);
-  ZERO_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got {}", a.grad_accum);
-  if (given.reduce_bucket_size)
-    ZERO_CHECK(a.reduce_bucket_size > 0 && a.reduce_bucket_size <= 9.0e15 &&
-                   std::floor(a.reduce_bucket_size) == a.reduce_bucket_size,
-               "--reduce-bucket-size must be a whole number of elements > 0, got {}", a.reduce_bucket_size);
-  ZERO_CHECK(a.zero_stage >= 0 && a.zero_stage <= 2, "--zero-stage must be 0, 1 or 2 (stage 3 is not supported), got {}",
-             a.zero_stage);
-  if (!a.metrics.empty()) check_output_path(a.metrics, "--metrics");
-  if (!a.log_file.empty()) check_output_path(a.log_file, "--log-file");
-  if (!a.trace.empty()) check_output_path(a.trace, "--trace");
-  ZERO_CHECK(a.trace_steps.empty() || !a.trace.empty(), "--trace-steps needs --trace PATH");
-  trace_range(a);
-  ZERO_CHECK(a.save_every >= 0, "--save-every must be >= 0 (0 = only at the end), got {}", a.save_every);
-  ZERO_CHECK(a.keep >= 0, "--keep must be >= 0 (0 = keep every checkpoint), got {}", a.keep);
-  if (!a.save_dir.empty()) {
-    ZERO_CHECK(!std::filesystem::exists(a.save_dir) || std::filesystem::is_directory(a.save_dir),
-               "--save-dir '{}' exists and is not a directory", a.save_dir);
-    std::error_code ec;
-    std::filesystem::create_directories(a.save_dir, ec);  // every rank may try: it is idempotent
-    ZERO_CHECK(std::filesystem::is_directory(a.save_dir) && ::access(a.save_dir.c_str(), W_OK) == 0,
-               "--save-dir '{}' cannot be created or is not writable", a.save_dir);
-  }
-  ZERO_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other (--resume restores "
-             "the weights and the optimizer; --init-from only the weights)");
-  ZERO_CHECK(!a.save_every || !a.save_dir.empty(), "--save-every needs --save-dir");
-}
 
 // Rewrites the per-step log of a resumed run so it ends at `step`: lines of later steps (written
 // before a crash) and a partial last line are dropped, so the appended lines continue it cleanly.
@@ -278,38 +167,6 @@ float evaluate(const nn::GPT& model, const std::vector<std::int64_t>& split, con
   return static_cast<float>(comm.all_reduce_sum(total) / static_cast<double>(a.eval_iters * comm.world_size()));
 }
 
-// The DeepSpeed-style config: the --config file (or defaults) with the command-line overrides.
-dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size) {
-  dist::TrainingConfig cfg = a.config.empty() ? dist::TrainingConfig::from_json(nlohmann::json::object())
-                                              : dist::TrainingConfig::from_file(a.config);
-  if (given.zero_stage) cfg.zero_optimization.stage = a.zero_stage;
-  if (given.dtype) cfg.set_model_dtype(parse_float_dtype(a.dtype));
-  if (given.reduce_bucket_size)
-    cfg.zero_optimization.reduce_bucket_size = static_cast<std::int64_t>(a.reduce_bucket_size);
-  if (given.overlap_comm) cfg.zero_optimization.overlap_comm = a.overlap_comm;
-  if (given.overlap_param_gather) cfg.zero_optimization.overlap_param_gather = a.overlap_param_gather;
-  if (given.communication_data_type) cfg.communication_data_type = a.communication_data_type;
-  if (given.clip || a.config.empty()) cfg.gradient_clipping = a.clip;
-  const bool file_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
-  if (given.batch || !file_has_batch) {
-    const std::int64_t per_step = static_cast<std::int64_t>(world_size) * (given.grad_accum ? a.grad_accum : 1);
-    ZERO_CHECK(a.batch % per_step == 0 && a.batch >= per_step,
-               "--batch {} does not split into {} rank(s) x {} accumulation step(s) (it must be a positive multiple of {})",
-               a.batch, world_size, per_step / world_size, per_step);
-    cfg.train_batch_size = a.batch;
-    cfg.train_micro_batch_size_per_gpu.reset();
-    if (!cfg.gradient_accumulation_steps) cfg.gradient_accumulation_steps = 1;
-  }
-  if (given.grad_accum) {
-    cfg.gradient_accumulation_steps = a.grad_accum;
-    if (cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size) cfg.train_micro_batch_size_per_gpu.reset();
-  }
-  if (given.nonfinite_grads) cfg.nonfinite_grads = a.nonfinite_grads;
-  cfg.resolve_batch(world_size);
-  cfg.validate();
-  return cfg;
-}
-
 // Gradient + parameter traffic per optimizer step in parameter copies (before the (n-1)/n factor):
 // stage 0 all-reduces once (2); stage 1 reduce-scatters once and all-gathers (1 + 1); stage 2 reduces
 // every micro-step (GAS + 1); reduce_scatter=false all-reduces instead (2 per reduction).
@@ -335,17 +192,31 @@ std::string eta(double seconds) {
   return fmt::format("{}h{:02d}m", s / 3600, (s % 3600) / 60);
 }
 
-int run(Args a, const Given& given, dist::Communicator& comm) {
+// What main() settled before MPI started: the flags, which were given, the checkpoint named by --resume
+// or --init-from (its settings already taken), and the command line (for the resume hint).
+struct Setup {
+  Args args;
+  Given given;
+  examples::CheckpointSettings from;
+  std::vector<std::string> argv;
+};
+
+int run(const Setup& setup, dist::Communicator& comm) {
+  Args a = setup.args;
+  const Given& given = setup.given;
   const int rank = comm.rank(), world = comm.world_size();
   const bool lead = rank == 0;
-  const dist::TrainingConfig tc = make_config(a, given, world);
+  const bool resuming = !a.resume.empty();
+  const nlohmann::json* saved_config =
+      resuming && setup.from.state.contains("config") ? &setup.from.state.at("config") : nullptr;
+  const dist::TrainingConfig tc = examples::make_config(a, given, world, saved_config);
   a.batch = *tc.train_batch_size;
   const std::int64_t micro = *tc.train_micro_batch_size_per_gpu;
   check_attention_memory(a, micro);
   const int gas = static_cast<int>(*tc.gradient_accumulation_steps);
   // Collective timeout: the flag, else $ZERO_COLLECTIVE_TIMEOUT_S (the communicator's default), else
   // the config key, else 300 s.
-  if (given.collective_timeout)
+  if (given.has("--collective-timeout"))
     comm.set_timeout(a.collective_timeout);
   else if (tc.collective_timeout_s && std::getenv("ZERO_COLLECTIVE_TIMEOUT_S") == nullptr)
     comm.set_timeout(*tc.collective_timeout_s);
@@ -353,9 +224,9 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   // A checkpoint to resume: found, verified (files, checksums) and matched before any work.
   std::optional<dist::Checkpoint> resume;
   double verify_seconds = 0.0;
-  if (!a.resume.empty()) {
+  if (resuming) {
     const auto t_verify = Clock::now();
-    resume = dist::open_checkpoint(dist::resolve_checkpoint(a.resume), &comm);
+    resume = dist::open_checkpoint(setup.from.dir, &comm);
     verify_seconds = std::chrono::duration<double>(Clock::now() - t_verify).count();
     const auto& vocab = resume->state.at("vocab");
     ZERO_CHECK(vocab.get<std::vector<unsigned char>>() == data.itos,
@@ -363,6 +234,8 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
                resume->dir, vocab.size(), data.itos.size(), a.data);
     const auto step = resume->state.at("step").get<std::int64_t>();
     ZERO_CHECK(step <= a.steps, "checkpoint '{}' is at step {}, beyond --steps {}", resume->dir, step, a.steps);
+    ZERO_CHECK(a.trace.empty() || examples::trace_range(a).second > step, "--trace-steps {}: this run resumes after "
+               "step {}, past them", a.trace_steps, step);
   }
   nn::GPTConfig cfg;
   cfg.vocab_size = data.vocab_size();
@@ -376,8 +249,12 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   a.threads > 0 ? cpu::set_num_threads(a.threads) : cpu::set_adaptive_threads(std::max(1, cores / world));
-  if (lead)
+  if (lead) {
     for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
+    for (const auto& w : setup.from.warnings) fmt::print(stderr, "{}\n", w);
+    if (saved_config)
+      for (const auto& w : examples::config_warnings(tc, *saved_config, given, setup.from.dir)) fmt::print(stderr, "{}\n", w);
+  }
 
   // The model keeps init_gen for its dropout masks after initialisation (every rank draws the same).
   Generator init_gen(a.seed), data_gen(a.seed + 1);
@@ -424,26 +301,67 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     if (!log.is_open()) return;
     log << j.dump() << "\n";  // nlohmann writes the shortest text that reads back to the same double
     log.flush();
+    ZERO_CHECK(log.good(), "--log-file '{}': writing failed ({})", a.log_file, std::strerror(errno));
   };
-  auto save = [&](std::int64_t done) {
-    const nlohmann::json extra = {
-        {"config", tc.to_json()},
-        {"model", examples::gpt_config_json(cfg)},
-        {"vocab", data.itos},
-        {"data", a.data},
-        {"seed", a.seed},
-        {"lr_schedule", {{"lr", a.lr}, {"min_lr", a.min_lr}, {"warmup", a.warmup}, {"steps", a.steps},
-                         {"next_step", done}}},
-        {"rng", {{"init_and_dropout", dist::generator_state(init_gen)},
-                 {"batches", dist::generator_state(data_gen)},
-                 {"sampling", dist::generator_state(sample_gen)}}}};
-    const dist::SaveResult r = dist::save_checkpoint(a.save_dir, done, opt, comm, extra, static_cast<int>(a.keep));
-    if (lead) {
-      fmt::print("checkpoint: {} ({} bytes) in {:.1f} ms\n", r.dir, r.bytes, 1000.0 * r.seconds);
-      std::fflush(stdout);
+  // The newest complete checkpoint in --save-dir, for messages ("none" if there is none).
+  auto newest_checkpoint = [&]() -> std::string {
+    try {
+      return dist::resolve_checkpoint(a.save_dir);
+    } catch (const std::exception&) {
+      return "none";
     }
   };
-  const auto [trace_first, trace_last] = trace_range(a);
+  std::int64_t saved_step = -1;  // the step of the last checkpoint this run committed
+  auto save = [&](std::int64_t done) {
+    nlohmann::json extra = examples::settings_json(a, tc, cfg.to_json());
+    extra["vocab"] = data.itos;
+    extra["lr_schedule"]["next_step"] = done;
+    extra["rng"] = {{"init_and_dropout", dist::generator_state(init_gen)},
+                    {"batches", dist::generator_state(data_gen)},
+                    {"sampling", dist::generator_state(sample_gen)}};
+    dist::SaveResult r;
+    try {
+      r = dist::save_checkpoint(a.save_dir, done, opt, comm, extra, static_cast<int>(a.keep),
+                                [] { return examples::stop_requests() >= 2; });
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("--save-dir '{}': the checkpoint of step {} failed: {}; the newest checkpoint is still {}",
+                              a.save_dir, done, e.what(), newest_checkpoint()));
+    }
+    if (!r.cancelled) saved_step = done;
+    if (lead) {
+      if (r.cancelled)
+        fmt::print("checkpoint: step {} abandoned (a second stop request); the newest is {}\n", done, newest_checkpoint());
+      else
+        fmt::print("checkpoint: {} ({} bytes) in {:.1f} ms\n", r.dir, r.bytes, 1000.0 * r.seconds);
+      std::fflush(stdout);
+    }
+    return r;
+  };
+  // Note [Preemption] (examples/preemption.cpp): after step `done`, every rank agreed to stop.
+  auto stop_run = [&](const examples::StopDecision& d, std::int64_t done) {
+    std::string what;
+    if (a.save_dir.empty()) {
+      what = "nothing saved (no --save-dir)";
+    } else if (d.abandon_save) {
+      what = fmt::format("no checkpoint saved (a second stop request); the newest is {}", newest_checkpoint());
+    } else if (saved_step == done) {
+      what = fmt::format("checkpoint {} (saved at this step)", newest_checkpoint());
+    } else {
+      const dist::SaveResult r = save(done);
+      what = r.cancelled ? fmt::format("the checkpoint of step {} was abandoned (a second stop request); the newest is {}",
+                                       done, newest_checkpoint())
+                         : fmt::format("saved {}", r.dir);
+    }
+    if (lead) {
+      const std::string newest = a.save_dir.empty() ? "none" : newest_checkpoint();
+      fmt::print("stopped by {} after step {}/{}: {}{}\n", examples::signal_name(d.signal), done, a.steps, what,
+                 newest == "none" ? std::string()
+                                  : "; resume with: " + examples::resume_command(setup.argv, a.save_dir, world));
+      std::fflush(stdout);
+    }
+    return 128 + d.signal;
+  };
+  const auto [trace_first, trace_last] = examples::trace_range(a);
   if (!a.trace.empty()) {
     comm.barrier();  // a common clock origin for every rank's events
     trace::enable();
@@ -453,8 +371,9 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
   if (lead) {
     fmt::print("train_gpt: {} ({} train / {} val tokens, vocab {})\n", a.data, data.train.size(), data.val.size(),
                cfg.vocab_size);
-    fmt::print("model: {} layers, {} heads, {} channels, block {}: {} parameters; {} steps, {} threads/rank\n",
-               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, num_params, a.steps, cpu::num_threads());
+    fmt::print("model: {} layers, {} heads, {} channels, block {}: {} parameters; {} step{}, {} thread{}/rank\n",
+               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, num_params, a.steps, a.steps == 1 ? "" : "s",
+               cpu::num_threads(), cpu::num_threads() == 1 ? "" : "s");
     fmt::print("data parallel: {} rank(s) x micro-batch {} x {} accumulation step(s) = global batch {}\n", world,
                micro, gas, a.batch);
     const auto& layout = opt.layout();
@@ -560,6 +479,7 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
     // After the periodic evaluation (which the data stream of an uninterrupted run also went through)
     // and before the final one (which it did not), so a resumed run draws the same batches.
     if (!a.save_dir.empty() && ((a.save_every > 0 && (step + 1) % a.save_every == 0) || last)) save(step + 1);
+    if (const examples::StopDecision stop = examples::agree_to_stop(comm); stop.stop) return stop_run(stop, step + 1);
   }
   // Resumed at the end: the final checkpoint must still exist in --save-dir (it may have come from elsewhere).
   if (steps_run == 0 && !a.save_dir.empty() &&
@@ -693,75 +613,9 @@ int run(Args a, const Given& given, dist::Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a;
+  examples::Args a;
   CLI::App app{"Train a character-level GPT on a text file (zero.cpp); run under mpirun for data parallelism"};
-  app.add_option("--data", a.data, "text file to train on (default: data/tinyshakespeare.txt)");
-  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
-  auto* batch = app.add_option("--batch", a.batch, "global batch: sequences per optimizer step over all ranks")
-                    ->capture_default_str();
-  app.add_option("--block", a.block, "sequence length (T)")->capture_default_str();
-  app.add_option("--n-layer", a.n_layer, "transformer blocks (L)")->capture_default_str();
-  app.add_option("--n-head", a.n_head, "attention heads (H)")->capture_default_str();
-  app.add_option("--n-embd", a.n_embd, "channels (C)")->capture_default_str();
-  app.add_option("--dropout", a.dropout, "dropout probability")->capture_default_str();
-  app.add_option("--norm", a.norm, "normalisation layers: layernorm or rmsnorm")
-      ->check(CLI::IsMember({"layernorm", "rmsnorm"}))
-      ->capture_default_str();
-  app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", a.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  app.add_option("--warmup", a.warmup, "linear warm-up steps")->capture_default_str();
-  app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
-  app.add_option("--beta1", a.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", a.beta2, "AdamW beta2")->capture_default_str();
-  auto* clip = app.add_option("--clip", a.clip, "max global gradient norm (0 = off)")->capture_default_str();
-  app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  app.add_option("--eval-every", a.eval_every, "validate every N steps (0 = only at the end)")->capture_default_str();
-  app.add_option("--eval-iters", a.eval_iters, "validation batches per evaluation")->capture_default_str();
-  app.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
-  app.add_option("--threads", a.threads, "CPU threads per rank (0 = up to cores / ranks, fewer while cores are busy)")->capture_default_str();
-  app.add_option("--metrics", a.metrics, "write a JSON summary to this path");
-  app.add_option("--trace", a.trace, "write a Chrome trace (Perfetto, chrome://tracing) of every rank to this path");
-  app.add_option("--trace-steps", a.trace_steps, "with --trace: record only steps A:B (from 1, inclusive)");
-  app.add_option("--sample", a.sample, "characters to generate at the end (0 = none)")->capture_default_str();
-  app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
-  auto* stage = app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0 (data parallel), 1 or 2")
-                    ->capture_default_str();
-  auto* dtype = app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 (dynamic loss scaling) or bf16")
-                    ->capture_default_str();
-  auto* gas = app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
-  auto* rbs = app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
-  auto* overlap = app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
-  auto* overlap_gather = app.add_flag("--overlap-param-gather", a.overlap_param_gather,
-                                      "all-gather the updated parameters while the next forward runs (stages 1, 2)");
-  auto* comm_dtype = app.add_option("--communication-data-type", a.communication_data_type,
-                                    "dtype gradient reductions travel in: fp32, fp16 or bf16 (default: the model "
-                                    "dtype; fp32 is more accurate for a 16-bit model, at twice the bytes)")
-                         ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
-  app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
-  app.add_option("--comm", a.comm, "communicator: auto (cpu: mpi; cuda: nccl if every rank has its own GPU, else "
-                 "host-staged), mpi, nccl, host-staged (MPI through pinned host memory)")
-      ->check(CLI::IsMember({"auto", "mpi", "nccl", "host-staged"}))
-      ->capture_default_str();
-  app.add_flag("--tf32", a.tf32, "let fp32 matmuls use TF32 tensor cores (cuda)");
-  app.add_option("--save-dir", a.save_dir, "write checkpoints to DIR/step_XXXXXXXX (always one at the end)");
-  app.add_option("--save-every", a.save_every, "also checkpoint every N steps (0 = only at the end)")
-      ->capture_default_str();
-  app.add_option("--keep", a.keep, "keep only the K newest checkpoints (0 = all)")->capture_default_str();
-  app.add_option("--resume", a.resume, "continue from a checkpoint directory, or from a save dir's newest one");
-  app.add_option("--init-from", a.init_from, "start from the weights of this model.safetensors (fresh optimizer)");
-  app.add_option("--log-file", a.log_file, "write every step's loss, lr, grad norm, ... as JSON lines");
-  auto* timeout = app.add_option("--collective-timeout", a.collective_timeout,
-                                 "seconds one collective may take before the job ends with a message naming it "
-                                 "(default: $ZERO_COLLECTIVE_TIMEOUT_S, else the config's collective_timeout_s, "
-                                 "else 300)");
-  auto* nonfinite = app.add_option("--nonfinite-grads", a.nonfinite_grads,
-                                   "fp32/bf16 step with an inf/NaN gradient: error (stop, naming the step) or skip")
-                        ->capture_default_str();
-  app.add_flag("--verbose", a.verbose, "add the C++ source location to error messages");
+  examples::add_options(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -773,28 +627,28 @@ int main(int argc, char** argv) {
     }
     dist::fail_job(Error(std::string(e.what()) + " (see --help)"), false, 2);
   }
-  const Given given{batch->count() > 0, clip->count() > 0,     stage->count() > 0,   dtype->count() > 0,
-                    gas->count() > 0,   rbs->count() > 0,      overlap->count() > 0, timeout->count() > 0,
-                    nonfinite->count() > 0, overlap_gather->count() > 0, comm_dtype->count() > 0};
 #ifndef NDEBUG
   a.verbose = true;  // Debug builds always say where an error was raised
 #endif
-  if (a.data.empty()) {
-    a.data = default_data_path();
-    if (!std::filesystem::exists(a.data)) {
-      const std::string message = "no --data given and " + a.data +
-                                  " not found: give --data PATH, or run scripts/train.sh, which downloads Tiny "
-                                  "Shakespeare";
-      if (dist::launcher_size() > 1) dist::fail_job(Error(message));
-      std::cerr << "error: " << message << "\n";
-      return 1;
-    }
-  }
+  Setup setup;
+  setup.given = examples::given_flags(app);
+  setup.argv.assign(argv, argv + argc);
   try {
-    validate(a, given);  // before MPI starts: every rank finds the same problem, rank 0 reports it
+    // Before MPI starts: every rank finds the same problem, rank 0 reports it.
+    examples::apply_step_cap(a);
+    setup.from = examples::take_checkpoint_settings(a, setup.given);
+    examples::apply_step_cap(a);  // on what the checkpoint set too
+    if (a.data.empty()) {
+      a.data = "data/tinyshakespeare.txt";
+      ZERO_CHECK(std::filesystem::exists(a.data), "no --data given and {} not found: give --data PATH, or run "
+                 "scripts/train.sh, which downloads Tiny Shakespeare", a.data);
+    }
+    examples::validate(a, setup.given);
+    setup.args = a;
+    examples::install_stop_handlers();
     auto world = dist::mpi_world();
     const std::shared_ptr<dist::Communicator> comm = make_communicator(a, world);
-    return run(a, given, *comm);
+    return run(setup, *comm);
   } catch (const std::exception& e) {
     // One line for the whole job, exit code 1; never leaves the other ranks waiting.
     dist::fail_job(e, a.verbose);

@@ -1,5 +1,5 @@
 # Shared by scripts/train.sh and scripts/launch.sh (sourced, not run): the repository root, the
-# Release build of train_gpt, and the Tiny Shakespeare corpus.
+# Release build of the example programs, and the Tiny Shakespeare corpus.
 
 ZERO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ZERO_BUILD="$ZERO_ROOT/build"
@@ -9,21 +9,47 @@ ZERO_CORPUS="$ZERO_ROOT/data/tinyshakespeare.txt"
 ZERO_CORPUS_URL="${ZERO_CORPUS_URL:-https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt}"
 ZERO_CORPUS_SHA256=86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed
 
-# zero_build_train_gpt: configure build/ (Release) if needed and bring train_gpt up to date, quietly;
-# on failure shows the tail of the log.
-zero_build_train_gpt() {
-  local log="$ZERO_BUILD/train_gpt.build.log" launcher=()
+# zero_build: brings the programs the README names (train_gpt, sample_gpt, zero_explain) up to date in
+# build/ (Release). CMake's configure step runs only for a new build directory (a build re-runs it by
+# itself when a CMakeLists.txt changed). Shows progress, a line at every tenth of the way, and keeps the
+# whole output in build/build.log; on failure shows its tail.
+zero_build() {
+  local log="$ZERO_BUILD/build.log" launcher=()
   mkdir -p "$ZERO_BUILD"
-  if [ ! -f "$ZERO_BUILD/CMakeCache.txt" ] && command -v ccache >/dev/null; then
-    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  : >"$log"
+  if [ ! -f "$ZERO_BUILD/CMakeCache.txt" ]; then
+    command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+    echo "build: configuring $ZERO_BUILD (Release; the first build takes a few minutes)"
+    if ! cmake -S "$ZERO_ROOT" -B "$ZERO_BUILD" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" >>"$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      echo "build: configuring failed (full log: $log)" >&2
+      return 1
+    fi
   fi
-  echo "build: train_gpt (Release) in $ZERO_BUILD"
-  if ! { cmake -S "$ZERO_ROOT" -B "$ZERO_BUILD" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" &&
-         cmake --build "$ZERO_BUILD" -j"$(nproc)" --target train_gpt; } >"$log" 2>&1; then
+  echo "build: train_gpt, sample_gpt, zero_explain (Release) in $ZERO_BUILD"
+  if ! cmake --build "$ZERO_BUILD" -j"$(nproc)" --target train_gpt sample_gpt zero_explain 2>&1 | tee -a "$log" |
+       zero_build_progress; then
     tail -n 30 "$log" >&2
     echo "build: failed (full log: $log)" >&2
     return 1
   fi
+}
+
+# zero_build_progress: reads make's output ("[ 42%] Building CXX object .../core/tensor.cpp.o") and
+# prints "build:  40% core/tensor.cpp" whenever another tenth of a target's way is done.
+zero_build_progress() {
+  local line pct what shown=-1
+  while IFS= read -r line; do
+    [[ $line =~ ^\[\ *([0-9]+)%\]\ (Building|Linking)\ [A-Za-z+]+\ [a-z\ ]*(object|executable|library)\ (.*)$ ]] || continue
+    pct=${BASH_REMATCH[1]} what=${BASH_REMATCH[4]}
+    what=${what#*.dir/} what=${what%.o}
+    [ "${BASH_REMATCH[2]}" = Linking ] && what="linking ${what##*/}"
+    [ "$pct" -lt "$shown" ] && shown=-1  # make starts again at 0 for the next target
+    if [ $((pct / 10)) -gt $((shown / 10)) ] || [ "$shown" -lt 0 ]; then
+      printf 'build: %3d%% %s\n' "$pct" "$what"
+      shown=$pct
+    fi
+  done
 }
 
 # zero_has_downloader: curl, wget or python3 is on PATH.

@@ -33,8 +33,10 @@ archs="${CUDA_ARCHS:-90}"
 cpu_arch="${ZERO_ARCH:-x86-64-v3}"
 nccl_max_mb="${ZERO_BUNDLE_NCCL_MAX_MB:-24}"
 
-# A folder that holds anything but an earlier bundle is never overwritten.
-if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ] && [ ! -f "$dir/manifest.json" ]; then
+# A folder that holds anything but an earlier bundle (manifest.json), or one this script began to pack
+# (.gpu_bundle, written first), is never overwritten.
+if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null)" ] && [ ! -f "$dir/manifest.json" ] &&
+   [ ! -f "$dir/.gpu_bundle" ]; then
   echo "gpu_bundle: $dir exists and is not a bundle (no manifest.json); give an empty or new folder" >&2
   exit 2
 fi
@@ -70,6 +72,7 @@ echo "gpu_bundle: built in $(( $(date +%s) - t0 ))s (CUDA backend $with_cuda)"
 # ---- pack ----
 rm -rf "$dir"
 mkdir -p "$dir/bin" "$dir/lib" "$dir/share/zero/tests" "$dir/share/zero/examples" "$dir/data"
+echo "packed by scripts/gpu_bundle.sh; complete once manifest.json exists" >"$dir/.gpu_bundle"
 dir=$(cd "$dir" && pwd)
 cp "$build"/bin/{zero_tests,zero_dist_tests,train_gpt} "$dir/bin/"
 if [ "$with_cuda" = ON ]; then
@@ -183,22 +186,84 @@ if [ -n "$bad" ]; then
   exit 1
 fi
 
-# ---- manifest ----
+# ---- manifest: what was built, and what the GPU host must have (scripts/gpu_check.py checks it first) ----
 size_kb=$(du -sk "$dir" | cut -f1)
 nccl_h="$(sed -n 's/^ZERO_NCCL_INCLUDE_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")/nccl.h"
 nccl_version=$(grep -s -o 'NCCL_\(MAJOR\|MINOR\|PATCH\) [0-9]*' "$nccl_h" | awk '{print $2}' | paste -sd. || true)
+# The toolkit's version, as CMake found it (its runtime and cuBLAS are what the binaries link).
+cuda_version=$(sed -n 's/^set(CMAKE_CUDA_COMPILER_VERSION "\([0-9.]*\)")$/\1/p' \
+                 "$build"/CMakeFiles/*/CMakeCUDACompiler.cmake 2>/dev/null | head -n 1 || true)
+[ "$with_cuda" = ON ] || cuda_version=""
 commit=$(cd "$root" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
-python3 - "$dir/manifest.json" "$with_cuda" "$archs" "$cpu_arch" "$size_kb" "${external[*]-}" \
-  "$(cat "$dir/data/corpus.txt.source")" "$commit" "$nccl_version" <<'PY'
-import json, os, sys
-out, cuda, archs, cpu_arch, size_kb, external, corpus, commit, nccl = sys.argv[1:]
-d = os.path.dirname(out)
+printf '%s\n' "${plugins[@]}" >"$build/bundle.plugins.txt"
+python3 - "$dir" "$with_cuda" "$archs" "$cpu_arch" "$size_kb" "${external[*]-}" \
+  "$(cat "$dir/data/corpus.txt.source")" "$commit" "$nccl_version" "$cuda_version" "$build/bundle.plugins.txt" <<'PY'
+import json, os, re, subprocess, sys
+d, cuda, archs, cpu_arch, size_kb, external, corpus, commit, nccl, cuda_version, plugin_list = sys.argv[1:]
+def elf(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+files = [os.path.join(d, "bin", f) for f in sorted(os.listdir(os.path.join(d, "bin")))]
+files += [os.path.join(d, "lib", f) for f in sorted(os.listdir(os.path.join(d, "lib")))]
+files += [l.strip() for l in open(plugin_list) if l.strip()]
+files = [f for f in files if os.path.isfile(f) and elf(f)]
+vt = lambda v: tuple(int(x) for x in v.split("."))
+needs = {}      # version family (GLIBC, GLIBCXX, CXXABI, GCC) -> {version: {file: [symbols]}}
+needed = set()  # sonames the carried files load
+nccl_symbols = set()
+for f in files:
+    rel = os.path.relpath(f, d)
+    for line in subprocess.run(["objdump", "-T", f], capture_output=True, text=True).stdout.splitlines():
+        m = re.search(r"\*UND\*\s+\S+\s+(?:\(|)(GLIBC|GLIBCXX|CXXABI|GCC)_([0-9.]+)\)?\s+(\S+)$", line)
+        if m:
+            needs.setdefault(m.group(1), {}).setdefault(m.group(2), {}).setdefault(rel, []).append(m.group(3))
+        m = re.search(r"\*UND\*.*\s(nccl\w+)$", line)
+        if m and rel.startswith("bin/"):
+            nccl_symbols.add(m.group(1))
+    for line in subprocess.run(["objdump", "-p", f], capture_output=True, text=True).stdout.splitlines():
+        if line.strip().startswith("NEEDED"):
+            needed.add(line.split()[1])
+def newest(family):
+    if family not in needs:
+        return None, ""
+    v = max(needs[family], key=vt)
+    who = "; ".join(f"{rel}: {', '.join(sorted(set(syms))[:4])}" for rel, syms in sorted(needs[family][v].items()))
+    return v, who
+glibc, glibc_who = newest("GLIBC")
+glibcxx, glibcxx_who = newest("GLIBCXX")
+cxxabi, _ = newest("CXXABI")
+base = re.compile(r"^(libc|libm|libdl|libpthread|librt|libutil|libresolv)\.so\.|^ld-linux")
+carried = set(os.listdir(os.path.join(d, "lib")))
+from_host = sorted(n for n in needed if n not in carried and not base.match(n))
+# x86-64 micro-architecture levels (the psABI's list), as /proc/cpuinfo names the flags.
+cpu_flags = {"x86-64-v2": ["popcnt", "sse4_1", "sse4_2", "ssse3"],
+             "x86-64-v3": ["popcnt", "sse4_1", "sse4_2", "ssse3", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma",
+                           "movbe"]}.get(cpu_arch, [])
+major = cuda_version.split(".")[0] if cuda_version else ""
+# The driver branch a CUDA major version needs (CUDA minor version compatibility: any driver of that
+# branch or newer runs every minor release of the major; CUDA toolkit release notes, "CUDA Driver").
+driver_branch = {"12": "R525", "13": "R580"}.get(major)
+host_needs = {
+    "glibc": glibc, "glibc_needed_by": glibc_who, "glibcxx": glibcxx, "glibcxx_needed_by": glibcxx_who,
+    "cxxabi": cxxabi, "libraries": from_host, "cpu_flags": cpu_flags,
+    "cuda_runtime": ".".join(cuda_version.split(".")[:2]) or None,
+    "cuda_driver_min": (f"{driver_branch} or newer (nvidia-smi shows CUDA {major}.0 or newer)"
+                        if driver_branch else None) if major else None,
+    "nccl": {"soname": "libnccl.so.2", "built_against": nccl or None, "symbols": sorted(nccl_symbols)}
+            if cuda == "ON" else None,
+}
 json.dump({"commit": commit, "cuda": cuda == "ON", "cuda_architectures": [int(a) for a in archs.split(";") if a],
            "cpu_arch": cpu_arch, "binaries": sorted(os.listdir(os.path.join(d, "bin"))),
-           "libraries": sorted(f for f in os.listdir(os.path.join(d, "lib"))
-                               if os.path.isfile(os.path.join(d, "lib", f))),
+           "libraries": sorted(carried),
            "left_to_the_gpu_machine": {"libraries": external.split(), "nccl_built_against": nccl or None},
-           "corpus": corpus, "size_bytes": int(size_kb) * 1024}, open(out, "w"), indent=1)
+           "host_needs": host_needs,
+           "corpus": corpus, "size_bytes": int(size_kb) * 1024}, open(os.path.join(d, "manifest.json"), "w"),
+          indent=1)
+print(f"gpu_bundle: the host needs glibc >= {glibc} ({glibc_who}), libstdc++ with GLIBCXX_{glibcxx}, "
+      f"and from the machine: {', '.join(from_host) or 'nothing'}")
 PY
 echo "gpu_bundle: $dir is $(( size_kb / 1024 )) MiB; left to the GPU machine: ${external[*]:-nothing}"
 echo "gpu_bundle: on the GPU machine: scripts/gpu_check.sh --prebuilt $dir"

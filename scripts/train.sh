@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs what is missing (scripts/setup.sh), builds train_gpt (Release, build/) and trains the
-# example GPT on a text file. Works from any directory; relative paths are the caller's.
+# Installs what is missing (scripts/setup.sh), builds train_gpt, sample_gpt and zero_explain (Release,
+# build/) and trains the example GPT on a text file. Works from any directory; relative paths are the
+# caller's. ZERO_MAX_STEPS=N caps the steps (train_gpt honours it; for quick runs of the documented
+# commands).
 #   scripts/train.sh [PATH_TO_TEXT] [more train_gpt flags...]
 # With no path it trains on data/tinyshakespeare.txt in the repository, downloading it first when it
 # is not there (curl, wget or python3; SHA-256 checked). ZERO_CORPUS_URL overrides the download URL.
@@ -19,5 +21,5 @@ if [ -z "$data" ]; then
   zero_fetch_corpus "scripts/train.sh path/to.txt"
   data="$ZERO_CORPUS"
 fi
-zero_build_train_gpt
+zero_build
 exec "$ZERO_BUILD/bin/train_gpt" --data "$data" "$@"

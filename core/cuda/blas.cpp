@@ -90,6 +90,13 @@ void gemm_any(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::i
             ld_c = std::max(as_int(ldc, "ldc"), 1);
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (K == 0) {
+    // An empty sum: C = beta C (zeros when beta is 0, C unread), done here rather than trusting every
+    // cuBLAS version to accept k = 0.
+    detail::launch_scale_matrix(C, static_cast<detail::Elem>(static_cast<int>(c_type)), beta, M, N, ldc, stride_c,
+                                batch, current_stream());
+    return;
+  }
   const cublasComputeType_t compute =
       plan.compute == GemmCompute::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   HandleLock h;

@@ -82,6 +82,18 @@ template <typename T> __global__ void scale_kernel(T* out, const T* x, float fac
   for (std::int64_t i = global_thread(); i < n; i += grid_stride()) out[i] = from_float<T>(to_float(x[i]) * factor);
 }
 
+// C[b, r, c] = beta C[b, r, c] for rows r < rows and columns c < cols of `batch` matrices (rows ldc
+// apart, matrices stride apart); beta == 0 stores zeros without reading C.
+template <typename T>
+__global__ void scale_matrix_kernel(T* C, float beta, std::int64_t rows, std::int64_t cols, std::int64_t ldc,
+                                    std::int64_t stride, std::int64_t n) {
+  for (std::int64_t i = global_thread(); i < n; i += grid_stride()) {
+    const std::int64_t c = i % cols, r = (i / cols) % rows, b = i / (cols * rows);
+    T& x = C[b * stride + r * ldc + c];
+    x = beta == 0.0f ? from_float<T>(0.0f) : from_float<T>(to_float(x) * beta);
+  }
+}
+
 template <typename D, typename S>
 __global__ void accumulate_kernel(D* dst, const S* src, float alpha, std::int64_t n) {
   for (std::int64_t i = global_thread(); i < n; i += grid_stride())
@@ -229,6 +241,16 @@ void launch_scale(void* out, const void* x, Elem t, float factor, std::int64_t n
   const int grid = grid_for(n);
   ZERO_DISPATCH_FLOAT(t, T, scale_kernel<<<grid, kThreads, 0, s>>>(static_cast<T*>(out), static_cast<const T*>(x),
                                                                     factor, n));
+  ZERO_CUDA_CHECK_LAUNCH();
+}
+
+void launch_scale_matrix(void* C, Elem t, float beta, std::int64_t rows, std::int64_t cols, std::int64_t ldc,
+                         std::int64_t stride, std::int64_t batch, cudaStream_t s) {
+  const std::int64_t n = batch * rows * cols;
+  if (n <= 0) return;
+  const int grid = grid_for(n);
+  ZERO_DISPATCH_FLOAT(t, T, scale_matrix_kernel<<<grid, kThreads, 0, s>>>(static_cast<T*>(C), beta, rows, cols, ldc,
+                                                                          stride, n));
   ZERO_CUDA_CHECK_LAUNCH();
 }
 

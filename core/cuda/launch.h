@@ -52,6 +52,10 @@ void launch_add_bias_rows(float* C, std::int64_t ldc, const float* bias, std::in
                           cudaStream_t s);
 /// out[i] = x[i] * factor (computed in f32, rounded to t); out may be x.
 void launch_scale(void* out, const void* x, Elem t, float factor, std::int64_t n, cudaStream_t s);
+/// C = beta * C over `batch` matrices of rows x cols (rows ldc apart, matrices stride apart; elements),
+/// in f32, rounded to t; beta == 0 stores zeros without reading C (a GEMM with K = 0).
+void launch_scale_matrix(void* C, Elem t, float beta, std::int64_t rows, std::int64_t cols, std::int64_t ldc,
+                         std::int64_t stride, std::int64_t batch, cudaStream_t s);
 /// dst[i] = dst[i] + alpha * src[i] in f32, rounded once to dt.
 void launch_accumulate(void* dst, Elem dt, const void* src, Elem st, float alpha, std::int64_t n, cudaStream_t s);
 
@@ -117,8 +121,9 @@ void launch_causal_softmax_forward(float* att, std::int64_t rows, int T, cudaStr
 void launch_causal_softmax_backward(float* datt, const float* att, std::int64_t rows, int T, float scale,
                                     cudaStream_t s);
 
-/// probs[N,V] = softmax(logits); losses[n] = -log(max(probs[n, target], 1e-30)). Bad targets set
-/// the error flag bit and get loss 0.
+/// probs[N,V] = softmax(logits); losses[n] = -log softmax(logits[n])[target], computed as
+/// log(sum exp(logits - max)) - (logits[target] - max) (no clamp: finite for any finite logits). Bad
+/// targets set the error flag bit and get loss 0.
 void launch_cross_entropy_forward(float* probs, float* losses, const float* logits, const std::int64_t* targets,
                                   std::int64_t N, int V, int* error_flag, cudaStream_t s);
 /// dlogits = (probs - onehot) * (dloss_dev ? *dloss_dev : dloss) / N.

@@ -247,7 +247,8 @@ __global__ void cross_entropy_forward_kernel(float* probs, float* losses, const 
       y[i] = e;
       sum += e;
     }
-    const float inv = 1.0f / block_sum(sum, scratch);
+    const float total = block_sum(sum, scratch);
+    const float inv = 1.0f / total;
     for (int i = threadIdx.x; i < V; i += blockDim.x) y[i] *= inv;
     if (threadIdx.x == 0) {
       const std::int64_t target = targets[row];
@@ -255,9 +256,10 @@ __global__ void cross_entropy_forward_kernel(float* probs, float* losses, const 
         atomicOr(error_flag, kCrossEntropyTargetBit);
         losses[row] = 0.0f;
       } else {
-        // The same value this thread or another stored above; recomputed so no block barrier is needed.
-        const float p = expf(x[target] - mx) * inv;
-        losses[row] = -logf(fmaxf(p, 1e-30f));
+        // -log softmax(x)[target] = log(sum_i exp(x_i - max)) - (x[target] - max): both terms >= 0 (the
+        // sum holds exp(0) = 1), so nothing cancels and nothing saturates, however small the probability
+        // (-log(p) of a p that underflowed to 0 would be inf, or a clamp's 69).
+        losses[row] = logf(total) - (x[target] - mx);
       }
     }
   }

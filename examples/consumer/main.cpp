@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/layers.h"
 

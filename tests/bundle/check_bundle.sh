@@ -11,9 +11,10 @@
 #   3. train_gpt trains a tiny model for 3 steps on the bundled corpus (an MPI singleton, with the
 #      bundle's Open MPI plugins: OPAL_PREFIX as gpu_check.sh sets it), and 2 ranks under the bundled
 #      mpirun when there is one; the metrics must show finite losses;
-#   4. the GPU test filters of gpu_check.sh leave out no test whose name says it needs a GPU;
-#   5. gpu_check.sh --prebuilt DIR in its dry-run mode (no GPU looked for) runs every step and does not
-#      report "ok": the GPU tests skip, the training runs on cuda fail.
+#   4. the GPU test filters of scripts/gpu_check.py leave out no test whose name says it needs a GPU, and
+#      (a bundle with CUDA) every GPU step lists at least its minimum number of tests;
+#   5. gpu_check.sh --prebuilt DIR without looking for a GPU (ZERO_GPU_CHECK_NO_GPU=1) runs every step
+#      and does not report "ok": the GPU tests skip, the training runs on cuda fail.
 #
 #   tests/bundle/check_bundle.sh DIR
 set -euo pipefail
@@ -126,16 +127,19 @@ if [ -x "$dir/bin/mpirun" ]; then
 fi
 
 # ---- 4. the GPU filters cover every test named for a GPU ----
-unit_filter=$(sed -n "s/^UNIT_FILTER='\(.*\)'.*/\1/p" "$root/scripts/gpu_check.sh")
-[ -n "$unit_filter" ] || fail "no UNIT_FILTER in scripts/gpu_check.sh"
+gpu_check_value() {  # a constant of scripts/gpu_check.py, printed by Python
+  python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import gpu_check as g; print($1)" "$root/scripts"
+}
+unit_filter=$(gpu_check_value g.UNIT_FILTER)
+[ -n "$unit_filter" ] || fail "no UNIT_FILTER in scripts/gpu_check.py"
 list() { env -i "$dir/bin/zero_tests" --gtest_list_tests "$@" | awk '/^[^ ]/{s=$1} /^ /{print s $1}' | sort; }
 list >"$scratch/all.txt"
 list --gtest_filter="$unit_filter" >"$scratch/gpu.txt"
 # Left out on purpose: what the filter's negative patterns (after the '-') name.
 list --gtest_filter="${unit_filter#*-}" >"$scratch/excluded.txt"
 missed=$(comm -23 "$scratch/all.txt" "$scratch/gpu.txt" | comm -23 - "$scratch/excluded.txt" | grep -Ei 'cuda|gpu|nccl' || true)
-[ -z "$missed" ] || fail "gpu_check.sh's UNIT_FILTER misses: $missed"
-# A *_cuda test whose CPU twin skips would skip on a GPU too, and gpu_check.sh would call that
+[ -z "$missed" ] || fail "gpu_check.py's UNIT_FILTER misses: $missed"
+# A *_cuda test whose CPU twin skips would skip on a GPU too, and gpu_check.py would call that
 # "tests_skipped": such tests must be left out of the filter.
 twins=$(sed -n 's/_cuda$/_cpu/p' "$scratch/gpu.txt" | paste -sd:)
 if [ -n "$twins" ]; then
@@ -151,17 +155,40 @@ PY
   [ -z "$always" ] || fail "these tests skip on every device; leave them out of UNIT_FILTER: $always"
 fi
 pass "UNIT_FILTER selects $(wc -l <"$scratch/gpu.txt") of $(wc -l <"$scratch/all.txt") unit tests, every one named for a GPU; $(tr ':' '\n' <<<"$twins" | grep -c . ) CPU twins ran, none skipped"
+# With CUDA built in, each step's filter lists at least the step's minimum (a CPU-only bundle has only
+# the NotBuilt placeholders: the GPU run itself reports "too_few_tests" then).
+if python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["cuda"] else 1)' "$dir/manifest.json"; then
+  env -i "$dir/bin/zero_dist_tests" --gtest_list_tests 2>/dev/null | awk '/^[^ ]/{s=$1} /^ /{print s $1}' \
+    >"$scratch/dist_all.txt"
+  short=$(python3 - "$root/scripts" "$scratch/all.txt" "$scratch/dist_all.txt" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import gpu_check as g
+unit, dist = open(sys.argv[2]).read().split(), open(sys.argv[3]).read().split()
+for name, flt, minimum, _, _ in g.UNIT_GROUPS:
+    n = sum(g.filter_matches(g.group_filter(flt), t) for t in unit)
+    print(f"{name}:{n}<{minimum}" if n < minimum else "", end=" ")
+for name, _, flt, minimum, _, _ in g.DIST_GROUPS:
+    n = sum(g.filter_matches(flt, t) for t in dist)
+    print(f"{name}:{n}<{minimum}" if n < minimum else "", end=" ")
+PY
+)
+  [ -z "${short// /}" ] || fail "these GPU steps list fewer tests than their minimum: $short"
+  pass "every GPU step of gpu_check.py lists at least its minimum of tests"
+fi
+
 # ---- 5. gpu_check.sh cannot pass without a GPU ----
-ZERO_GPU_CHECK_DRY_RUN=1 "$root/scripts/gpu_check.sh" --prebuilt "$dir" --out "$scratch/gpu_check.json" \
+ZERO_GPU_CHECK_NO_GPU=1 "$root/scripts/gpu_check.sh" --prebuilt "$dir" --out "$scratch/gpu_check.json" \
   >"$scratch/gpu_check.log" 2>&1 && fail "gpu_check.sh exited 0 without a GPU"
-python3 - "$scratch/gpu_check.json" <<'PY' || { tail -n 30 "$scratch/gpu_check.log" >&2; fail "gpu_check.sh's dry run"; }
+python3 - "$scratch/gpu_check.json" <<'PY' || { tail -n 30 "$scratch/gpu_check.log" >&2; fail "gpu_check.sh's run without a GPU"; }
 import json, sys
 r = json.load(open(sys.argv[1]))
 steps = r["steps"]
-ok = (r["status"] in ("failed", "tests_skipped") and steps["unit_tests"]["tests_run"] > 0
-      and all(name in steps for name in ("dist_tests_np1", "train_fp16_zero2_1gpu", "bench_bf16")))
-print(f'{r["status"]}: {steps["unit_tests"]["tests_run"]} GPU unit tests ran, '
-      f'{len(steps["unit_tests"]["skipped_tests"])} skipped')
+ok = (r["status"] != "ok" and steps["host"]["status"] == "ok" and steps["unit_core"]["tests_run"] > 0
+      and all(name in steps for name in ("dist_staged_np1", "train_fp16_zero2_1gpu", "bench_bf16",
+                                         "train_fp16_zero2_2rank_host_staged")))
+print(f'{r["status"]}: {steps["unit_core"]["tests_run"]} unit_core tests ran, '
+      f'{len(steps["unit_core"]["skipped_tests"])} skipped')
 sys.exit(0 if ok else 1)
 PY
 pass "gpu_check.sh --prebuilt without a GPU: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["status"], "-", r["reason"][:120])' "$scratch/gpu_check.json")"

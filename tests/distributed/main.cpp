@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 
 namespace {
 

@@ -15,7 +15,10 @@
 #include <vector>
 
 #include "core/check.h"
+#include "distributed/job_runtime.h"
+#include "distributed/inprocess_communicator.h"
 #include "distributed/mpi_communicator.h"
+#include "tests/rounding_input.h"
 
 namespace zero::dist {
 namespace {
@@ -504,6 +507,83 @@ TEST_F(CommunicatorTest, ControlScalarsStayOutOfTheFiveCounters) {
   EXPECT_EQ(ledger.total(), 0.0);
   EXPECT_EQ(ledger.control_calls, 2);
   EXPECT_DOUBLE_EQ(ledger.control_bytes, 2 * Ledger::bus_bytes(Collective::all_reduce, 8, n_));
+}
+
+// ---- the in-process backend gives the same bits ----------------------------------------------------
+//
+// Every MPI rank also runs an in-process world (distributed/inprocess_communicator.h) of the same size
+// on the same inputs, which are formulas of (rank, index), and keeps what its own rank computed there:
+// it must equal this rank's MPI result bit for bit, for sums that round (Note [The ring's order] in
+// inprocess_communicator.cpp).
+
+using zero::testing::rounding_input;
+
+// The results of one rank: a reduce-scatter with uneven counts (one rank's slice empty), an all-reduce,
+// a reduce to the last rank.
+template <typename T>
+struct RoundingResults {
+  std::vector<T> scattered, all_reduced, reduced;
+};
+
+template <typename T>
+RoundingResults<T> run_rounding_collectives(Communicator& comm, DType dtype, bool fp32_wire) {
+  const int n = comm.world_size(), rank = comm.rank();
+  std::vector<std::size_t> counts(n);
+  for (int r = 0; r < n; ++r) counts[r] = r == 1 ? 0 : 1000 + 37 * std::size_t(r);
+  std::vector<T> source(std::max<std::size_t>(sum_of(counts), 10007));
+  for (std::size_t i = 0; i < source.size(); ++i) source[i] = T(rounding_input(rank, i));
+  comm.set_reduce_in_fp32(fp32_wire);
+  RoundingResults<T> out;
+  out.scattered.resize(counts[rank]);
+  comm.reduce_scatter(source.data(), out.scattered.data(), counts, dtype);
+  out.all_reduced.assign(source.begin(), source.begin() + 10007);
+  comm.all_reduce(out.all_reduced.data(), out.all_reduced.size(), dtype);
+  out.reduced.assign(source.begin(), source.begin() + 5003);
+  comm.reduce(out.reduced.data(), out.reduced.size(), dtype, n - 1);
+  comm.set_reduce_in_fp32(false);
+  return out;
+}
+
+template <typename T>
+std::size_t bits_differ(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return std::max(a.size(), b.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
+  return differ;
+}
+
+template <typename T>
+void check_inprocess_equals_mpi(Communicator& mpi, DType dtype, bool fp32_wire) {
+  const RoundingResults<T> over_mpi = run_rounding_collectives<T>(mpi, dtype, fp32_wire);
+  RoundingResults<T> in_process;
+  run_ranks(mpi.world_size(), [&](std::shared_ptr<Communicator> comm) {
+    RoundingResults<T> mine = run_rounding_collectives<T>(*comm, dtype, fp32_wire);  // every rank takes part
+    if (comm->rank() == mpi.rank()) in_process = std::move(mine);
+  });
+  const std::string what = fmt::format("{}, fp32 wire {}, rank {} of {}", dtype_name(dtype), fp32_wire, mpi.rank(),
+                                       mpi.world_size());
+  EXPECT_EQ(bits_differ(in_process.scattered, over_mpi.scattered), 0u) << what << ": reduce_scatter";
+  EXPECT_EQ(bits_differ(in_process.all_reduced, over_mpi.all_reduced), 0u) << what << ": all_reduce";
+  EXPECT_EQ(bits_differ(in_process.reduced, over_mpi.reduced), 0u) << what << ": reduce";
+  // The inputs tell summation orders apart: rank order 0, 1, .., n-1 gives other bits than the ring.
+  if (dtype == DType::f32 && mpi.world_size() >= 3) {
+    std::size_t order_shows = 0;
+    for (std::size_t i = 0; i < over_mpi.all_reduced.size(); ++i) {
+      float in_rank_order = 0;
+      for (int r = 0; r < mpi.world_size(); ++r) in_rank_order += rounding_input(r, i);
+      order_shows += in_rank_order != float(over_mpi.all_reduced[i]);
+    }
+    EXPECT_GT(order_shows, over_mpi.all_reduced.size() / 100) << what;
+  }
+}
+
+TEST(InProcessWorld, BitwiseEqualToMpi) {
+  auto mpi = mpi_world();
+  for (bool fp32_wire : {false, true}) {
+    check_inprocess_equals_mpi<float>(*mpi, DType::f32, fp32_wire);
+    check_inprocess_equals_mpi<half>(*mpi, DType::f16, fp32_wire);
+    check_inprocess_equals_mpi<bfloat16>(*mpi, DType::bf16, fp32_wire);
+  }
 }
 
 // ---- errors --------------------------------------------------------------------------------------

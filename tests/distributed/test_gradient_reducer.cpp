@@ -11,15 +11,13 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/mpi_communicator.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/gpt.h"
 #include "tests/distributed/forwarding_communicator.h"
+#include "tests/distributed/world.h"
 
 namespace zero::dist {
 namespace {
-
-std::shared_ptr<Communicator> world_comm() { return mpi_world(); }
 
 // Counts the gradient reductions issued and not yet waited for. Its Works report "not completed" until
 // waited for, so a reducer that wants a buffer back has to wait for the oldest reduction itself.
@@ -68,8 +66,9 @@ nn::GPTConfig small_gpt(std::int64_t channels) {
 Tensor tokens(const nn::GPTConfig& cfg, int step, int rank) {
   std::vector<std::int64_t> v(static_cast<std::size_t>(2 * cfg.block_size));
   for (std::size_t i = 0; i < v.size(); ++i)
-    v[i] = static_cast<std::int64_t>((i * 7 + static_cast<std::size_t>(step) * 13 + static_cast<std::size_t>(rank) * 29) %
-                                     static_cast<std::size_t>(cfg.vocab_size));
+    v[i] =
+        static_cast<std::int64_t>((i * 7 + static_cast<std::size_t>(step) * 13 + static_cast<std::size_t>(rank) * 29) %
+                                  static_cast<std::size_t>(cfg.vocab_size));
   return Tensor::from_indices(v, {2, cfg.block_size});
 }
 
@@ -94,7 +93,7 @@ Trained train(const nn::GPTConfig& cfg, const ZeroOptions& o, std::shared_ptr<Co
   return {opt.flat_params().to(DType::f32).to_vector(), opt.memory()};
 }
 
-TEST(GradientReducer, AtMostTwoBucketsInFlightAndTheSameResult) {
+ZERO_DIST_TEST(GradientReducer, AtMostTwoBucketsInFlightAndTheSameResult) {
   // 100-element buckets over a ~14 k-parameter model: ~140 buckets per backward, every reduction held
   // until the reducer waits for it. Overlap on: without the bound every bucket would be in flight.
   const nn::GPTConfig cfg = small_gpt(16);
@@ -105,9 +104,9 @@ TEST(GradientReducer, AtMostTwoBucketsInFlightAndTheSameResult) {
     o.reduce_bucket_size = 100;
     o.overlap_comm = true;
     o.gradient_accumulation_steps = 2;
-    auto holding = std::make_shared<HoldingCommunicator>(world_comm());
+    auto holding = std::make_shared<HoldingCommunicator>(test_world());
     const Trained held = train(cfg, o, holding, 2);
-    const Trained plain = train(cfg, o, world_comm(), 2);
+    const Trained plain = train(cfg, o, test_world(), 2);
     EXPECT_EQ(held.params, plain.params) << "stage " << stage << ": results depend on how long reductions take";
     EXPECT_EQ(holding->live, 0) << "stage " << stage << ": reductions left unwaited";
     if (stage == 2) {
@@ -120,10 +119,10 @@ TEST(GradientReducer, AtMostTwoBucketsInFlightAndTheSameResult) {
   }
 }
 
-TEST(GradientReducer, Stage2HoldsLessGradientMemoryThanStage1) {
+ZERO_DIST_TEST(GradientReducer, Stage2HoldsLessGradientMemoryThanStage1) {
   // Default (automatic) buckets, fp16 and fp32, overlap_comm off and on: stage 2's partition gradient
   // plus its bucket pool, measured, below stage 1's full gradient, and equal to the plan.
-  const int n = world_comm()->world_size();
+  const int n = test_world()->world_size();
   const nn::GPTConfig cfg = small_gpt(48);  // ~62 k parameters: eight buckets of ~7.8 k
   for (DType dt : {DType::f16, DType::f32})
     for (bool overlap : {false, true}) {
@@ -133,11 +132,12 @@ TEST(GradientReducer, Stage2HoldsLessGradientMemoryThanStage1) {
         o.stage = stage;
         o.dtype = dt;
         o.overlap_comm = overlap;
-        const Trained t = train(cfg, o, world_comm(), 1);
+        const Trained t = train(cfg, o, test_world(), 1);
         grad_bytes[stage] = t.memory.grads + t.memory.buckets;
         std::vector<FlatLayout::Entry> entries;
         Generator gen(5);
-        for (const auto& p : nn::GPT(cfg, gen).named_parameters()) entries.push_back({p.name, p.tensor.shape(), p.decay});
+        for (const auto& p : nn::GPT(cfg, gen).named_parameters())
+          entries.push_back({p.name, p.tensor.shape(), p.decay});
         const MemoryBreakdown want = plan_zero(entries, n, o).memory();
         EXPECT_EQ(t.memory.grads, want.grads);
         EXPECT_EQ(t.memory.buckets, want.buckets);

@@ -15,7 +15,7 @@
 #include "core/backend.h"
 #include "core/cuda/runtime.h"
 #include "core/tensor.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/nccl_communicator.h"
 
 namespace zero::dist {
@@ -144,6 +144,10 @@ void check_control_and_ledger(Communicator& comm) {
   const int n = comm.world_size();
   EXPECT_EQ(comm.all_reduce_sum(comm.rank() + 1.0), 0.5 * n * (n + 1));
   EXPECT_EQ(comm.all_reduce_max(double(comm.rank())), double(n - 1));
+  // The batched control vector (ZeroOptimizer's norm partial and flags): one call, every value summed.
+  std::vector<double> values{comm.rank() + 1.0, 0.0, comm.rank() == 0 ? 1.0 : 0.0, -2.0 * comm.rank()};
+  comm.all_reduce_sum(values);
+  EXPECT_EQ(values, (std::vector<double>{0.5 * n * (n + 1), 0.0, 1.0, -1.0 * n * (n - 1)}));
   comm.barrier();
   comm.ledger().reset();
   Tensor buf = Tensor::zeros({1000}, DType::f32, Device::cuda);
@@ -151,13 +155,12 @@ void check_control_and_ledger(Communicator& comm) {
   EXPECT_DOUBLE_EQ(comm.ledger()[Collective::all_reduce], 2.0 * (n - 1) / n * 4000.0);
 }
 
-TEST(CudaNccl, CollectivesMatchClosedForms) {
+// NcclCommunicator with either wire dtype (fp32 scratch, or 16-bit sums) and the given options, through
+// every collective; false when this node lacks a GPU per rank (the caller skips, on every rank).
+bool check_nccl(NcclOptions options) {
   auto mpi = mpi_world();
-  if (!nccl_usable(mpi->rank(), mpi->world_size())) {
-    GTEST_SKIP() << "NCCL needs a GPU per rank (" << cuda::device_count() << " visible)";
-  }
+  if (!nccl_usable(mpi->rank(), mpi->world_size())) return false;
   for (bool fp32_accumulate : {true, false}) {
-    NcclOptions options;
     options.fp32_accumulate = fp32_accumulate;
     NcclCommunicator comm(mpi, options);
     EXPECT_EQ(comm.world_size(), mpi->world_size());
@@ -165,6 +168,19 @@ TEST(CudaNccl, CollectivesMatchClosedForms) {
     for (DType t : {DType::f32, DType::f16, DType::bf16}) check_collectives(comm, t);
     check_control_and_ledger(comm);
   }
+  return true;
+}
+
+TEST(CudaNccl, CollectivesMatchClosedForms) {
+  if (!check_nccl({})) GTEST_SKIP() << "NCCL needs a GPU per rank (" << cuda::device_count() << " visible)";
+}
+
+// The grouped per-slice paths (ncclReduce / ncclBroadcast per rank in one NCCL group) that uneven counts
+// take: forced, so that they run on one rank too, where every count list is "equal".
+TEST(CudaNccl, GroupedPathsMatchClosedForms) {
+  NcclOptions options;
+  options.force_grouped = true;
+  if (!check_nccl(options)) GTEST_SKIP() << "NCCL needs a GPU per rank (" << cuda::device_count() << " visible)";
 }
 
 TEST(CudaHostStaged, CollectivesMatchClosedForms) {

@@ -7,7 +7,8 @@
 // training loop does what a careful user would: calls backward() again (with a fresh forward) or
 // step() again. The run must end bit-for-bit where a run without the fault ends (the reference:
 // an independent clean run of the same program), and every rank must hold the same parameters.
-// Models are tiny (a 70-parameter MLP) so the few hundred fault runs take seconds on 4 ranks.
+// Models are tiny (a 70-parameter MLP) so the few hundred fault runs take seconds on 4 ranks. The tests run
+// under mpirun and with the ranks as threads of one process (ZERO_DIST_TEST, tests/distributed/world.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,11 +25,12 @@
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "core/check.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "tests/distributed/world.h"
 
 namespace zero::dist {
 namespace {
@@ -240,7 +242,7 @@ struct Outcome {
 // `between(net, step, g)` runs after micro-step g's backward (a user's own calls).
 Outcome train(const RunSetup& s, std::shared_ptr<Fault> fault, int steps = 2,
               const std::function<void(Net&, int, int)>& between = {}) {
-  auto world = mpi_world();
+  auto world = test_world();
   auto comm = std::make_shared<FaultyCommunicator>(world, fault);
   const int n = comm->world_size(), rank = comm->rank();
   Net net;
@@ -290,8 +292,8 @@ Outcome train(const RunSetup& s, std::shared_ptr<Fault> fault, int steps = 2,
 // Every rank holds rank 0's parameters, bit for bit.
 void expect_replicas_identical(const std::vector<float>& params, const std::string& what) {
   std::vector<float> root = params;
-  mpi_world()->broadcast(root.data(), root.size(), DType::f32, 0);
-  EXPECT_EQ(params, root) << what << ": rank " << mpi_world()->rank() << " differs from rank 0";
+  test_world()->broadcast(root.data(), root.size(), DType::f32, 0);
+  EXPECT_EQ(params, root) << what << ": rank " << test_world()->rank() << " differs from rank 0";
 }
 
 // Max |a - b| over the buffer, against the clean run's scale.
@@ -308,7 +310,7 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 // Exception safety (Note [Exception safety] in distributed/zero_optimizer.cpp)
 // =====================================================================================================
 
-TEST(ZeroFaults, EveryInjectedFaultLeavesTheRunAsWithoutIt) {
+ZERO_DIST_TEST(ZeroFaults, EveryInjectedFaultLeavesTheRunAsWithoutIt) {
   const std::vector<RunSetup> setups = {{0, 2, false, DType::f32}, {0, 1, true, DType::f32},  {1, 2, true, DType::f32},
                                      {1, 1, false, DType::bf16}, {2, 2, true, DType::f32}, {2, 2, false, DType::f16}};
   const std::vector<std::string> sites = {"collective", "collective_wait", "hook_before", "hook_after",
@@ -338,12 +340,12 @@ TEST(ZeroFaults, EveryInjectedFaultLeavesTheRunAsWithoutIt) {
       }
     }
   }
-  if (mpi_world()->rank() == 0)
+  if (test_world()->rank() == 0)
     std::printf("fault injection: %d faulted runs on %d rank(s), %d bitwise identical to the run without the fault\n",
-                runs, mpi_world()->world_size(), bitwise);
+                runs, test_world()->world_size(), bitwise);
 }
 
-TEST(ZeroFaults, PlainBackwardOnTheModelChangesNothing) {
+ZERO_DIST_TEST(ZeroFaults, PlainBackwardOnTheModelChangesNothing) {
   // A user calls loss.backward() on a model ZeRO manages (between two micro-steps of an accumulation),
   // catches the error and goes on: the run must be the one without that call.
   for (int stage : {0, 1, 2}) {
@@ -383,7 +385,7 @@ struct Plain {
 // rank get a NaN input; step `skip` is left out entirely. Stops at the first error.
 Plain run_plain(const ZeroOptions& o, int steps, const std::function<bool(int, std::int64_t)>& use_extra,
                 int nan_step = -1, int skip = -1) {
-  auto comm = mpi_world();
+  auto comm = test_world();
   const int n = comm->world_size(), rank = comm->rank();
   Net net;
   ZeroOptimizer opt(net.named_parameters(), comm, o);
@@ -414,7 +416,7 @@ bool all_finite(const std::vector<float>& v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
 
-TEST(ZeroNonfinite, NanInOneRanksBatchStopsAtThatStep) {
+ZERO_DIST_TEST(ZeroNonfinite, NanInOneRanksBatchStopsAtThatStep) {
   const auto always = [](int, std::int64_t) { return true; };
   for (DType dt : {DType::f32, DType::bf16})
     for (int stage : {0, 1, 2}) {
@@ -432,7 +434,7 @@ TEST(ZeroNonfinite, NanInOneRanksBatchStopsAtThatStep) {
     }
 }
 
-TEST(ZeroNonfinite, SkipModeSkipsExactlyThatStep) {
+ZERO_DIST_TEST(ZeroNonfinite, SkipModeSkipsExactlyThatStep) {
   const auto always = [](int, std::int64_t) { return true; };
   for (DType dt : {DType::f32, DType::bf16})
     for (int stage : {0, 1, 2}) {
@@ -482,8 +484,8 @@ std::vector<float> reference(const ZeroOptions& o, int steps, int n, const std::
   return flat;
 }
 
-TEST(ZeroUnusedParameters, MatchOneProcessAdamW) {
-  const int n = mpi_world()->world_size(), steps = 4;
+ZERO_DIST_TEST(ZeroUnusedParameters, MatchOneProcessAdamW) {
+  const int n = test_world()->world_size(), steps = 4;
   // Row r of a micro-step belongs to rank (r / 2) % n: rows [(g·N + rank)·2, +2).
   const std::vector<std::pair<std::string, std::function<bool(int, std::int64_t)>>> patterns = {
       {"used on even steps only", [](int step, std::int64_t) { return step % 2 == 0; }},
@@ -507,7 +509,7 @@ TEST(ZeroUnusedParameters, MatchOneProcessAdamW) {
       }
 }
 
-TEST(ZeroUnusedParameters, AStepWithoutAGradientLeavesTheParameterBitwiseAlone) {
+ZERO_DIST_TEST(ZeroUnusedParameters, AStepWithoutAGradientLeavesTheParameterBitwiseAlone) {
   // Weight decay would move it (decay 0.1, lr 3e-2) and so would the moments from the first step.
   for (int stage : {0, 1, 2}) {
     ZeroOptions o = options_for({stage, 1, false, DType::f32});

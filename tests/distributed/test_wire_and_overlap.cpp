@@ -5,6 +5,7 @@
 // References are independent of the code under test: a per-hop rounded ring sum computed here in
 // the ring's order, the interposer's count of bytes handed to MPI, closed-form memory bounds, and a
 // run of the same optimizer without overlap (bitwise, since an all-gather moves bytes, not sums).
+// Under mpirun and in one process (ZERO_DIST_TEST, tests/distributed/world.h); the byte count is MPI's only.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
@@ -17,14 +18,15 @@
 #include <vector>
 
 #include "autograd/autograd.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/gpt.h"
+#include "tests/distributed/world.h"
 
 namespace zero::dist {
 namespace {
 
-int world() { return mpi_world()->world_size(); }
+int world() { return test_world()->world_size(); }
 
 // ---- 16-bit partial sums on the wire, rounded once per hop ------------------------------------------
 
@@ -48,7 +50,7 @@ T ring_sum(int n, int dest, std::size_t i) {
 
 template <typename T>
 void check_per_hop_rounding(DType dtype) {
-  auto comm = mpi_world();
+  auto comm = test_world();
   const int n = comm->world_size(), rank = comm->rank();
   comm->set_reduce_in_fp32(false);
   const std::size_t count = 4099;
@@ -87,11 +89,11 @@ void check_per_hop_rounding(DType dtype) {
   }
 }
 
-TEST(WireDtype, HalfPartialSumsRoundOncePerHop) { check_per_hop_rounding<half>(DType::f16); }
-TEST(WireDtype, Bfloat16PartialSumsRoundOncePerHop) { check_per_hop_rounding<bfloat16>(DType::bf16); }
+ZERO_DIST_TEST(WireDtype, HalfPartialSumsRoundOncePerHop) { check_per_hop_rounding<half>(DType::f16); }
+ZERO_DIST_TEST(WireDtype, Bfloat16PartialSumsRoundOncePerHop) { check_per_hop_rounding<bfloat16>(DType::bf16); }
 
-TEST(WireDtype, LedgerCountsTheWireDtype) {
-  auto comm = mpi_world();
+ZERO_DIST_TEST(WireDtype, LedgerCountsTheWireDtype) {
+  auto comm = test_world();
   const int n = comm->world_size();
   const std::size_t count = 1000;
   std::vector<half> buf(count, half(1.0f)), out(count / n + 1);
@@ -150,7 +152,7 @@ struct Trace {
 };
 
 Trace train(const nn::GPTConfig& cfg, const ZeroOptions& o, int steps) {
-  auto comm = mpi_world();
+  auto comm = test_world();
   const int n = comm->world_size(), rank = comm->rank();
   Generator gen(5);
   nn::GPT model(cfg, gen);
@@ -176,7 +178,7 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-TEST(OverlapParamGather, BitwiseIdenticalToWaitingForTheGather) {
+ZERO_DIST_TEST(OverlapParamGather, BitwiseIdenticalToWaitingForTheGather) {
   const nn::GPTConfig cfg = gpt_config(16);
   for (int stage : {1, 2})
     for (DType dtype : {DType::f32, DType::f16})
@@ -205,13 +207,13 @@ TEST(OverlapParamGather, BitwiseIdenticalToWaitingForTheGather) {
 
 // wte (64 x 32 = 2048 elements) spans many 100-element buckets and is the last gradient backward
 // produces: copying it bucket by bucket must not hold one pool buffer per bucket.
-TEST(Stage2Buckets, PoolHoldsAtMostTwoBuckets) {
+ZERO_DIST_TEST(Stage2Buckets, PoolHoldsAtMostTwoBuckets) {
   const nn::GPTConfig cfg = gpt_config(32);
   ZeroOptions o;
   o.stage = 2;
   o.dtype = DType::f16;
   o.reduce_bucket_size = 100;
-  auto comm = mpi_world();
+  auto comm = test_world();
   Generator gen(5);
   nn::GPT model(cfg, gen);
   ZeroOptimizer opt(model.named_parameters(), comm, o);
@@ -224,7 +226,7 @@ TEST(Stage2Buckets, PoolHoldsAtMostTwoBuckets) {
   EXPECT_LE(opt.memory().buckets, 2.0 * 100 * 2) << "pool bytes (two f16 buckets of 100 elements)";
 }
 
-TEST(Stage2Buckets, AutomaticSizeKeepsStage2BelowStage1) {
+ZERO_DIST_TEST(Stage2Buckets, AutomaticSizeKeepsStage2BelowStage1) {
   // The closed form for the example model (~0.8 M parameters) and one 1000x larger, N = 2..64:
   // partition gradient + two buckets < the full gradient, and at least eight buckets.
   for (double psi : {8.0e5, 8.0e8})
@@ -239,7 +241,7 @@ TEST(Stage2Buckets, AutomaticSizeKeepsStage2BelowStage1) {
   // A real run at the defaults: measured gradient + bucket bytes below stage 1's gradient.
   const int n = world();
   const nn::GPTConfig cfg = gpt_config(48);  // ~62 k parameters: eight buckets of ~7.8 k
-  auto comm = mpi_world();
+  auto comm = test_world();
   double grads[3] = {};
   for (int stage : {1, 2}) {
     ZeroOptions o;
@@ -264,6 +266,8 @@ TEST(Stage2Buckets, AutomaticSizeKeepsStage2BelowStage1) {
   }
 }
 
+#ifndef ZERO_INPROCESS_TESTS  // MPI only: it counts the bytes handed to MPI
+
 // ---- the ledger against the bytes handed to MPI (needs the interposer preloaded) ---------------------
 
 using CounterFn = std::int64_t (*)();
@@ -274,7 +278,7 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
     ASSERT_NE(sent, nullptr) << "interposer not preloaded";
   }
   if (sent == nullptr) GTEST_SKIP() << "run with LD_PRELOAD=libzero_count_sent_bytes.so (ctest does)";
-  auto comm = mpi_world();
+  auto comm = test_world();
   const int n = comm->world_size();
   const nn::GPTConfig cfg = gpt_config(32);
   for (bool fp32 : {false, true}) {
@@ -313,6 +317,8 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
   }
   comm->set_reduce_in_fp32(false);
 }
+
+#endif  // ZERO_INPROCESS_TESTS
 
 }  // namespace
 }  // namespace zero::dist

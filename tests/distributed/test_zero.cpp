@@ -6,7 +6,8 @@
 // the single-process reference (batch N·b·GAS) locally, so every rank can check its own parameters.
 // Models are tiny (a GPT with ~1.8k parameters, a 77-parameter toy with every edge shape) so the suite
 // takes seconds even with 4 oversubscribed ranks. Checks come after the collectives, so a failure on one
-// rank never leaves the others waiting.
+// rank never leaves the others waiting. The tests run under mpirun and with the ranks as threads of one process
+// (ZERO_DIST_TEST, tests/distributed/world.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,12 +23,13 @@
 #include "autograd/ops.h"
 #include "core/check.h"
 #include "distributed/flat_layout.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/loss_scaler.h"
+#include "tests/distributed/world.h"
 
 namespace zero::dist {
 namespace {
@@ -379,7 +381,7 @@ ZeroOptions base_options() {
 // `skip(step)` leaves a step's data out entirely.
 RunResult run_zero(const Task& task, const ZeroOptions& o, int steps, std::int64_t b,
                    const std::function<void(nn::Module&)>& hook = {}, const std::function<bool(int)>& skip = {}) {
-  auto comm = mpi_world();
+  auto comm = test_world();
   const int n = comm->world_size(), rank = comm->rank();
   auto model = task.make();
   if (hook) hook(*model);
@@ -458,8 +460,8 @@ std::string describe(const ZeroOptions& o) {
          std::to_string(o.reduce_scatter) + ", GAS " + std::to_string(o.gradient_accumulation_steps);
 }
 
-int world_size() { return mpi_world()->world_size(); }
-int world_rank() { return mpi_world()->rank(); }
+int world_size() { return test_world()->world_size(); }
+int world_rank() { return test_world()->rank(); }
 
 // =====================================================================================================
 // Equivalence with one process
@@ -467,7 +469,7 @@ int world_rank() { return mpi_world()->rank(); }
 
 constexpr double kRtol = 1e-5;
 
-TEST(ZeroEquivalence, StagesBucketsAndOverlapMatchOneProcess) {
+ZERO_DIST_TEST(ZeroEquivalence, StagesBucketsAndOverlapMatchOneProcess) {
   const Task task = gpt_task();
   const int n = world_size(), steps = 3;
   const std::int64_t b = 2;
@@ -493,7 +495,7 @@ TEST(ZeroEquivalence, StagesBucketsAndOverlapMatchOneProcess) {
   }
 }
 
-TEST(ZeroEquivalence, ReduceScatterOffMatches) {
+ZERO_DIST_TEST(ZeroEquivalence, ReduceScatterOffMatches) {
   const Task task = gpt_task();
   const int n = world_size(), steps = 3;
   const RunResult ref = run_reference(task, base_options(), steps, n * 2);
@@ -510,7 +512,7 @@ TEST(ZeroEquivalence, ReduceScatterOffMatches) {
     }
 }
 
-TEST(ZeroEquivalence, GradientAccumulationEqualsLargerBatch) {
+ZERO_DIST_TEST(ZeroEquivalence, GradientAccumulationEqualsLargerBatch) {
   // GAS = 4 with micro-batch 1 == GAS = 1 with micro-batch 4 == one process with batch 4N.
   const Task task = gpt_task();
   const int n = world_size(), steps = 3;
@@ -530,7 +532,7 @@ TEST(ZeroEquivalence, GradientAccumulationEqualsLargerBatch) {
   }
 }
 
-TEST(ZeroEquivalence, EdgeShapes) {
+ZERO_DIST_TEST(ZeroEquivalence, EdgeShapes) {
   // Ψ = 77 (not divisible by 2N), w1 larger than a bucket and spanning partitions, a zero-element, a
   // frozen, a tied and a sometimes-unused parameter; clipping on, several steps.
   const Task task = toy_task();
@@ -560,7 +562,7 @@ TEST(ZeroEquivalence, EdgeShapes) {
       }
 }
 
-TEST(ZeroEquivalence, ParameterUnusedOnSomeRanks) {
+ZERO_DIST_TEST(ZeroEquivalence, ParameterUnusedOnSomeRanks) {
   const Task task = toy_uneven_task(2);
   const int n = world_size(), steps = 3;
   const RunResult ref = run_reference(task, base_options(), steps, n * 2);
@@ -576,7 +578,7 @@ TEST(ZeroEquivalence, ParameterUnusedOnSomeRanks) {
       }
 }
 
-TEST(ZeroEquivalence, ModelSmallerThanWorld) {
+ZERO_DIST_TEST(ZeroEquivalence, ModelSmallerThanWorld) {
   const Task task = tiny_task();
   const int n = world_size(), steps = 4;
   const RunResult ref = run_reference(task, base_options(), steps, n * 2);
@@ -591,14 +593,14 @@ TEST(ZeroEquivalence, ModelSmallerThanWorld) {
       expect_params_close(z, ref, kRtol, describe(o));
     }
   auto model = task.make();
-  ZeroOptimizer opt(model->named_parameters(), mpi_world(), base_options());
+  ZeroOptimizer opt(model->named_parameters(), test_world(), base_options());
   EXPECT_EQ(opt.layout().numel(), 3);
   EXPECT_EQ(opt.layout().padded_numel(), 2 * n * ((3 + 2 * n - 1) / (2 * n)));
 }
 
-TEST(ZeroEquivalence, ToyLayoutAndTiedParameter) {
+ZERO_DIST_TEST(ZeroEquivalence, ToyLayoutAndTiedParameter) {
   auto model = toy_task().make();
-  ZeroOptimizer opt(model->named_parameters(), mpi_world(), base_options());
+  ZeroOptimizer opt(model->named_parameters(), test_world(), base_options());
   const FlatLayout& l = opt.layout();
   ASSERT_EQ(l.params().size(), 6u);  // gain b1 w1 empty w2 extra: frozen excluded, head.weight tied
   EXPECT_EQ(l.numel(), 77);
@@ -617,7 +619,7 @@ TEST(ZeroEquivalence, ToyLayoutAndTiedParameter) {
 // Gradient norm and clipping
 // =====================================================================================================
 
-TEST(ZeroClipping, NormFromPartitionsEqualsFullGradientNorm) {
+ZERO_DIST_TEST(ZeroClipping, NormFromPartitionsEqualsFullGradientNorm) {
   // One step each; the reference norm is optim::clip_grad_norm over one process's full gradient.
   const Task task = gpt_task();
   const int n = world_size();
@@ -673,12 +675,12 @@ std::function<void(nn::Module&)> inject_inf(std::shared_ptr<bool> flag) {
   };
 }
 
-TEST(ZeroFp16, OverflowOnOneRankSkipsEverywhereWithHysteresis) {
+ZERO_DIST_TEST(ZeroFp16, OverflowOnOneRankSkipsEverywhereWithHysteresis) {
   const Task task = gpt_task();
   for (int stage : {0, 1, 2}) {
     ZeroOptions o = fp16_options(stage);
     auto flag = std::make_shared<bool>(false);
-    auto comm = mpi_world();
+    auto comm = test_world();
     const int rank = comm->rank();
     auto model = task.make();
     inject_inf(flag)(*model);
@@ -714,7 +716,7 @@ TEST(ZeroFp16, OverflowOnOneRankSkipsEverywhereWithHysteresis) {
   }
 }
 
-TEST(ZeroFp16, DynamicScaleEqualsStaticScaleAcrossSkipsAndRises) {
+ZERO_DIST_TEST(ZeroFp16, DynamicScaleEqualsStaticScaleAcrossSkipsAndRises) {
   // Power-of-two loss scales commute with fp16 rounding (away from subnormals), so a dynamic run whose
   // scale rises every other step and that skips two overflowed steps must give the weights of a
   // static-scale run that never sees those two batches. A step that unscaled with the post-update scale
@@ -727,7 +729,7 @@ TEST(ZeroFp16, DynamicScaleEqualsStaticScaleAcrossSkipsAndRises) {
     dyn.fp16.hysteresis = 1;
     dyn.fp16.initial_scale_power = 12;
     auto flag = std::make_shared<bool>(false);
-    auto comm = mpi_world();
+    auto comm = test_world();
     const int rank = comm->rank();
     auto model = task.make();
     inject_inf(flag)(*model);
@@ -751,7 +753,7 @@ TEST(ZeroFp16, DynamicScaleEqualsStaticScaleAcrossSkipsAndRises) {
   }
 }
 
-TEST(ZeroFp16, UpdatesMatchFp32WhenTheScaleRises) {
+ZERO_DIST_TEST(ZeroFp16, UpdatesMatchFp32WhenTheScaleRises) {
   // AdamW with beta1 = beta2 = 0 and eps = 1 updates by lr·g/(|g| + 1), nearly linear in g, so each
   // step's update shows whether the gradient was unscaled by the right factor: an fp16 run whose scale
   // doubles after every step must move the weights like fp32 to within fp16 noise (a 2× unscaling error
@@ -792,13 +794,13 @@ TEST(ZeroFp16, UpdatesMatchFp32WhenTheScaleRises) {
   }
 }
 
-TEST(ZeroFp16, Bf16RunsWithoutLossScaling) {
+ZERO_DIST_TEST(ZeroFp16, Bf16RunsWithoutLossScaling) {
   const Task task = gpt_task(tiny_gpt_config(), true);
   ZeroOptions o = base_options();
   o.stage = 2;
   o.dtype = DType::bf16;
   auto model = task.make();
-  ZeroOptimizer opt(model->named_parameters(), mpi_world(), o);
+  ZeroOptimizer opt(model->named_parameters(), test_world(), o);
   EXPECT_EQ(opt.loss_scale(), 1.0f);
   EXPECT_EQ(opt.flat_params().dtype(), DType::bf16);
   opt.backward(task.loss(*model, 0, world_rank() * 2, 2));
@@ -810,9 +812,9 @@ TEST(ZeroFp16, Bf16RunsWithoutLossScaling) {
 // Traffic (ledger) and memory
 // =====================================================================================================
 
-TEST(ZeroLedger, PerStepBytesMatchTheClosedForms) {
+ZERO_DIST_TEST(ZeroLedger, PerStepBytesMatchTheClosedForms) {
   const Task task = gpt_task();
-  auto comm = mpi_world();
+  auto comm = test_world();
   const int n = comm->world_size(), rank = comm->rank();
   for (DType dt : {DType::f32, DType::f16}) {
     auto one_step = [&](int stage, bool rs) {
@@ -864,10 +866,10 @@ TEST(ZeroLedger, PerStepBytesMatchTheClosedForms) {
   }
 }
 
-TEST(ZeroLedger, Stage2ReducesEveryMicroStep) {
+ZERO_DIST_TEST(ZeroLedger, Stage2ReducesEveryMicroStep) {
   // GAS micro-steps: stage 2 reduce-scatters GAS·Ψ, stage 1 Ψ (only at the boundary).
   const Task task = gpt_task();
-  auto comm = mpi_world();
+  auto comm = test_world();
   const int n = comm->world_size(), rank = comm->rank();
   for (int stage : {1, 2}) {
     ZeroOptions o = base_options();
@@ -885,7 +887,7 @@ TEST(ZeroLedger, Stage2ReducesEveryMicroStep) {
   }
 }
 
-TEST(ZeroMemory, MatchesThePaperFormulas) {
+ZERO_DIST_TEST(ZeroMemory, MatchesThePaperFormulas) {
   nn::GPTConfig cfg;
   cfg.vocab_size = 64;
   cfg.block_size = 16;
@@ -901,7 +903,7 @@ TEST(ZeroMemory, MatchesThePaperFormulas) {
     o.dtype = DType::f16;
     o.reduce_bucket_size = 4096;
     auto model = task.make();
-    ZeroOptimizer opt(model->named_parameters(), mpi_world(), o);
+    ZeroOptimizer opt(model->named_parameters(), test_world(), o);
     opt.backward(task.loss(*model, 0, world_rank(), 1));
     opt.step();
     const double psi = static_cast<double>(opt.layout().numel());
@@ -931,10 +933,10 @@ TEST(ZeroMemory, MatchesThePaperFormulas) {
 // Errors
 // =====================================================================================================
 
-TEST(ZeroErrors, BadOptions) {
+ZERO_DIST_TEST(ZeroErrors, BadOptions) {
   const Task task = gpt_task();
   auto model = task.make();
-  auto comm = mpi_world();
+  auto comm = test_world();
   auto with = [&](auto edit) {
     ZeroOptions o = base_options();
     edit(o);
@@ -961,7 +963,7 @@ TEST(ZeroErrors, BadOptions) {
   }
 }
 
-TEST(ZeroErrors, CallOrder) {
+ZERO_DIST_TEST(ZeroErrors, CallOrder) {
   const Task task = gpt_task();
   const int rank = world_rank();
   for (int stage : {0, 1, 2}) {
@@ -969,7 +971,7 @@ TEST(ZeroErrors, CallOrder) {
     ZeroOptions o = base_options();
     o.stage = stage;
     o.gradient_accumulation_steps = 2;
-    ZeroOptimizer opt(model->named_parameters(), mpi_world(), o);
+    ZeroOptimizer opt(model->named_parameters(), test_world(), o);
     EXPECT_THROW(opt.step(), Error);  // no backward yet
     opt.backward(task.loss(*model, 0, rank, 1));
     EXPECT_THROW(opt.step(), Error);  // 1 of 2
@@ -981,7 +983,7 @@ TEST(ZeroErrors, CallOrder) {
   }
 }
 
-TEST(ZeroErrors, GradientComputedTwiceInOneBackward) {
+ZERO_DIST_TEST(ZeroErrors, GradientComputedTwiceInOneBackward) {
   // A second, nested backward (run from a user hook) reaches a parameter whose gradient the outer
   // backward also computes. Stage 1 before the accumulation boundary issues no collective, so the
   // error is purely local.
@@ -999,7 +1001,7 @@ TEST(ZeroErrors, GradientComputedTwiceInOneBackward) {
   });
   ZeroOptions o = base_options();
   o.gradient_accumulation_steps = 2;
-  ZeroOptimizer opt(model->named_parameters(), mpi_world(), o);
+  ZeroOptimizer opt(model->named_parameters(), test_world(), o);
   *side = sum(first);
   try {
     opt.backward(task.loss(*model, 0, world_rank(), 1));

@@ -9,10 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "distributed/mpi_communicator.h"
+#include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "distributed/zero_plan.h"
 #include "nn/gpt.h"
+#include "tests/distributed/world.h"
 
 namespace zero::dist {
 namespace {
@@ -35,8 +36,8 @@ Tensor tokens(std::int64_t rows, std::int64_t T, std::int64_t V, int salt) {
 
 bool near(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(1.0, std::abs(b)); }
 
-TEST(ZeroPlan, MemoryAndTrafficEqualTheOptimizersMeasurements) {
-  auto comm = mpi_world();
+ZERO_DIST_TEST(ZeroPlan, MemoryAndTrafficEqualTheOptimizersMeasurements) {
+  auto comm = test_world();
   const int n = comm->world_size();
   const nn::GPTConfig cfg = plan_gpt_config();
   struct Case {

@@ -212,10 +212,30 @@ inline void causal_softmax_backward_ref(std::vector<double>& g, std::vector<doub
   softmax_backward_row_ref(g, bound, p.data(), dp.data(), t + 1, T, scale, warp_chain(t + 1));
 }
 
-/// Bound on one row's cross-entropy loss -log(max(p, 1e-30)) given the bound p_bound on the probability
-/// of the target (softmax_row_ref): the relative error of p, plus logf's log_ulps ulp.
-inline double cross_entropy_loss_bound(double p, double p_bound, double log_ulps) {
-  return kSecondOrder * (p_bound / p + log_ulps * ulp_f32(-std::log(p)));
+/// One row's cross-entropy as the kernel computes it, the log-softmax loss = log(S) - z with S = sum_s
+/// exp(a_s - m), z = a_target - m <= 0, in double, and the bound of its f32 evaluation: S errs by `chain` u
+/// plus the largest relative error of an exp term (as in softmax_row_ref), which log turns into the same
+/// absolute error; logf adds log_ulps ulp of log(S); z one rounding (u |z|); the final subtraction u |loss|.
+/// S >= 1 and -z >= 0, so the two terms add without cancelling and the bound stays small however small
+/// the target's probability is.
+struct CrossEntropyRowRef {
+  double loss = 0, bound = 0;
+};
+inline CrossEntropyRowRef cross_entropy_row_ref(const float* a, std::int64_t len, std::int64_t target, double chain,
+                                                double exp_ulps, double log_ulps) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t s = 0; s < len; ++s) m = std::max(m, static_cast<double>(a[s]));
+  double sum = 0.0, worst_e = 0.0;
+  for (std::int64_t s = 0; s < len; ++s) {
+    sum += std::exp(a[s] - m);
+    worst_e = std::max(worst_e, std::abs(a[s] - m) * kU + 2.0 * exp_ulps * kU);
+  }
+  const double z = a[target] - m, log_sum = std::log(sum);
+  CrossEntropyRowRef r;
+  r.loss = log_sum - z;
+  r.bound = kSecondOrder * (chain * kU + worst_e + log_ulps * ulp_f32(log_sum) + kU * std::abs(z) +
+                            kU * std::abs(r.loss));
+  return r;
 }
 
 // ---- LayerNorm forward and input gradient (one warp per row) ------------------------------------------------
@@ -423,6 +443,70 @@ struct Worst {
       index = i;
     }
     abs_error = std::max(abs_error, err);
+  }
+};
+
+// ---- AdamW over a sequence of gradients (test_cuda_gpt.cpp, tests/distributed/test_zero_cuda.cpp) -----------
+
+// Note [AdamW trajectory bound]
+// Two f32 training runs cannot be compared within a worst-case bound through AdamW: its first update is
+// about lr sign(g), so a gradient that is zero up to rounding moves a parameter by +-lr on one side and
+// not the other. So the tests feed every implementation the same gradient values (up to a stated relative
+// error rel_g: the rounding of the clip coefficient, a 16-bit gradient) and compare each with exact AdamW
+// on those values, in double, with the f32 scalars the implementations form (optim::adamw_update,
+// cuda::adamw_scalars: the same on every side). A near-zero gradient then moves every side alike. Per
+// element and step, with c1 = 1 - b1 and c2 = 1 - b2 (exact in f32, Sterbenz's lemma), first order in u:
+//   m' = b1 m + c1 g        e_m' = b1 e_m + c1 |g| rel_g + 3u (b1 |m| + c1 |g|)         (3 roundings)
+//   v' = b2 v + c2 g g      e_v' = b2 e_v + 2 c2 g^2 rel_g + 4u v'                        (4; terms >= 0)
+//   d = sqrt(v') / s2 + eps e_d = e_v' / (2 sqrt(v') s2) + 3u d                          (sqrt, /, +)
+//   r = m' / d              e_r = (e_m' + |r| e_d) / d + u |r|
+//   p' = p decay - k r      e_p' = decay e_p + k e_r + u (|p decay| + |k r| + |p'|)
+// (k = step_size, s2 = bias_correction2_sqrt.) Every operation is counted as one rounding of u times its
+// result, which also covers an FMA (one rounding where two are counted); kSecondOrder covers the rest.
+// A gradient that is exactly 0 on every step keeps m = v = r = 0 exactly (bound 0 from them).
+struct AdamWTrajectory {
+  std::vector<double> param, exp_avg, exp_avg_sq;  // exact AdamW
+  std::vector<double> bound, m_bound, v_bound;     // per element: |an f32 implementation - exact|
+  std::int64_t step = 0;
+  float lr, beta1, beta2, eps;
+
+  AdamWTrajectory(std::vector<double> p0, float lr_, float beta1_, float beta2_, float eps_)
+      : param(std::move(p0)), lr(lr_), beta1(beta1_), beta2(beta2_), eps(eps_) {
+    const std::size_t n = param.size();
+    exp_avg.assign(n, 0.0);
+    exp_avg_sq.assign(n, 0.0);
+    bound.assign(n, 0.0);
+    m_bound.assign(n, 0.0);
+    v_bound.assign(n, 0.0);
+  }
+
+  /// One step on gradient g (the exact values; the implementations may see them with relative error
+  /// rel_g), element i decayed with weight_decay[i].
+  void apply(const std::vector<double>& g, const std::vector<float>& weight_decay, double rel_g) {
+    ++step;
+    const double t = static_cast<double>(step);
+    const double bc1 = 1.0 - std::pow(static_cast<double>(beta1), t), bc2 = 1.0 - std::pow(static_cast<double>(beta2), t);
+    const double k = static_cast<float>(lr / bc1), s2 = static_cast<float>(std::sqrt(bc2));
+    const double b1 = beta1, b2 = beta2, c1 = 1.0f - beta1, c2 = 1.0f - beta2;
+    for (std::size_t i = 0; i < param.size(); ++i) {
+      const double decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay[i]);
+      const double gi = g[i], m = exp_avg[i], v = exp_avg_sq[i];
+      const double m1 = b1 * m + c1 * gi, v1 = b2 * v + c2 * gi * gi;
+      const double em = b1 * m_bound[i] + c1 * std::abs(gi) * rel_g + 3 * kU * (b1 * std::abs(m) + c1 * std::abs(gi));
+      const double ev = b2 * v_bound[i] + 2 * c2 * gi * gi * rel_g + 4 * kU * v1;
+      const double d = std::sqrt(v1) / s2 + eps;
+      const double ed = (v1 > 0 ? ev / (2 * std::sqrt(v1) * s2) : 0.0) + 3 * kU * d;
+      const double r = m1 / d;
+      const double er = (em + std::abs(r) * ed) / d + kU * std::abs(r);
+      const double p1 = param[i] * decay - k * r;
+      bound[i] = kSecondOrder * (decay * bound[i] + k * er +
+                                 kU * (std::abs(param[i] * decay) + std::abs(k * r) + std::abs(p1)));
+      m_bound[i] = kSecondOrder * em;
+      v_bound[i] = kSecondOrder * ev;
+      param[i] = p1;
+      exp_avg[i] = m1;
+      exp_avg_sq[i] = v1;
+    }
   }
 };
 

@@ -295,24 +295,58 @@ TEST(ConfigInvalid, EachInvalidValueNamesItsKey) {
   EXPECT_THAT(parse_error(json::array()), HasSubstr("top level"));
 }
 
-TEST(ConfigWarnings, UnknownKeysWarnWithTheirPath) {
+TEST(ConfigKeys, IgnoredDeepSpeedKeysWarnOnceWithTheirPath) {
   const TrainingConfig c = TrainingConfig::from_json(json::parse(R"({
     "steps_per_print": 10,
+    "tensorboard": {"enabled": true, "anything": "goes"},
     "fp16": {"enabled": false, "auto_cast": false},
     "bf16": {"enabled": false, "immediate_grad_update": true},
-    "zero_optimization": {"stage": 2, "stage3_prefetch": 1000},
-    "optimizer": {"type": "AdamW", "legacy_fusion": false, "params": {"lr": 1e-3, "amsgrad": false}},
+    "zero_optimization": {"stage": 2, "stage3_prefetch_bucket_size": 1000, "offload_optimizer": {"device": "cpu"}},
     "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 5, "last_batch_iteration": -1}}
   })"));
   EXPECT_EQ(c.zero_optimization.stage, 2);
-  EXPECT_THAT(c.warnings,
-              ::testing::UnorderedElementsAre("warning: unknown config key 'steps_per_print'",
-                                              "warning: unknown config key 'fp16.auto_cast'",
-                                              "warning: unknown config key 'bf16.immediate_grad_update'",
-                                              "warning: unknown config key 'zero_optimization.stage3_prefetch'",
-                                              "warning: unknown config key 'optimizer.legacy_fusion'",
-                                              "warning: unknown config key 'optimizer.params.amsgrad'",
-                                              "warning: unknown config key 'scheduler.params.last_batch_iteration'"));
+  const auto ignored = [](const std::string& key) {
+    return "warning: config key '" + key + "' is a DeepSpeed key zero.cpp ignores (docs/config.md, \"Ignored DeepSpeed keys\")";
+  };
+  EXPECT_THAT(c.warnings, ::testing::UnorderedElementsAre(
+                              ignored("steps_per_print"), ignored("tensorboard"), ignored("fp16.auto_cast"),
+                              ignored("bf16.immediate_grad_update"), ignored("zero_optimization.stage3_prefetch_bucket_size"),
+                              ignored("zero_optimization.offload_optimizer"), ignored("scheduler.params.last_batch_iteration")));
+}
+
+TEST(ConfigKeys, UnknownKeysAreErrorsWithASuggestion) {
+  struct Case {
+    const char* json_text;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      // a swap, a missing letter, a wrong case: the nearest key of the same section
+      {R"({"zero_optimization": {"stgae": 2}})",
+       "unknown config key 'zero_optimization.stgae'; did you mean 'zero_optimization.stage'?"},
+      {R"({"fp16": {"enabled": true, "loss_scale_windw": 10}})",
+       "unknown config key 'fp16.loss_scale_windw'; did you mean 'fp16.loss_scale_window'?"},
+      {R"({"Gradient_Clipping": 1.0})", "unknown config key 'Gradient_Clipping'; did you mean 'gradient_clipping'?"},
+      {R"({"optimizer": {"type": "AdamW", "params": {"weight_decy": 0.1}}})",
+       "unknown config key 'optimizer.params.weight_decy'; did you mean 'optimizer.params.weight_decay'?"},
+      // a key of another section
+      {R"({"stage": 2})", "unknown config key 'stage'; did you mean 'zero_optimization.stage'?"},
+      {R"({"zero_optimization": {"gradient_clipping": 1.0}})",
+       "unknown config key 'zero_optimization.gradient_clipping'; did you mean 'gradient_clipping'?"},
+      // nothing near
+      {R"({"zero_optimization": {"frobnicate": true}})", "unknown config key 'zero_optimization.frobnicate'"},
+      // DeepSpeed keys that would change the numbers
+      {R"({"prescale_gradients": true})",
+       "config key 'prescale_gradients' is a DeepSpeed key zero.cpp does not implement; remove it"},
+      {R"({"zero_optimization": {"stage": 2, "zero_quantized_gradients": true}})",
+       "config key 'zero_optimization.zero_quantized_gradients' is a DeepSpeed key zero.cpp does not implement"},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = parse_error(json::parse(c.json_text));
+    EXPECT_THAT(msg, HasSubstr(c.says)) << c.json_text;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line";
+  }
+  EXPECT_THAT(parse_error(json::parse(R"({"zero_optimization": {"frobnicate": true}})")),
+              ::testing::Not(HasSubstr("did you mean")));
 }
 
 TEST(ConfigBatch, DerivesEachMissingOne) {
@@ -437,12 +471,19 @@ TEST(ConfigJson, ToJsonRoundTrips) {
 TEST_F(ConfigFileTest, ReadsAFile) {
   const std::string path = write("ds.json", R"({
     "train_micro_batch_size_per_gpu": 2,
-    "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "stage3_prefetch": 1}
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "round_robin_gradients": true}
   })");
   const TrainingConfig c = TrainingConfig::from_file(path);
   EXPECT_EQ(c.zero_optimization.stage, 2);
   EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500'000'000);
-  EXPECT_THAT(c.warnings, ::testing::ElementsAre("warning: unknown config key 'zero_optimization.stage3_prefetch'"));
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_THAT(c.warnings[0], AllOf(HasSubstr("'zero_optimization.round_robin_gradients' in " + path), HasSubstr("ignores")));
+}
+
+TEST_F(ConfigFileTest, UnknownKeyNamesKeyAndFile) {
+  const std::string path = write("typo.json", R"({"zero_optimization": {"stgae": 2}})");
+  EXPECT_EQ(error_of([&] { TrainingConfig::from_file(path); }),
+            "unknown config key 'zero_optimization.stgae' in " + path + "; did you mean 'zero_optimization.stage'?");
 }
 
 TEST_F(ConfigFileTest, MissingFile) {

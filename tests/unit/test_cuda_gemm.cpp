@@ -6,6 +6,7 @@
 #ifdef ZERO_HAS_CUDA
 
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -91,10 +92,13 @@ TEST_F(CudaGemm, Tf32IsCloseToF32) {
   std::vector<float> c(l.c_size, 0.0f);
   host().gemm(false, true, M, N, K, 1.0f, a.data(), l.lda, b.data(), l.ldb, 0.0f, c.data(), l.ldc, nullptr);
   DeviceArray<float> da(a), db(b), dc(std::vector<float>(l.c_size, 0.0f));
-  cuda::set_allow_tf32(true);
-  EXPECT_TRUE(cuda::allow_tf32());
-  gpu().gemm(false, true, M, N, K, 1.0f, da.get(), l.lda, db.get(), l.ldb, 0.0f, dc.get(), l.ldc, nullptr);
-  cuda::set_allow_tf32(false);
+  const bool before = cuda::allow_tf32();
+  {
+    const cuda_test::ScopedAllowTf32 tf32(true);
+    EXPECT_TRUE(cuda::allow_tf32());
+    gpu().gemm(false, true, M, N, K, 1.0f, da.get(), l.lda, db.get(), l.ldb, 0.0f, dc.get(), l.ldc, nullptr);
+  }
+  EXPECT_EQ(cuda::allow_tf32(), before);  // restored
   // TF32 keeps 10 explicit mantissa bits of each input: within 2^-10 relative even if truncated, so
   // each product errs by at most 2 · 2^-10 |a b| (· 1.01 for the second-order term), on top of the
   // two f32 GEMMs' bound (Note [CUDA test tolerances]).
@@ -187,11 +191,34 @@ TEST_F(CudaGemm, EmptyDimensions) {
   // M = 0: nothing happens.
   gpu().gemm(false, false, 0, 4, 3, 1.0f, a.get(), 3, b.get(), 4, 0.0f, c.get(), 4, nullptr);
   EXPECT_EQ(c.to_host(), c0);
-  // K = 0: C = beta * C, as the CPU GEMM.
+  // K = 0 is handled without cuBLAS (core/cuda/blas.cpp): C = beta C, one correctly rounded multiply per
+  // element, so bit for bit; rows of 3 with ldc 4 leave the padding column alone.
   std::vector<float> want = c0;
-  host().gemm(false, false, 3, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.5f, want.data(), 4, nullptr);
-  gpu().gemm(false, false, 3, 4, 0, 1.0f, a.get(), 1, b.get(), 4, 0.5f, c.get(), 4, nullptr);
-  EXPECT_TRUE(all_close(c.to_host(), want, 1e-6f, 0.0f));  // one multiply by 0.5 (exact) each side
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (i % 4 != 3) want[i] = 0.7f * c0[i];
+  gpu().gemm(false, false, 3, 3, 0, 1.0f, a.get(), 1, b.get(), 3, 0.7f, c.get(), 4, nullptr);
+  EXPECT_EQ(c.to_host(), want);
+  // beta = 0: zeros, C is not read (a NaN there does not survive), padding untouched.
+  auto nan_c = c0;
+  for (std::size_t i = 0; i < nan_c.size(); i += 4) nan_c[i] = std::numeric_limits<float>::quiet_NaN();
+  DeviceArray<float> cn(nan_c);
+  gpu().gemm(true, true, 3, 3, 0, 1.0f, a.get(), 3, b.get(), 1, 0.0f, cn.get(), 4, nullptr);
+  const auto got = cn.to_host();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (i % 4 == 3) EXPECT_EQ(got[i], c0[i]) << i;
+    else EXPECT_EQ(got[i], 0.0f) << i;
+  }
+  // Strided batches of bf16 (inputs and output): every matrix scaled, the gaps between them untouched.
+  const std::int64_t batch = 3, M = 2, N = 3, ldc = 4, stride = 11;
+  const auto cb0 = rounded(random_floats(batch * stride, 12), DType::bf16);
+  Tensor cb = Tensor::from_vector(cb0, {batch * stride}).to(DType::bf16).to(Device::cuda);
+  gpu().gemm_batched_ex(false, false, M, N, 0, 1.0f, a.get(), DType::bf16, 1, 0, b.get(), DType::bf16, N, 0, -0.5f,
+                        cb.raw_data(), DType::bf16, ldc, stride, batch);
+  auto want_b = cb0;  // times -0.5: exact in bf16
+  for (std::int64_t i = 0; i < batch; ++i)
+    for (std::int64_t r = 0; r < M; ++r)
+      for (std::int64_t j = 0; j < N; ++j) want_b[i * stride + r * ldc + j] *= -0.5f;
+  EXPECT_EQ(cb.to_vector(), want_b);
 }
 
 }  // namespace

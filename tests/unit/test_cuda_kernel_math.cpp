@@ -344,16 +344,19 @@ TEST(CudaKernelMath, SoftmaxRowStandInWithinBound) {
       for (std::int64_t i = 0; i < C; ++i) mx = std::fmax(mx, xr[i]);
       std::vector<float> e(C);
       for (std::int64_t i = 0; i < C; ++i) e[i] = device_exp_model(xr[i] - mx, static_cast<int>((i * 7 + r) % 5) - 2);
-      const float inv = 1.0f / block_sum_stand_in(C, threads, [&](std::int64_t i) { return e[i]; });
+      const float total = block_sum_stand_in(C, threads, [&](std::int64_t i) { return e[i]; });
+      const float inv = 1.0f / total;
       std::vector<float> y(C);
       for (std::int64_t i = 0; i < C; ++i) y[i] = e[i] * inv;
       kb::softmax_row_ref(p, pb, xr, C, C, kb::block_chain(C), kModelUlps);
       for (std::int64_t i = 0; i < C; ++i) wf.add(r * C + i, y[i], p[i], pb[i]);
-      // cross_entropy_forward_kernel's loss for target r % C: -logf(p), logf within 1 ulp (modelled as
-      // the correctly rounded log moved by one ulp: 1.5 ulp)
+      // cross_entropy_forward_kernel's loss for target r % C: logf(total) - (x[target] - max), logf within
+      // 1 ulp (modelled as the correctly rounded log moved by one ulp: 1.5 ulp)
       const std::int64_t target = r % C;
-      const float loss = -kb::shift_ulps(static_cast<float>(std::log(static_cast<double>(y[target]))), 1);
-      wl.add(r, loss, -std::log(p[target]), kb::cross_entropy_loss_bound(p[target], pb[target], 1.5));
+      const float loss =
+          kb::shift_ulps(static_cast<float>(std::log(static_cast<double>(total))), 1) - (xr[target] - mx);
+      const auto ce = kb::cross_entropy_row_ref(xr, C, target, kb::block_chain(C), kModelUlps, 1.5);
+      wl.add(r, loss, ce.loss, ce.bound);
       // softmax_backward_kernel from the f32 y
       const float* dyr = dy.data() + r * C;
       const float dot = block_sum_stand_in(C, threads, [&](std::int64_t i) { return y[i] * dyr[i]; });

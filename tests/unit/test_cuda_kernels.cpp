@@ -199,9 +199,10 @@ TEST_F(CudaKernels, CrossEntropyForwardBackward) {
       kb::softmax_row_ref(row, row_bound, logits.data() + r * V, V, V, kb::block_chain(V), kDeviceUlps);
       std::copy(row.begin(), row.end(), p.begin() + r * V);
       std::copy(row_bound.begin(), row_bound.end(), pb.begin() + r * V);
-      const double pt = row[targets[r]];
-      loss += -std::log(pt) / N;
-      loss_bound += kb::cross_entropy_loss_bound(pt, row_bound[targets[r]], 1.0) / N;
+      const auto ce = kb::cross_entropy_row_ref(logits.data() + r * V, V, targets[r], kb::block_chain(V), kDeviceUlps,
+                                                1.0);
+      loss += ce.loss / N;
+      loss_bound += ce.bound / N;
     });
     loss_bound += kb::ulp_f32(loss);  // the rounding of the double mean to f32: half an ulp, with margin
     EXPECT_NEAR(got, loss, loss_bound);
@@ -215,6 +216,18 @@ TEST_F(CudaKernels, CrossEntropyForwardBackward) {
     }
     gpu().cross_entropy_backward(d_dlogits.get(), d_probs.get(), d_targets.get(), d_dloss.get(), N, V);
     EXPECT_TRUE(kb::within_bounds(d_dlogits.to_host(), g, gb));
+  }
+  // A target far below the row's maximum: its probability underflows f32 (e^-120 < 1e-52), yet the
+  // log-softmax loss is exact to its bound, 120 + log(2 + e^-120), not a clamp's 69.
+  {
+    const std::vector<float> far{0.0f, 0.0f, -120.0f};
+    DeviceArray<float> d_far(far), d_p(3), d_l(1);
+    DeviceArray<std::int64_t> d_t(std::vector<std::int64_t>{2});
+    gpu().cross_entropy_forward(d_l.get(), d_p.get(), d_far.get(), d_t.get(), 1, 3);
+    const float got = d_l.to_host()[0];
+    const auto ce = kb::cross_entropy_row_ref(far.data(), 3, 2, kb::block_chain(3), kDeviceUlps, 1.0);
+    EXPECT_NEAR(got, ce.loss, ce.bound + kb::ulp_f32(ce.loss));
+    EXPECT_GT(got, 120.0f);
   }
   // A target outside [0, V) raises a deferred error: the next synchronize throws, and leaves no error
   // behind.

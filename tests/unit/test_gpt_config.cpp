@@ -63,7 +63,7 @@ TEST(GPTConfigJson, RoundTripKeepsANonRepresentableDropout) {
 }
 
 TEST(GPTConfigJson, AnOlderCheckpointsConfigIsALayerNormModel) {
-  // What checkpoints recorded before "norm" existed (examples/gpt_sampling.h's gpt_config_json then).
+  // What checkpoints recorded before "norm" existed.
   const json old = json::parse(R"({"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 8,
                                    "dropout": 0.0, "bias": true})");
   const nn::GPTConfig c = nn::GPTConfig::from_json(old);

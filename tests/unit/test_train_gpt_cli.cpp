@@ -1,6 +1,6 @@
 // train_gpt's promise on bad input: one line naming the problem, a non-zero exit, no crash, and no
 // metrics file left behind; and the job's promise under mpirun: one line for the whole job, and no
-// hang when a rank leaves early (Note [No hang] in distributed/mpi_communicator.cpp). Runs the real
+// hang when a rank leaves early (Note [No hang] in distributed/job_runtime.cpp). Runs the real
 // binaries (build/bin/train_gpt, build/bin/zero_leave_early) on small files made here.
 #include <gtest/gtest.h>
 
@@ -111,6 +111,57 @@ TEST_F(TrainGptCli, MetricsPathIsADirectory) {
   EXPECT_FALSE(fs::exists(dir_.string() + ".tmp"));
 }
 
+// Every output path is tried before any work (a file created in --save-dir; the others opened, or
+// their temporary file created, and removed again), and the directories they need are created.
+TEST_F(TrainGptCli, OutputPathsAreProbedBeforeAnyWork) {
+  const std::string base = "--data " + path("text.txt") + " --steps 2 --block 8 --batch 2 --n-layer 1 --n-head 2 "
+                           "--n-embd 8 --eval-iters 1 --sample 0";
+  struct Case {
+    std::string flags, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--save-dir /proc", "error: --save-dir '/proc': cannot create a file in it ("},
+           {"--trace /proc/t.json", "error: --trace '/proc/t.json': cannot create a file in its directory ("},
+           {"--metrics /proc/m.json", "error: --metrics '/proc/m.json': cannot create a file in its directory ("},
+           {"--log-file /proc/x/log.jsonl", "error: --log-file '/proc/x/log.jsonl': cannot create the directory '/proc/x'"},
+           {"--log-file " + path("text.txt") + "/log.jsonl", "error: --log-file '" + path("text.txt") + "/log.jsonl'"},
+       }) {
+    const Result r = run_train_gpt(base + " " + c.flags);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_EQ(r.output.rfind(c.says, 0), 0u) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+  // The README's save / log example: out/ does not exist yet, and both go there.
+  const Result ok = run_train_gpt(base + " --save-dir " + path("out") + " --log-file " + path("out/log.jsonl") +
+                                  " --metrics " + path("m/deeper/metrics.json"));
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "log.jsonl"));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "step_00000002"));
+  EXPECT_TRUE(fs::exists(dir_ / "m" / "deeper" / "metrics.json"));
+  for (const auto& e : fs::directory_iterator(dir_ / "out"))
+    EXPECT_NE(e.path().filename().string().rfind(".probe", 0), 0u) << "probe left behind: " << e.path();
+  // A failed probe leaves no file of its own behind.
+  const Result bad = run_train_gpt(base + " --log-file " + path("new.jsonl") + " --save-dir /proc");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_FALSE(fs::exists(dir_ / "new.jsonl"));
+}
+
+TEST_F(TrainGptCli, TraceStepsBeyondTheRunAreAnError) {
+  const Result r = run_train_gpt("--data " + path("text.txt") + " --steps 2 --sample 0 --trace " + path("t.json") +
+                                 " --trace-steps 100:102");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.output, "error: --trace-steps 100:102 ends after the run's last step (--steps 2); give A:B with B <= 2\n");
+  EXPECT_FALSE(fs::exists(dir_ / "t.json"));
+}
+
+TEST_F(TrainGptCli, AMisspeltConfigKeyIsAnErrorWithASuggestion) {
+  std::ofstream(dir_ / "ds.json") << R"({"zero_optimization": {"stgae": 2}})";
+  const Result r = run_train_gpt("--data " + path("text.txt") + " --steps 2 --sample 0 --config " + path("ds.json"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.output, "error: unknown config key 'zero_optimization.stgae' in " + path("ds.json") +
+                          "; did you mean 'zero_optimization.stage'?\n");
+}
+
 TEST_F(TrainGptCli, TinyRunWritesMetrics) {
   const fs::path metrics = dir_ / "ok.json";
   const Result r = run_train_gpt("--data " + path("text.txt") +
@@ -125,6 +176,9 @@ TEST_F(TrainGptCli, TinyRunWritesMetrics) {
   EXPECT_NE(json.find("\"matmul_precision\": \"fp32\""), std::string::npos) << json;  // cpu: f32 GEMMs
   EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("sample"), std::string::npos) << r.output;
+  const Result one = run_train_gpt("--data " + path("text.txt") + " --steps 1 --block 8 --batch 2 --n-layer 1 "
+                                   "--n-head 2 --n-embd 8 --eval-iters 1 --sample 0 --threads 1");
+  EXPECT_NE(one.output.find(" 1 step, 1 thread/rank\n"), std::string::npos) << one.output;
 }
 
 // ---- every flag, by the rules of the config keys ----------------------------------------------------
@@ -221,7 +275,7 @@ TEST_F(TrainGptCli, SourceLocationOnlyWithVerbose) {
 #ifdef NDEBUG
   EXPECT_EQ(quiet.output.find(".cpp:"), std::string::npos) << quiet.output;
 #endif
-  EXPECT_NE(verbose.output.find("train_gpt.cpp:"), std::string::npos) << verbose.output;
+  EXPECT_NE(verbose.output.find("train_options.cpp:"), std::string::npos) << verbose.output;
   EXPECT_EQ(error_lines(verbose.output), 1) << verbose.output;
 }
 

@@ -1,0 +1,189 @@
+#include "examples/resume_settings.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#include "core/check.h"
+#include "distributed/checkpoint.h"
+
+namespace zero::examples {
+
+// Note [Settings from the checkpoint]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A resumed run continues the run that wrote the checkpoint, so what that run was (nanoGPT takes its
+// model arguments from the checkpoint the same way) comes from state.json unless a flag says
+// otherwise: the model shape, the data file, the seed, the learning-rate schedule and --steps, AdamW's
+// betas and weight decay, the evaluation cadence (evaluations draw from the batch stream, so it shapes
+// the trajectory) and the DeepSpeed-style config (ZeRO stage, dtype, batch, buckets, clipping, loss
+// scaler). A flag that repeats the checkpoint's value changes nothing; one that differs is applied
+// with a one-line warning naming both values, since the run then no longer continues the saved one
+// bitwise (a new world size or ZeRO stage is a supported change all the same: docs/checkpoint.md). The
+// model shape cannot change: a differing --n-layer, --n-head, --n-embd, --block or --norm is an error.
+// Settings that do not touch the numbers (--save-dir, --log-file, --threads, ...) are never stored.
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// One setting of Args that state.json holds, at `pointer` (a JSON pointer into state.json).
+struct Setting {
+  const char* flag;
+  const char* pointer;
+  bool shape;  // model shape: a given differing value is an error
+  // Reads the setting from JSON into Args (throws nlohmann::json::exception on a wrong type), and
+  // compares / prints the Args value.
+  std::function<void(Args&, const nlohmann::json&)> set;
+  std::function<bool(const Args&, const nlohmann::json&)> same;
+  std::function<std::string(const Args&)> show;
+};
+
+template <typename T>
+Setting make_setting(const char* flag, const char* pointer, bool shape, T Args::*member) {
+  return {flag, pointer, shape, [member](Args& a, const nlohmann::json& j) { a.*member = j.get<T>(); },
+          [member](const Args& a, const nlohmann::json& j) { return a.*member == j.get<T>(); },
+          [member](const Args& a) { return fmt::format("{}", a.*member); }};
+}
+
+const std::vector<Setting>& settings() {
+  static const std::vector<Setting> list = {
+      make_setting("--n-layer", "/model/n_layer", true, &Args::n_layer),
+      make_setting("--n-head", "/model/n_head", true, &Args::n_head),
+      make_setting("--n-embd", "/model/n_embd", true, &Args::n_embd),
+      make_setting("--block", "/model/block_size", true, &Args::block),
+      make_setting("--norm", "/model/norm", true, &Args::norm),
+      make_setting("--dropout", "/model/dropout", false, &Args::dropout),
+      make_setting("--seed", "/seed", false, &Args::seed),
+      make_setting("--steps", "/lr_schedule/steps", false, &Args::steps),
+      make_setting("--lr", "/lr_schedule/lr", false, &Args::lr),
+      make_setting("--min-lr", "/lr_schedule/min_lr", false, &Args::min_lr),
+      make_setting("--warmup", "/lr_schedule/warmup", false, &Args::warmup),
+      make_setting("--beta1", "/adamw/beta1", false, &Args::beta1),
+      make_setting("--beta2", "/adamw/beta2", false, &Args::beta2),
+      make_setting("--weight-decay", "/adamw/weight_decay", false, &Args::weight_decay),
+      make_setting("--eval-every", "/evaluation/every", false, &Args::eval_every),
+      make_setting("--eval-iters", "/evaluation/iters", false, &Args::eval_iters),
+  };
+  return list;
+}
+
+// The same file, however it is spelt.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+}
+
+// Applies `s` (shape-only or all) from `state`; returns the warnings.
+void take(Args& a, const Given& given, const CheckpointSettings& c, bool shape_only, std::vector<std::string>& warnings) {
+  for (const Setting& s : settings()) {
+    if (shape_only && !s.shape) continue;
+    const nlohmann::json::json_pointer ptr(s.pointer);
+    if (!c.state.contains(ptr)) continue;  // written by an older train_gpt: the flag's value stands
+    const nlohmann::json& saved = c.state.at(ptr);
+    try {
+      if (!given.has(s.flag)) {
+        s.set(a, saved);
+        continue;
+      }
+      if (s.same(a, saved)) continue;
+    } catch (const nlohmann::json::exception&) {
+      throw Error(fmt::format("checkpoint '{}': state.json \"{}\" has the wrong type ({})", c.dir, s.pointer + 1,
+                              saved.dump()));
+    }
+    Args as_saved = a;  // the saved value printed as the flag's type prints it (a float lr as 0.001)
+    s.set(as_saved, saved);
+    const std::string saved_text = s.show(as_saved);
+    ZERO_CHECK(!s.shape, "{} {} differs from the checkpoint's {} ('{}'): the model shape cannot change; leave {} out "
+               "to take the checkpoint's", s.flag, s.show(a), saved_text, c.dir, s.flag);
+    warnings.push_back(fmt::format("warning: {} {} differs from the checkpoint's {} ('{}'); continuing with {}", s.flag,
+                                   s.show(a), saved_text, c.dir, s.show(a)));
+  }
+}
+
+}  // namespace
+
+nlohmann::json settings_json(const Args& a, const dist::TrainingConfig& config, const nlohmann::json& model) {
+  return {{"config", config.to_json()},
+          {"model", model},
+          {"data", fs::absolute(a.data).string()},
+          {"seed", a.seed},
+          {"lr_schedule", {{"lr", a.lr}, {"min_lr", a.min_lr}, {"warmup", a.warmup}, {"steps", a.steps}}},
+          {"adamw", {{"beta1", a.beta1}, {"beta2", a.beta2}, {"weight_decay", a.weight_decay}}},
+          {"evaluation", {{"every", a.eval_every}, {"iters", a.eval_iters}}}};
+}
+
+CheckpointSettings take_checkpoint_settings(Args& a, const Given& given) {
+  CheckpointSettings c;
+  const bool resume = !a.resume.empty();
+  // --init-from takes a model.safetensors file or a checkpoint (or save) directory.
+  if (!resume && (a.init_from.empty() || !fs::is_directory(a.init_from))) return c;
+  c.dir = dist::resolve_checkpoint(resume ? a.resume : a.init_from);
+  c.state = dist::read_state(c.dir);
+  take(a, given, c, /*shape_only=*/!resume, c.warnings);
+  if (!resume) {
+    a.init_from = (fs::path(c.dir) / "model.safetensors").string();
+    return c;
+  }
+  if (c.state.contains("data") && c.state["data"].is_string()) {
+    const std::string saved = c.state["data"].get<std::string>();
+    if (!given.has("--data")) {
+      ZERO_CHECK(fs::exists(saved), "checkpoint '{}' was trained on '{}', which is not there; give --data PATH (a "
+                 "file with the same characters)", c.dir, saved);
+      a.data = saved;
+    } else if (!same_file(a.data, saved)) {
+      c.warnings.push_back(fmt::format("warning: --data '{}' differs from the checkpoint's '{}' ('{}'); continuing with "
+                                       "'{}'", a.data, saved, c.dir, a.data));
+    }
+  }
+  return c;
+}
+
+std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const nlohmann::json& saved,
+                                         const Given& given, const std::string& dir) {
+  std::vector<std::string> out;
+  if (!saved.is_object()) return out;
+  const nlohmann::json mine = now.to_json();
+  // The dtype is two keys in the config and one flag.
+  const auto dtype_of = [](const nlohmann::json& c) -> std::string {
+    if (c.value("/fp16/enabled"_json_pointer, false)) return "fp16";
+    if (c.value("/bf16/enabled"_json_pointer, false)) return "bf16";
+    return "fp32";
+  };
+  if (dtype_of(mine) != dtype_of(saved))
+    out.push_back(fmt::format("warning: {} {} differs from the checkpoint's {} ('{}'); continuing with {}",
+                              given.has("--dtype") ? "--dtype" : "the config's dtype", dtype_of(mine), dtype_of(saved),
+                              dir, dtype_of(mine)));
+  const std::map<std::string, const char*> flags = {
+      {"/train_batch_size", "--batch"},
+      {"/gradient_accumulation_steps", "--grad-accum"},
+      {"/gradient_clipping", "--clip"},
+      {"/nonfinite_grads", "--nonfinite-grads"},
+      {"/communication_data_type", "--communication-data-type"},
+      {"/zero_optimization/stage", "--zero-stage"},
+      {"/zero_optimization/reduce_bucket_size", "--reduce-bucket-size"},
+      {"/zero_optimization/overlap_comm", "--overlap-comm"},
+      {"/zero_optimization/overlap_param_gather", "--overlap-param-gather"},
+  };
+  const nlohmann::json a = mine.flatten(), b = saved.flatten();
+  for (const auto& [key, value] : a.items()) {
+    if (key == "/train_micro_batch_size_per_gpu" || key == "/collective_timeout_s" || key == "/fp16/enabled" ||
+        key == "/bf16/enabled")
+      continue;
+    const nlohmann::json other = b.contains(key) ? b[key] : nlohmann::json();
+    if (value == other || (value.is_number() && other.is_number() && value.get<double>() == other.get<double>()))
+      continue;
+    const auto flag = flags.find(key);
+    std::string dotted = key.substr(1);  // "/zero_optimization/stage" -> "zero_optimization.stage"
+    std::replace(dotted.begin(), dotted.end(), '/', '.');
+    const std::string name = flag != flags.end() && given.has(flag->second) ? std::string(flag->second)
+                                                                            : fmt::format("config key '{}'", dotted);
+    out.push_back(fmt::format("warning: {} {} differs from the checkpoint's {} ('{}'); continuing with {}", name,
+                              value.dump(), other.dump(), dir, value.dump()));
+  }
+  return out;
+}
+
+}  // namespace zero::examples

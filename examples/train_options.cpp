@@ -1,0 +1,304 @@
+#include "examples/train_options.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/check.h"
+
+namespace zero::examples {
+
+namespace fs = std::filesystem;
+
+void add_options(CLI::App& app, Args& a) {
+  app.add_option("--data", a.data, "text file to train on (default: data/tinyshakespeare.txt, or the checkpoint's "
+                 "with --resume)");
+  app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--batch", a.batch, "global batch: sequences per optimizer step over all ranks")->capture_default_str();
+  app.add_option("--block", a.block, "sequence length (T)")->capture_default_str();
+  app.add_option("--n-layer", a.n_layer, "transformer blocks (L)")->capture_default_str();
+  app.add_option("--n-head", a.n_head, "attention heads (H)")->capture_default_str();
+  app.add_option("--n-embd", a.n_embd, "channels (C)")->capture_default_str();
+  app.add_option("--dropout", a.dropout, "dropout probability")->capture_default_str();
+  app.add_option("--norm", a.norm, "normalisation layers: layernorm or rmsnorm")
+      ->check(CLI::IsMember({"layernorm", "rmsnorm"}))
+      ->capture_default_str();
+  app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr", a.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "linear warm-up steps")->capture_default_str();
+  app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
+  app.add_option("--beta1", a.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", a.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--clip", a.clip, "max global gradient norm (0 = off)")->capture_default_str();
+  app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--eval-every", a.eval_every, "validate every N steps (0 = only at the end)")->capture_default_str();
+  app.add_option("--eval-iters", a.eval_iters, "validation batches per evaluation")->capture_default_str();
+  app.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads per rank (0 = up to cores / ranks, fewer while cores are busy)")->capture_default_str();
+  app.add_option("--metrics", a.metrics, "write a JSON summary to this path");
+  app.add_option("--trace", a.trace, "write a Chrome trace (Perfetto, chrome://tracing) of every rank to this path");
+  app.add_option("--trace-steps", a.trace_steps, "with --trace: record only steps A:B (from 1, inclusive)");
+  app.add_option("--sample", a.sample, "characters to generate at the end (0 = none)")->capture_default_str();
+  app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
+  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0 (data parallel), 1 or 2")->capture_default_str();
+  app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 (dynamic loss scaling) or bf16")->capture_default_str();
+  app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
+  app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
+  app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
+  app.add_flag("--overlap-param-gather", a.overlap_param_gather,
+               "all-gather the updated parameters while the next forward runs (stages 1, 2)");
+  app.add_option("--communication-data-type", a.communication_data_type,
+                 "dtype gradient reductions travel in: fp32, fp16 or bf16 (default: the model dtype; fp32 is more "
+                 "accurate for a 16-bit model, at twice the bytes)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--comm", a.comm, "communicator: auto (cpu: mpi; cuda: nccl if there are several ranks and each has "
+                 "its own GPU, else host-staged), mpi, nccl, host-staged (MPI through pinned host memory)")
+      ->check(CLI::IsMember({"auto", "mpi", "nccl", "host-staged"}))
+      ->capture_default_str();
+  app.add_flag("--tf32", a.tf32, "let fp32 matmuls use TF32 tensor cores (cuda)");
+  app.add_option("--save-dir", a.save_dir, "write checkpoints to DIR/step_XXXXXXXX (always one at the end, and one "
+                 "when SIGTERM/SIGINT/SIGUSR1 stops the run)");
+  app.add_option("--save-every", a.save_every, "also checkpoint every N steps (0 = only at the end)")
+      ->capture_default_str();
+  app.add_option("--keep", a.keep, "keep only the K newest checkpoints (0 = all)")->capture_default_str();
+  app.add_option("--resume", a.resume, "continue from a checkpoint directory, or from a save dir's newest one; model, "
+                 "data, schedule and ZeRO settings come from it unless given");
+  app.add_option("--init-from", a.init_from, "start from the weights of a model.safetensors or of a checkpoint "
+                 "(directory) with a fresh optimizer; the model shape comes from a checkpoint unless given");
+  app.add_option("--log-file", a.log_file, "write every step's loss, lr, grad norm, ... as JSON lines");
+  app.add_option("--collective-timeout", a.collective_timeout,
+                 "seconds one collective may take before the job ends with a message naming it (default: "
+                 "$ZERO_COLLECTIVE_TIMEOUT_S, else the config's collective_timeout_s, else 300)");
+  app.add_option("--nonfinite-grads", a.nonfinite_grads,
+                 "fp32/bf16 step with an inf/NaN gradient: error (stop, naming the step) or skip")
+      ->capture_default_str();
+  app.add_flag("--verbose", a.verbose, "add the C++ source location to error messages");
+}
+
+Given given_flags(const CLI::App& app) {
+  Given g;
+  for (const CLI::Option* o : app.get_options())
+    if (o->count() > 0)
+      for (const std::string& name : o->get_lnames()) g.flags.insert("--" + name);
+  return g;
+}
+
+void apply_step_cap(Args& a) {
+  const char* text = std::getenv("ZERO_MAX_STEPS");
+  if (text == nullptr || *text == '\0') return;
+  char* end = nullptr;
+  errno = 0;
+  const long long cap = std::strtoll(text, &end, 10);
+  ZERO_CHECK(errno == 0 && *end == '\0' && cap > 0, "ZERO_MAX_STEPS must be a positive integer, got '{}'", text);
+  const std::int64_t old_steps = a.steps;
+  a.steps = std::min<std::int64_t>(a.steps, cap);
+  a.eval_iters = std::min<std::int64_t>(a.eval_iters, cap);
+  a.sample = std::min<std::int64_t>(a.sample, cap);
+  if (a.trace_steps.empty() || a.steps == old_steps) return;
+  const auto colon = a.trace_steps.find(':');
+  try {
+    const std::int64_t first = std::stoll(a.trace_steps.substr(0, colon));
+    const std::int64_t last = std::stoll(a.trace_steps.substr(colon + 1));
+    if (last > a.steps && last >= first) {  // the same number of steps, ending at the last one
+      const std::int64_t n = std::min(last - first + 1, a.steps);
+      a.trace_steps = std::to_string(a.steps - n + 1) + ":" + std::to_string(a.steps);
+    }
+  } catch (const std::exception&) {
+    // malformed: trace_range reports it
+  }
+}
+
+std::pair<std::int64_t, std::int64_t> trace_range(const Args& a) {
+  if (a.trace_steps.empty()) return {1, a.steps};
+  const auto colon = a.trace_steps.find(':');
+  std::int64_t first = 0, last = 0;
+  bool ok = colon != std::string::npos;
+  try {
+    std::size_t used = 0;
+    if (ok) first = std::stoll(a.trace_steps.substr(0, colon), &used);
+    ok = ok && used == colon;
+    if (ok) last = std::stoll(a.trace_steps.substr(colon + 1), &used);
+    ok = ok && used == a.trace_steps.size() - colon - 1;
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  ZERO_CHECK(ok && first >= 1 && last >= first, "--trace-steps must be A:B with 1 <= A <= B (steps counted from 1), "
+             "got '{}'", a.trace_steps);
+  ZERO_CHECK(last <= a.steps, "--trace-steps {} ends after the run's last step (--steps {}); give A:B with B <= {}",
+             a.trace_steps, a.steps, a.steps);
+  return {first, last};
+}
+
+namespace {
+
+std::string reason(int err) { return std::strerror(err); }
+
+// Creates the directory `dir` and its parents (what --save-dir always did) for output `path` of `flag`.
+void make_directory(const char* flag, const std::string& path, const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  ZERO_CHECK(fs::is_directory(dir), "{} '{}': cannot create the directory '{}' ({})", flag, path, dir.string(),
+             ec ? ec.message() : "a file of that name exists");
+}
+
+// Opens `file` for appending, creating it if needed, and removes it again if it did not exist.
+void probe_write(const char* flag, const std::string& path, const fs::path& file, const char* what) {
+  std::error_code ec;
+  const bool existed = fs::exists(file, ec);
+  const int fd = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  ZERO_CHECK(fd >= 0, "{} '{}': cannot {} ({})", flag, path, what, reason(errno));
+  ::close(fd);
+  if (!existed) fs::remove(file, ec);
+}
+
+// An output file: not a directory, its directory created, the file (or, for `via_tmp`, the temporary
+// file written first and renamed over it) writable.
+void probe_file(const char* flag, const std::string& path, bool via_tmp) {
+  ZERO_CHECK(!fs::is_directory(path), "{} '{}' is a directory; give a file path", flag, path);
+  const fs::path p = fs::absolute(path);
+  make_directory(flag, path, p.parent_path());
+  if (via_tmp)
+    probe_write(flag, path, p.string() + ".tmp", "create a file in its directory");
+  else
+    probe_write(flag, path, p, "open it for writing");
+}
+
+}  // namespace
+
+void probe_output_paths(const Args& a) {
+  if (!a.save_dir.empty()) {
+    ZERO_CHECK(!fs::exists(a.save_dir) || fs::is_directory(a.save_dir), "--save-dir '{}' exists and is not a directory",
+               a.save_dir);
+    make_directory("--save-dir", a.save_dir, fs::absolute(a.save_dir));  // every rank may try: it is idempotent
+    // A file of this process's own: ranks on one machine probe side by side.
+    const fs::path probe = fs::absolute(a.save_dir) / (".probe-" + std::to_string(::getpid()));
+    probe_write("--save-dir", a.save_dir, probe, "create a file in it");
+  }
+  if (!a.log_file.empty()) probe_file("--log-file", a.log_file, false);
+  if (!a.metrics.empty()) probe_file("--metrics", a.metrics, true);
+  if (!a.trace.empty()) probe_file("--trace", a.trace, true);
+}
+
+void validate(const Args& a, const Given& given) {
+  ZERO_CHECK(a.steps > 0, "--steps must be positive, got {}", a.steps);
+  ZERO_CHECK(a.n_layer > 0, "--n-layer must be positive, got {}", a.n_layer);
+  ZERO_CHECK(a.n_head > 0, "--n-head must be positive, got {}", a.n_head);
+  ZERO_CHECK(a.n_embd > 0, "--n-embd must be positive, got {}", a.n_embd);
+  ZERO_CHECK(a.batch > 0, "--batch must be positive, got {}", a.batch);
+  ZERO_CHECK(a.block > 0, "--block must be positive, got {}", a.block);
+  ZERO_CHECK(a.warmup >= 0, "--warmup must be >= 0, got {}", a.warmup);
+  ZERO_CHECK(a.eval_every >= 0, "--eval-every must be >= 0, got {}", a.eval_every);
+  ZERO_CHECK(a.eval_iters > 0, "--eval-iters must be positive, got {}", a.eval_iters);
+  ZERO_CHECK(a.log_every > 0, "--log-every must be positive, got {}", a.log_every);
+  ZERO_CHECK(a.sample >= 0, "--sample must be >= 0, got {}", a.sample);
+  ZERO_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = all cores), got {}", a.threads);
+  ZERO_CHECK(std::isfinite(a.lr) && a.lr > 0, "--lr must be positive, got {}", a.lr);
+  ZERO_CHECK(a.min_lr >= 0 && a.min_lr <= a.lr, "--min-lr must be in [0, --lr = {}], got {}", a.lr, a.min_lr);
+  ZERO_CHECK(std::isfinite(a.weight_decay) && a.weight_decay >= 0, "--weight-decay must be >= 0, got {}",
+             a.weight_decay);
+  ZERO_CHECK(a.beta1 >= 0 && a.beta1 < 1, "--beta1 must be in [0, 1), got {}", a.beta1);
+  ZERO_CHECK(a.beta2 >= 0 && a.beta2 < 1, "--beta2 must be in [0, 1), got {}", a.beta2);
+  ZERO_CHECK(std::isfinite(a.clip) && a.clip >= 0, "--clip must be >= 0 (0 turns clipping off), got {}", a.clip);
+  ZERO_CHECK(a.dtype == "fp32" || a.dtype == "fp16" || a.dtype == "bf16", "--dtype must be fp32, fp16 or bf16, got '{}'",
+             a.dtype);
+  if (given.has("--collective-timeout")) dist::check_collective_timeout(a.collective_timeout, "--collective-timeout");
+  ZERO_CHECK(a.nonfinite_grads == "error" || a.nonfinite_grads == "skip",
+             "--nonfinite-grads must be error or skip, got '{}'", a.nonfinite_grads);
+  ZERO_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got {}", a.dropout);
+  ZERO_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got {}", a.grad_accum);
+  if (given.has("--reduce-bucket-size"))
+    ZERO_CHECK(a.reduce_bucket_size > 0 && a.reduce_bucket_size <= 9.0e15 &&
+                   std::floor(a.reduce_bucket_size) == a.reduce_bucket_size,
+               "--reduce-bucket-size must be a whole number of elements > 0, got {}", a.reduce_bucket_size);
+  ZERO_CHECK(a.zero_stage >= 0 && a.zero_stage <= 2, "--zero-stage must be 0, 1 or 2 (stage 3 is not supported), got {}",
+             a.zero_stage);
+  ZERO_CHECK(a.trace_steps.empty() || !a.trace.empty(), "--trace-steps needs --trace PATH");
+  trace_range(a);
+  ZERO_CHECK(a.save_every >= 0, "--save-every must be >= 0 (0 = only at the end), got {}", a.save_every);
+  ZERO_CHECK(a.keep >= 0, "--keep must be >= 0 (0 = keep every checkpoint), got {}", a.keep);
+  ZERO_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other (--resume restores "
+             "the weights and the optimizer; --init-from only the weights)");
+  ZERO_CHECK(!a.save_every || !a.save_dir.empty(), "--save-every needs --save-dir");
+  probe_output_paths(a);
+}
+
+namespace {
+
+// Copies every non-null value of `top` over `base`, object by object (null means "not given": the
+// value below stays).
+void overlay(nlohmann::json& base, const nlohmann::json& top) {
+  for (const auto& [key, value] : top.items()) {
+    if (value.is_null()) continue;
+    if (value.is_object() && base.contains(key) && base[key].is_object())
+      overlay(base[key], value);
+    else
+      base[key] = value;
+  }
+}
+
+}  // namespace
+
+dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed) {
+  dist::TrainingConfig cfg;
+  bool has_base = true;
+  if (resumed != nullptr) {
+    // The checkpoint's config, with the keys the --config file gives on top (the file is checked on its
+    // own first, so its errors name it).
+    nlohmann::json base = *resumed;
+    base["train_micro_batch_size_per_gpu"] = nullptr;  // derived again: the world size may differ
+    if (!a.config.empty()) {
+      const dist::TrainingConfig file = dist::TrainingConfig::from_file(a.config);
+      // The file's batch keys replace the checkpoint's as a whole (the ones it leaves out are derived).
+      if (file.train_batch_size || file.train_micro_batch_size_per_gpu || file.gradient_accumulation_steps)
+        for (const char* k : {"train_batch_size", "gradient_accumulation_steps"}) base[k] = nullptr;
+      std::ifstream in(a.config);
+      overlay(base, nlohmann::json::parse(in));
+    }
+    cfg = dist::TrainingConfig::from_json(base);
+  } else if (!a.config.empty()) {
+    cfg = dist::TrainingConfig::from_file(a.config);
+  } else {
+    cfg = dist::TrainingConfig::from_json(nlohmann::json::object());
+    has_base = false;
+  }
+  if (given.has("--zero-stage")) cfg.zero_optimization.stage = a.zero_stage;
+  if (given.has("--dtype")) cfg.set_model_dtype(parse_float_dtype(a.dtype));
+  if (given.has("--reduce-bucket-size"))
+    cfg.zero_optimization.reduce_bucket_size = static_cast<std::int64_t>(a.reduce_bucket_size);
+  if (given.has("--overlap-comm")) cfg.zero_optimization.overlap_comm = a.overlap_comm;
+  if (given.has("--overlap-param-gather")) cfg.zero_optimization.overlap_param_gather = a.overlap_param_gather;
+  if (given.has("--communication-data-type")) cfg.communication_data_type = a.communication_data_type;
+  if (given.has("--clip") || !has_base) cfg.gradient_clipping = a.clip;
+  const bool base_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
+  const bool given_accum = given.has("--grad-accum");
+  if (given.has("--batch") || !base_has_batch) {
+    const std::int64_t per_step = static_cast<std::int64_t>(world_size) * (given_accum ? a.grad_accum : 1);
+    ZERO_CHECK(a.batch % per_step == 0 && a.batch >= per_step,
+               "--batch {} does not split into {} rank(s) x {} accumulation step(s) (it must be a positive multiple of {})",
+               a.batch, world_size, per_step / world_size, per_step);
+    cfg.train_batch_size = a.batch;
+    cfg.train_micro_batch_size_per_gpu.reset();
+    if (!cfg.gradient_accumulation_steps) cfg.gradient_accumulation_steps = 1;
+  }
+  if (given_accum) {
+    cfg.gradient_accumulation_steps = a.grad_accum;
+    if (cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size) cfg.train_micro_batch_size_per_gpu.reset();
+  }
+  if (given.has("--nonfinite-grads")) cfg.nonfinite_grads = a.nonfinite_grads;
+  cfg.resolve_batch(world_size);
+  cfg.validate();
+  return cfg;
+}
+
+}  // namespace zero::examples

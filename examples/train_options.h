@@ -1,0 +1,92 @@
+// train_gpt's settings: its command-line flags (Args), which of them were given (Given), the checks
+// every flag gets before any work (validate), the probe of every output path, and the DeepSpeed-style
+// config the flags override (make_config). examples/train_gpt.cpp uses them; the flags and their
+// defaults are in README.md.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "distributed/config.h"
+
+namespace zero::examples {
+
+struct Args {
+  std::string data;
+  std::int64_t steps = 2000, batch = 12, block = 64, n_layer = 4, n_head = 4, n_embd = 128;
+  std::string norm = "layernorm";
+  float dropout = 0.0f, lr = 1e-3f, min_lr = 1e-4f, weight_decay = 0.1f, clip = 1.0f, beta1 = 0.9f, beta2 = 0.99f;
+  std::int64_t warmup = 100, eval_every = 500, eval_iters = 200, log_every = 100, sample = 500;
+  std::uint64_t seed = 1337;
+  int threads = 0;
+  std::string metrics;
+  std::string trace, trace_steps;  // Chrome trace file; steps A:B (1-based, inclusive) to record
+  // Distributed / mixed precision (override the --config file).
+  std::string config;
+  int zero_stage = 0;
+  std::string dtype = "fp32";
+  int grad_accum = 1;
+  double reduce_bucket_size = 0;  // a double so 5e8 is accepted, as in the JSON config
+  bool overlap_comm = false;
+  bool overlap_param_gather = false;
+  std::string communication_data_type;  // "" = the config's (default: the model dtype)
+  // Device and communicator.
+  std::string device = "cpu";  // cpu | cuda
+  std::string comm = "auto";   // auto | mpi | nccl | host-staged
+  bool tf32 = false;
+  // Checkpoints and the per-step log.
+  std::string save_dir, resume, init_from, log_file;
+  std::int64_t save_every = 0, keep = 0;
+  // Reliability and error reports.
+  double collective_timeout = 0;  // seconds; given or not (Given)
+  std::string nonfinite_grads = "error";
+  bool verbose = false;
+};
+
+/// The flags given on the command line ("--batch", ...): they override the --config file and the
+/// checkpoint a run resumes from.
+struct Given {
+  std::set<std::string, std::less<>> flags;
+  bool has(std::string_view flag) const { return flags.count(flag) > 0; }
+};
+
+/// Defines every flag of train_gpt on `app`, writing into `a`.
+void add_options(CLI::App& app, Args& a);
+
+/// The flags `app` saw on its command line (after parsing).
+Given given_flags(const CLI::App& app);
+
+/// ZERO_MAX_STEPS=N (for quick runs of documented commands, e.g. the doc test): at most N optimizer
+/// steps, N validation batches and N sampled characters; a --trace-steps window past the last step
+/// moves onto the last steps. No-op when unset. Throws zero::Error naming the variable when it is
+/// not a positive integer.
+void apply_step_cap(Args& a);
+
+/// The inclusive 1-based step range of --trace-steps "A:B" (all steps when empty). Throws zero::Error
+/// naming the flag for anything else, or for a range that lies beyond --steps.
+std::pair<std::int64_t, std::int64_t> trace_range(const Args& a);
+
+/// Every flag by the rule of the config key it overrides (distributed/config.cpp), naming the flag;
+/// then every output path probed (probe_output_paths). Throws zero::Error with one line.
+void validate(const Args& a, const Given& given);
+
+/// Checks before any work that every output can be written: --save-dir (created, with its parents, and
+/// a file created and removed in it), --log-file, --metrics and --trace (parent directories created;
+/// the file opened for appending, and removed again when it did not exist). Throws zero::Error naming
+/// the flag, the path and the reason, e.g. "--save-dir '/proc': cannot create a file in it (No such
+/// file or directory)".
+void probe_output_paths(const Args& a);
+
+/// The DeepSpeed-style config of the run: the --config file, else the config of the checkpoint the run
+/// resumes from (`resumed`, state.json's "config"; nullptr when not resuming), else the defaults; then
+/// the command-line overrides; resolved for `world_size` (a resumed config's micro-batch is derived
+/// again, so the world size may change). Throws zero::Error naming the flag or key.
+dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed);
+
+}  // namespace zero::examples
