@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "autograd/ops.h"
+#include "core/autograd_interface.h"
 #include "core/trace.h"
 
 namespace zero::autograd {
@@ -23,12 +24,6 @@ const char* intern(const std::string& label) {
   static std::set<std::string> labels;
   std::lock_guard lock(mutex);
   return labels.insert(label).first->c_str();
-}
-
-AutogradMeta& meta_of(const Tensor& t) {
-  auto& m = t.impl()->autograd;
-  if (!m) m = std::make_shared<AutogradMeta>();
-  return *m;
 }
 
 class FunctionNode final : public Node {
@@ -141,10 +136,7 @@ bool grad_mode_enabled() { return g_grad_mode; }
 NoGradGuard::NoGradGuard() : previous_(g_grad_mode) { g_grad_mode = false; }
 NoGradGuard::~NoGradGuard() { g_grad_mode = previous_; }
 
-bool needs_grad(const Tensor& t) {
-  if (!t.defined() || !t.impl()->autograd) return false;
-  return t.impl()->autograd->grad_fn != nullptr || t.impl()->autograd->requires_grad;
-}
+bool needs_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
 
 void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output, BackwardFn backward) {
   if (!g_grad_mode) return;
@@ -249,27 +241,29 @@ void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) 
 
 }  // namespace zero::autograd
 
-namespace zero {
+namespace zero::autograd {
 
-bool Tensor::requires_grad() const { return autograd::needs_grad(*this); }
+namespace {
 
-Tensor& Tensor::set_requires_grad(bool value) {
-  ZERO_CHECK(!impl_->autograd || !impl_->autograd->grad_fn, "set_requires_grad on a non-leaf tensor");
-  ZERO_CHECK(!value || is_floating(dtype()), "only float tensors can require grad, got {}", dtype_name(dtype()));
-  autograd::meta_of(*this).requires_grad = value;
-  return *this;
-}
+// Tensor's autograd members, as core/ reaches them (Note [Autograd behind an interface] in
+// core/autograd_interface.h).
+class TensorAutograd final : public zero::detail::AutogradInterface {
+ public:
+  void backward(const Tensor& root) const override { autograd::backward(root); }
 
-Tensor Tensor::grad() const { return impl_->autograd ? impl_->autograd->grad : Tensor(); }
+  void record(const char* name, const Tensor& input, Tensor& output,
+              std::function<Tensor(const Tensor&)> backward) const override {
+    autograd::record(name, {input}, output, [backward = std::move(backward)](const Tensor& g) -> std::vector<Tensor> {
+      return {backward(g)};
+    });
+  }
 
-void Tensor::set_grad(const Tensor& g) {
-  ZERO_CHECK(!g.defined() || g.shape() == shape(), "set_grad: gradient shape {} differs from tensor shape {}",
-             shape_str(g.shape()), shape_str(shape()));
-  autograd::meta_of(*this).grad = g;
-}
+  Tensor sum_to(const Tensor& x, const Shape& shape) const override { return zero::sum_to(x, shape); }
+};
 
-bool Tensor::is_leaf() const { return !impl_->autograd || !impl_->autograd->grad_fn; }
+const TensorAutograd tensor_autograd;
+[[maybe_unused]] const bool installed = (zero::detail::set_autograd_interface(&tensor_autograd), true);
 
-void Tensor::backward() const { autograd::backward(*this); }
+}  // namespace
 
-}  // namespace zero
+}  // namespace zero::autograd

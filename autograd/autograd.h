@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/autograd_interface.h"
 #include "core/tensor.h"
 
 namespace zero::autograd {
@@ -40,17 +41,7 @@ class Node {
   const char* scope_ = nullptr;  // the ScopeGuard label active when it was recorded (tracing only)
 };
 
-using HookFn = std::function<void(Tensor& param)>;
-using UseHookFn = std::function<void(const Tensor& param)>;
-
-struct AutogradMeta {
-  bool requires_grad = false;
-  Tensor grad;
-  std::shared_ptr<Node> grad_fn;            // set on outputs of recorded ops
-  std::weak_ptr<Node> grad_accumulator;     // leaves: their AccumulateGrad node, made on first use
-  std::vector<std::pair<int, HookFn>> post_accumulate_grad_hooks;
-  std::vector<std::pair<int, UseHookFn>> parameter_use_hooks;
-};
+// HookFn, UseHookFn and AutogradMeta, the state a tensor carries, are in core/autograd_interface.h.
 
 /// Gradient mode is on by default; NoGradGuard turns recording off in its scope (this thread only).
 bool grad_mode_enabled();

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "core/backend.h"
 #include "core/gemm_precision.h"
+#include "core/kernels.h"
 
 namespace zero {
 
@@ -78,7 +78,7 @@ Tensor binary(const Tensor& a, const Tensor& b, BinaryOp op, const char* name) {
   const bool b_suffix = b.is_contiguous() && b.numel() > 0 && b.dim() <= a.dim() && a.shape() == shape &&
                         std::equal(b.shape().begin(), b.shape().end(), shape.end() - b.dim());
   const Tensor bd = b_suffix ? b.detach() : materialize_broadcast(b, shape);
-  backend(dev).binary(f32(out), f32(ad), f32(bd), out.numel(), bd.numel(), op);
+  kernels(dev).binary(f32(out), f32(ad), f32(bd), out.numel(), bd.numel(), op);
   return out;
 }
 
@@ -88,7 +88,7 @@ Tensor unary(const Tensor& x, UnaryOp op, float p, const char* name) {
   const Device dev = op_device(name, {&x});
   Tensor xd = dense(x);
   Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
-  if (out.numel() > 0) backend(dev).unary(f32(out), f32(xd), out.numel(), op, p);
+  if (out.numel() > 0) kernels(dev).unary(f32(out), f32(xd), out.numel(), op, p);
   return out;
 }
 
@@ -166,7 +166,7 @@ Tensor mul(const Tensor& a, float s) {
   const Device dev = op_device("mul", {&a});
   Tensor ad = dense(a);
   Tensor out = Tensor::empty(a.shape(), DType::f32, dev);
-  if (out.numel() > 0) backend(dev).scale(f32(out), f32(ad), out.numel(), s);
+  if (out.numel() > 0) kernels(dev).scale(f32(out), f32(ad), DType::f32, out.numel(), s);
   record("mul_scalar", {a}, out, [s](const Tensor& g) -> std::vector<Tensor> { return {mul(g, s)}; });
   return out;
 }
@@ -228,11 +228,11 @@ void add_(Tensor& dst, const Tensor& src) {
   // Added in f32 and rounded once to dst's dtype (a 16-bit gradient accumulates without leaving its buffer).
   const Tensor s = dense(src);
   if (dst.is_contiguous()) {
-    backend(dev).accumulate(dst.raw_data(), dst.dtype(), s.raw_data(), s.dtype(), dst.numel());
+    kernels(dev).accumulate(dst.raw_data(), dst.dtype(), s.raw_data(), s.dtype(), dst.numel());
     return;
   }
   Tensor d = dst.clone();
-  backend(dev).accumulate(d.raw_data(), d.dtype(), s.raw_data(), s.dtype(), d.numel());
+  kernels(dev).accumulate(d.raw_data(), d.dtype(), s.raw_data(), s.dtype(), d.numel());
   dst.copy_(d);
 }
 
@@ -243,7 +243,7 @@ Tensor sum(const Tensor& x) {
   const Device dev = op_device("sum", {&x});
   Tensor xd = dense(x);
   Tensor out = Tensor::empty({}, DType::f32, dev);
-  backend(dev).sum(f32(out), f32(xd), xd.numel());
+  kernels(dev).sum(f32(out), f32(xd), xd.numel());
   record("sum", {x}, out, [shape = x.shape()](const Tensor& g) -> std::vector<Tensor> {
     return {g.detach().expand(shape).contiguous()};  // g[] broadcast to every element
   });
@@ -258,7 +258,7 @@ Tensor sum(const Tensor& x, int dim, bool keepdim) {
   const DimSplit s = split_at(x, dim, keepdim, "sum");
   Tensor xd = dense(x);
   Tensor out = Tensor::empty(s.out_shape, DType::f32, dev);
-  if (out.numel() > 0) backend(dev).reduce_dim(f32(out), nullptr, f32(xd), s.outer, s.n, s.inner, ReduceOp::sum);
+  if (out.numel() > 0) kernels(dev).reduce_dim(f32(out), nullptr, f32(xd), s.outer, s.n, s.inner, ReduceOp::sum);
   record("sum_dim", {x}, out, [keep = s.keep_shape, xs = x.shape()](const Tensor& g) -> std::vector<Tensor> {
     return {g.reshape(keep).expand(xs).contiguous()};
   });
@@ -279,11 +279,11 @@ Tensor max(const Tensor& x, int dim, bool keepdim) {
   Tensor out = Tensor::empty(s.out_shape, DType::f32, dev);
   Tensor argmax = Tensor::empty(s.out_shape, DType::i64, dev);
   if (out.numel() > 0)
-    backend(dev).reduce_dim(f32(out), argmax.data<std::int64_t>(), f32(xd), s.outer, s.n, s.inner, ReduceOp::max);
+    kernels(dev).reduce_dim(f32(out), argmax.data<std::int64_t>(), f32(xd), s.outer, s.n, s.inner, ReduceOp::max);
   record("max_dim", {x}, out, [argmax, s, xs = x.shape()](const Tensor& g) -> std::vector<Tensor> {
     Tensor gd = dense(g), gx = Tensor::empty(xs, DType::f32, g.device());
     if (gx.numel() > 0)
-      backend(g.device()).scatter_dim(f32(gx), f32(gd), argmax.data<std::int64_t>(), s.outer, s.n, s.inner);
+      kernels(g.device()).scatter_dim(f32(gx), f32(gd), argmax.data<std::int64_t>(), s.outer, s.n, s.inner);
     return {gx};
   });
   return out;
@@ -297,7 +297,7 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   const Device dev = op_device("sum_to", {&x});
   Tensor out = Tensor::empty(shape, DType::f32, dev);
   Tensor xd = dense(x);
-  if (out.numel() > 0) backend(dev).sum_to(f32(out), f32(xd), x.shape(), shape);
+  if (out.numel() > 0) kernels(dev).sum_to(f32(out), f32(xd), x.shape(), shape);
   record("sum_to", {x}, out, [xs = x.shape()](const Tensor& g) -> std::vector<Tensor> {
     return {g.expand(xs).contiguous()};
   });
@@ -314,7 +314,7 @@ namespace {
 Tensor matmul_gemm(const Tensor& a, const Tensor& b, DType gt, std::int64_t M, std::int64_t N, std::int64_t K,
                  bool shared_b) {
   const Device dev = a.device();
-  Backend& be = backend(dev);
+  Kernels& be = kernels(dev);
   Tensor ad = dense(a), bd = dense(b);
   Shape oshape = a.shape();
   oshape.back() = N;
@@ -383,7 +383,7 @@ Tensor linear_gemm(const Tensor& x, const Tensor& weight, const Tensor& bias, st
                    std::int64_t out_f) {
   const DType wt = weight.dtype();
   const Device dev = weight.device();
-  Backend& be = backend(dev);
+  Kernels& be = kernels(dev);
   Tensor xh = operand(x, wt), wd = dense(weight), bd = bias.defined() ? dense(bias) : Tensor();
   Shape oshape = x.shape();
   oshape.back() = out_f;
@@ -442,10 +442,10 @@ Tensor embedding(const Tensor& weight, const Tensor& idx) {
   Shape oshape = idx.shape();
   oshape.push_back(C);
   Tensor out = Tensor::empty(oshape, DType::f32, dev);
-  backend(dev).embedding_forward(f32(out), f32(wd), id.data<std::int64_t>(), N, V, C);
+  kernels(dev).embedding_forward(f32(out), f32(wd), id.data<std::int64_t>(), N, V, C);
   record("embedding", {weight}, out, [id, V, C, N](const Tensor& g) -> std::vector<Tensor> {
     Tensor gd = dense(g), gw = Tensor::zeros({V, C}, DType::f32, g.device());
-    backend(g.device()).embedding_backward(f32(gw), f32(gd), id.data<std::int64_t>(), N, V, C);
+    kernels(g.device()).embedding_backward(f32(gw), f32(gd), id.data<std::int64_t>(), N, V, C);
     return {gw};
   });
   return out;
@@ -462,13 +462,13 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, flo
   Tensor xd = dense(x), wd = dense(weight), bd = dense(bias);
   Tensor out = Tensor::empty(x.shape(), DType::f32, dev), mean = Tensor::empty({N}, DType::f32, dev),
          rstd = Tensor::empty({N}, DType::f32, dev);
-  backend(dev).layernorm_forward(f32(out), f32(mean), f32(rstd), f32(xd), f32(wd), f32(bd), N, C, eps);
+  kernels(dev).layernorm_forward(f32(out), f32(mean), f32(rstd), f32(xd), f32(wd), f32(bd), N, C, eps);
   record("layer_norm", {x, weight, bias}, out, [xd, wd, mean, rstd, N, C](const Tensor& g) {
     const Device d = g.device();
     Tensor gd = dense(g);
     Tensor gx = Tensor::empty(xd.shape(), DType::f32, d), gw = Tensor::zeros({C}, DType::f32, d),
            gb = Tensor::zeros({C}, DType::f32, d);
-    backend(d).layernorm_backward(f32(gx), f32(gw), f32(gb), f32(gd), f32(xd), f32(wd), f32(mean), f32(rstd), N, C);
+    kernels(d).layernorm_backward(f32(gx), f32(gw), f32(gb), f32(gd), f32(xd), f32(wd), f32(mean), f32(rstd), N, C);
     return std::vector<Tensor>{gx, gw, gb};
   });
   return out;
@@ -479,10 +479,10 @@ Tensor gelu(const Tensor& x) {
   const Device dev = op_device("gelu", {&x});
   Tensor xd = dense(x);
   Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
-  backend(dev).gelu_forward(f32(out), f32(xd), x.numel());
+  kernels(dev).gelu_forward(f32(out), f32(xd), x.numel());
   record("gelu", {x}, out, [xd](const Tensor& g) -> std::vector<Tensor> {
     Tensor gd = dense(g), gx = Tensor::empty(xd.shape(), DType::f32, g.device());
-    backend(g.device()).gelu_backward(f32(gx), f32(xd), f32(gd), xd.numel());
+    kernels(g.device()).gelu_backward(f32(gx), f32(xd), f32(gd), xd.numel());
     return {gx};
   });
   return out;
@@ -494,10 +494,10 @@ Tensor softmax(const Tensor& x) {
   const std::int64_t C = x.size(-1), N = x.numel() / std::max<std::int64_t>(1, C);
   Tensor xd = dense(x);
   Tensor out = Tensor::empty(x.shape(), DType::f32, dev);
-  backend(dev).softmax_forward(f32(out), f32(xd), N, C);
+  kernels(dev).softmax_forward(f32(out), f32(xd), N, C);
   record("softmax", {x}, out, [y = out.detach(), N, C](const Tensor& g) -> std::vector<Tensor> {
     Tensor gd = dense(g), gx = Tensor::empty(y.shape(), DType::f32, g.device());
-    backend(g.device()).softmax_backward(f32(gx), f32(y), f32(gd), N, C);
+    kernels(g.device()).softmax_backward(f32(gx), f32(y), f32(gd), N, C);
     return {gx};
   });
   return out;
@@ -517,15 +517,15 @@ Tensor causal_self_attention(const Tensor& qkv, std::int64_t n_head, DType gemm_
   Tensor qd = dense(qkv);
   Tensor out = Tensor::empty({B, T, C}, DType::f32, dev), att = Tensor::empty({B, n_head, T, T}, DType::f32, dev);
   if (gt == DType::f32)
-    backend(dev).attention_forward(f32(out), f32(att), f32(qd), B, T, C, n_head);
+    kernels(dev).attention_forward(f32(out), f32(att), f32(qd), B, T, C, n_head);
   else
-    backend(dev).attention_forward_ex(f32(out), f32(att), f32(qd), B, T, C, n_head, gt);
+    kernels(dev).attention_forward_ex(f32(out), f32(att), f32(qd), B, T, C, n_head, gt);
   record("causal_self_attention", {qkv}, out, [qd, att, B, T, C, n_head, gt](const Tensor& g) -> std::vector<Tensor> {
     Tensor gd = dense(g), gqkv = Tensor::empty(qd.shape(), DType::f32, g.device());
     if (gt == DType::f32)
-      backend(g.device()).attention_backward(f32(gqkv), f32(gd), f32(qd), f32(att), B, T, C, n_head);
+      kernels(g.device()).attention_backward(f32(gqkv), f32(gd), f32(qd), f32(att), B, T, C, n_head);
     else
-      backend(g.device()).attention_backward_ex(f32(gqkv), f32(gd), f32(qd), f32(att), B, T, C, n_head, gt);
+      kernels(g.device()).attention_backward_ex(f32(gqkv), f32(gd), f32(qd), f32(att), B, T, C, n_head, gt);
     return {gqkv};
   });
   return out;
@@ -544,10 +544,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   // The loss stays on the op's device: on cuda no synchronization per step (a bad target surfaces at the
   // next check_device_errors(), e.g. when the caller reads the loss with item()).
   Tensor out = Tensor::empty({}, DType::f32, dev);
-  backend(dev).cross_entropy_forward(f32(out), f32(probs), f32(ld), td.data<std::int64_t>(), N, V);
+  kernels(dev).cross_entropy_forward(f32(out), f32(probs), f32(ld), td.data<std::int64_t>(), N, V);
   record("cross_entropy", {logits}, out, [probs, td, N, V](const Tensor& g) -> std::vector<Tensor> {
     Tensor gd = dense(g), gl = Tensor::empty({N, V}, DType::f32, g.device());
-    backend(g.device()).cross_entropy_backward(f32(gl), f32(probs), td.data<std::int64_t>(), f32(gd), N, V);
+    kernels(g.device()).cross_entropy_backward(f32(gl), f32(probs), td.data<std::int64_t>(), f32(gd), N, V);
     return {gl};
   });
   return out;
@@ -561,7 +561,7 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
   // cpu draws every element from gen; cuda draws one 64-bit seed from it and hashes (seed, i), so runs
   // repeat on either device but the masks differ between them.
   Tensor mask = Tensor::empty(x.shape(), DType::f32, dev);
-  if (mask.numel() > 0) backend(dev).dropout_mask(f32(mask), gen, p, mask.numel());
+  if (mask.numel() > 0) kernels(dev).dropout_mask(f32(mask), gen, p, mask.numel());
   Tensor out;
   {
     autograd::NoGradGuard no_grad;

@@ -1,4 +1,4 @@
-// Micro-benchmarks of the hot CPU kernels of a GPT training step (core/cpu/kernels.h), at the shapes
+// Micro-benchmarks of the hot CPU kernels of a GPT training step (kernels(Device::cpu), core/cpu/), at the shapes
 // train_gpt runs: the nanoGPT CPU recipe (B 12, T 64, C 128, H 4, V 65: N = B·T = 768 rows) and the
 // GPU recipe run on the CPU (B 8, T 256, C 384, H 6: N = 2048). docs/performance.md reads these beside
 // the whole-step profile.
@@ -20,6 +20,7 @@
 
 #include "autograd/ops.h"
 #include "core/cpu/kernels.h"
+#include "core/kernels.h"
 #include "optim/adamw.h"
 
 namespace {
@@ -29,6 +30,8 @@ using namespace zero;
 // Buffers aligned like the tensors of a training step (the caching allocator hands out 64-byte
 // aligned blocks; some kernels take a faster path on aligned rows).
 using Buffer = std::vector<float, Eigen::aligned_allocator<float>>;
+
+Kernels& cpu() { return kernels(Device::cpu); }
 
 Buffer randn(std::int64_t n, std::uint64_t seed = 1) {
   Generator gen(seed);
@@ -54,7 +57,7 @@ void BM_gemm(benchmark::State& state) {
   auto A = randn(M * K), B = randn(K * N, 2);
   Buffer C(static_cast<std::size_t>(M * N));
   for (auto _ : state) {
-    cpu::gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.0f, C.data(), N);
+    cpu().gemm(ta, tb, M, N, K, 1.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.0f, C.data(), N, nullptr);
     benchmark::DoNotOptimize(C.data());
   }
   set_flops(state, 2.0 * M * N * K);
@@ -80,7 +83,7 @@ void BM_layernorm_forward(benchmark::State& state) {
   auto x = randn(N * C), w = randn(C, 2), b = randn(C, 3);
   Buffer y(N * C), mean(N), rstd(N);
   for (auto _ : state) {
-    cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    cpu().layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
     benchmark::DoNotOptimize(y.data());
   }
   set_bytes(state, 2.0 * N * C * sizeof(float));
@@ -89,10 +92,10 @@ void BM_layernorm_backward(benchmark::State& state) {
   const std::int64_t N = state.range(0), C = state.range(1);
   auto x = randn(N * C), w = randn(C, 2), b = randn(C, 3), dy = randn(N * C, 4);
   Buffer y(N * C), mean(N), rstd(N), dx(N * C), dw(C), db(C);
-  cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+  cpu().layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
   for (auto _ : state) {
-    cpu::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(),
-                            N, C);
+    cpu().layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(),
+                             N, C);
     benchmark::DoNotOptimize(dx.data());
   }
   set_bytes(state, 3.0 * N * C * sizeof(float));
@@ -106,7 +109,7 @@ void BM_gelu_forward(benchmark::State& state) {
   auto x = randn(n);
   Buffer y(n);
   for (auto _ : state) {
-    cpu::gelu_forward(y.data(), x.data(), n);
+    cpu().gelu_forward(y.data(), x.data(), n);
     benchmark::DoNotOptimize(y.data());
   }
   set_bytes(state, 2.0 * n * sizeof(float));
@@ -116,7 +119,7 @@ void BM_gelu_backward(benchmark::State& state) {
   auto x = randn(n), dy = randn(n, 2);
   Buffer dx(n);
   for (auto _ : state) {
-    cpu::gelu_backward(dx.data(), x.data(), dy.data(), n);
+    cpu().gelu_backward(dx.data(), x.data(), dy.data(), n);
     benchmark::DoNotOptimize(dx.data());
   }
   set_bytes(state, 3.0 * n * sizeof(float));
@@ -132,7 +135,7 @@ void BM_attention_forward(benchmark::State& state) {
   auto qkv = randn(B * T * 3 * C);
   Buffer out(B * T * C), att(B * H * T * T);
   for (auto _ : state) {
-    cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
+    cpu().attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
     benchmark::DoNotOptimize(out.data());
   }
   set_flops(state, attention_flops(B, T, C));
@@ -141,9 +144,9 @@ void BM_attention_backward(benchmark::State& state) {
   const std::int64_t B = state.range(0), T = state.range(1), C = state.range(2), H = state.range(3);
   auto qkv = randn(B * T * 3 * C), dout = randn(B * T * C, 2);
   Buffer out(B * T * C), att(B * H * T * T), dqkv(B * T * 3 * C);
-  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
+  cpu().attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
   for (auto _ : state) {
-    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, H);
+    cpu().attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, H);
     benchmark::DoNotOptimize(dqkv.data());
   }
   set_flops(state, 2.0 * attention_flops(B, T, C));
@@ -158,9 +161,12 @@ void BM_cross_entropy(benchmark::State& state) {
   std::vector<std::int64_t> targets(N);
   for (std::int64_t i = 0; i < N; ++i) targets[i] = (i * 7) % V;
   Buffer probs(N * V), dlogits(N * V);
+  float loss = 0.0f;
+  const float dloss = 1.0f;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(cpu::cross_entropy_forward(probs.data(), logits.data(), targets.data(), N, V));
-    cpu::cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), 1.0f, N, V);
+    cpu().cross_entropy_forward(&loss, probs.data(), logits.data(), targets.data(), N, V);
+    benchmark::DoNotOptimize(loss);
+    cpu().cross_entropy_backward(dlogits.data(), probs.data(), targets.data(), &dloss, N, V);
     benchmark::DoNotOptimize(dlogits.data());
   }
   set_bytes(state, 4.0 * N * V * sizeof(float));
@@ -175,7 +181,8 @@ void BM_adamw(benchmark::State& state) {
   const optim::AdamWHyper h{1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f};
   std::int64_t step = 0;
   for (auto _ : state) {
-    optim::adamw_update(p.data(), g.data(), m.data(), v.data(), n, h, ++step);
+    optim::adamw_update(Device::cpu, p.data(), g.data(), DType::f32, 1.0f, m.data(), v.data(), nullptr, DType::f32, n,
+                        h, ++step);
     benchmark::DoNotOptimize(p.data());
   }
   set_bytes(state, 7.0 * n * sizeof(float));  // read p, g, m, v; write p, m, v

@@ -1,5 +1,5 @@
 // The machine's fp32 GEMM peak, measured on a large square product C = A B (n×n, default 1024) by
-// three implementations: Eigen 3.4's GEMM, zero.cpp's own (core/cpu/kernels.h, what train_gpt runs),
+// three implementations: Eigen 3.4's GEMM, zero.cpp's own (the CPU backend's gemm, what train_gpt runs),
 // and the system BLAS's cblas_sgemm, loaded at run time (libopenblas.so.0, else libblas.so.3) so the
 // build needs no BLAS. bench/compare_torch.sh divides train_gpt's achieved FLOP rate by the largest.
 //
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/cpu/kernels.h"
+#include "core/kernels.h"
 #include "core/tensor.h"
 
 namespace {
@@ -109,8 +110,9 @@ int main(int argc, char** argv) {
     peak = std::max(peak, g);
   }
   if (wanted("zero")) {
+    zero::Kernels& cpu = zero::kernels(zero::Device::cpu);
     const double g = best_gflops(
-        [&] { zero::cpu::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); }, n,
+        [&] { cpu.gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n, nullptr); }, n,
         seconds, reps);
     fmt::print("backend=zero threads={} n={} gflops={:.1f}\n", threads, n, g);
     peak = std::max(peak, g);

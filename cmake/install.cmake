@@ -1,5 +1,5 @@
 # `cmake --install` rules: the headers under <prefix>/include/zero (by layer: core/, autograd/, nn/,
-# optim/, distributed/), libzero.a under <prefix>/lib, and the CMake package "zero" so that another
+# optim/, distributed/), libzero.a and libzero_core.a under <prefix>/lib, and the CMake package "zero" so that another
 # project can write
 #
 #   find_package(zero REQUIRED)                 # -DCMAKE_PREFIX_PATH=<prefix>
@@ -13,12 +13,12 @@ include(CMakePackageConfigHelpers)
 set(ZERO_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/zero CACHE STRING
     "Where the CMake package files of zero are installed, relative to the prefix")
 
-install(TARGETS zero EXPORT zeroTargets
+install(TARGETS zero zero_core EXPORT zeroTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 foreach(layer core autograd nn optim distributed)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zero/${layer}
-          FILES_MATCHING PATTERN "*.h")
+          FILES_MATCHING PATTERN "*.h" PATTERN "*.def")
 endforeach()
 install(EXPORT zeroTargets NAMESPACE zero:: DESTINATION ${ZERO_INSTALL_CMAKEDIR})
 

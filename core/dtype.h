@@ -48,4 +48,28 @@ template <> constexpr DType dtype_of<bfloat16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
 
+/// Element i of a host buffer of dtype t, converted to float (16-bit floats exactly; integers rounded).
+inline float load_as_float(const void* base, std::int64_t i, DType t) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(base)[i];
+    case DType::f16: return static_cast<float>(static_cast<const half*>(base)[i]);
+    case DType::bf16: return static_cast<float>(static_cast<const bfloat16*>(base)[i]);
+    case DType::i32: return static_cast<float>(static_cast<const std::int32_t*>(base)[i]);
+    case DType::i64: return static_cast<float>(static_cast<const std::int64_t*>(base)[i]);
+  }
+  return 0.0f;
+}
+
+/// Stores v into element i of a host buffer of dtype t (16-bit floats round to nearest even; integers
+/// truncate).
+inline void store_from_float(void* base, std::int64_t i, DType t, float v) {
+  switch (t) {
+    case DType::f32: static_cast<float*>(base)[i] = v; break;
+    case DType::f16: static_cast<half*>(base)[i] = half(v); break;
+    case DType::bf16: static_cast<bfloat16*>(base)[i] = bfloat16(v); break;
+    case DType::i32: static_cast<std::int32_t*>(base)[i] = static_cast<std::int32_t>(v); break;
+    case DType::i64: static_cast<std::int64_t*>(base)[i] = static_cast<std::int64_t>(v); break;
+  }
+}
+
 }  // namespace zero

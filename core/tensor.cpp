@@ -3,13 +3,11 @@
 #include <fmt/ranges.h>
 
 #include <cstring>
+#include <utility>
 
-#include "core/cpu/convert.h"
+#include "core/autograd_interface.h"
+#include "core/backend.h"
 #include "core/strided.h"
-#ifdef ZERO_HAS_CUDA
-#include "core/cuda/kernels.h"
-#include "core/cuda/runtime.h"
-#endif
 
 namespace zero {
 
@@ -31,96 +29,75 @@ Shape contiguous_strides(const Shape& s) {
   return st;
 }
 
+// Note [Tensors on a device]
+// A tensor's data pointer is memory of its device: host loops in this file touch only cpu tensors.
+// Element reads of another device's tensor (item_at, item, to_vector) copy it to the host first; every
+// write goes through the tensor's backend (Backend::copy, fill), and copies between devices move whole
+// contiguous buffers with Backend::copy_bytes while the host side converts dtype and layout. No member
+// here branches on which device it is.
+
 namespace {
 
-float load_as_float(const void* base, std::int64_t i, DType t) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(base)[i];
-    case DType::f16: return static_cast<float>(static_cast<const half*>(base)[i]);
-    case DType::bf16: return static_cast<float>(static_cast<const bfloat16*>(base)[i]);
-    case DType::i32: return static_cast<float>(static_cast<const std::int32_t*>(base)[i]);
-    case DType::i64: return static_cast<float>(static_cast<const std::int64_t*>(base)[i]);
-  }
-  return 0.0f;
+StridedView view_of(const Tensor& t) { return {t.storage()->data(), t.dtype(), t.shape(), t.strides(), t.offset()}; }
+
+}  // namespace
+
+namespace detail {
+
+namespace {
+const AutogradInterface* installed_autograd = nullptr;
+}  // namespace
+
+void set_autograd_interface(const AutogradInterface* impl) { installed_autograd = impl; }
+const AutogradInterface* autograd_interface() { return installed_autograd; }
+
+}  // namespace detail
+
+namespace {
+
+// The autograd implementation, for a member that cannot work without it (Note [Autograd behind an
+// interface]).
+const detail::AutogradInterface& need_autograd(const char* what) {
+  const detail::AutogradInterface* a = detail::autograd_interface();
+  ZERO_CHECK(a != nullptr,
+             "{}: autograd/ is not linked into this program (a static link pulls it in with the first op of "
+             "autograd/ops.h or autograd.h the program calls)",
+             what);
+  return *a;
 }
 
-void store_from_float(void* base, std::int64_t i, DType t, float v) {
-  switch (t) {
-    case DType::f32: static_cast<float*>(base)[i] = v; break;
-    case DType::f16: static_cast<half*>(base)[i] = half(v); break;
-    case DType::bf16: static_cast<bfloat16*>(base)[i] = bfloat16(v); break;
-    case DType::i32: static_cast<std::int32_t*>(base)[i] = static_cast<std::int32_t>(v); break;
-    case DType::i64: static_cast<std::int64_t*>(base)[i] = static_cast<std::int64_t>(v); break;
-  }
+// Records `out`, made from `in` by a view or conversion, in the graph: nothing to record for a tensor
+// that needs no gradient, and no graph without autograd/ (no backward could run it).
+void record_view(const char* name, const Tensor& in, Tensor& out, std::function<Tensor(const Tensor&)> backward) {
+  const detail::AutogradInterface* a = detail::autograd_interface();
+  if (a != nullptr && in.requires_grad()) a->record(name, in, out, std::move(backward));
 }
 
-#ifdef ZERO_HAS_CUDA
-// Note [Tensors on cuda]
-// A cuda tensor's data pointer is device memory: the host loops in this file must never touch it. Each
-// member below that reads or writes elements therefore branches first: cuda -> host reads download a
-// contiguous copy, cuda writes go through core/cuda kernels (fill, cast, strided copy) on the current
-// stream. Shapes, strides and views are the same on both devices.
-
-// A contiguous copy of `t` (on cuda) in new cuda storage; `t` itself if already contiguous.
-Tensor cuda_contiguous(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor out = Tensor::empty(t.shape(), t.dtype(), Device::cuda);
-  cuda::strided_copy(out.raw_data(), contiguous_strides(t.shape()), 0, t.storage()->data(), t.strides(), t.offset(),
-                     t.shape(), dtype_size(t.dtype()));
-  return out;
+int wrap_dim(int d, int nd, const Shape& shape) {
+  const int w = d < 0 ? d + nd : d;
+  ZERO_CHECK(w >= 0 && w < nd, "dimension {} out of range for shape {}", d, shape_str(shape));
+  return w;
 }
 
-// A contiguous host copy of cuda tensor `t` (same dtype). Waits for the copy.
-Tensor download(const Tensor& t) {
-  const Tensor dense = cuda_contiguous(t);
-  Tensor host = Tensor::empty(t.shape(), t.dtype(), Device::cpu);
-  cuda::copy(host.raw_data(), dense.raw_data(), host.nbytes());
-  return host;
-}
-
-// dst.copy_(src) when at least one of them is on cuda (same numel, elements in row-major order).
-void copy_with_cuda(Tensor dst, const Tensor& src) {
-  if (dst.device() == Device::cpu) {
-    dst.copy_(download(src));  // the host path converts dtype and follows dst's strides
-    return;
-  }
-  // Make `s` a contiguous cuda tensor of dst's dtype holding src's elements.
-  Tensor s = src;
-  if (s.device() == Device::cpu) {
-    if (s.dtype() != dst.dtype() || !s.is_contiguous()) {
-      Tensor converted = Tensor::empty(s.shape(), dst.dtype(), Device::cpu);
-      converted.copy_(s);
-      s = converted;
-    }
-    // From pageable memory cudaMemcpyAsync returns once the source is staged: `s` may go away after it.
-    if (dst.is_contiguous()) {
-      cuda::copy_async(dst.raw_data(), s.raw_data(), s.nbytes());
-      return;
-    }
-    Tensor up = Tensor::empty(s.shape(), s.dtype(), Device::cuda);
-    cuda::copy_async(up.raw_data(), s.raw_data(), s.nbytes());
-    s = up;
-  } else {
-    s = cuda_contiguous(s);
-    if (s.dtype() != dst.dtype()) {
-      Tensor converted = Tensor::empty(s.shape(), dst.dtype(), Device::cuda);
-      cuda::cast(converted.raw_data(), dst.dtype(), s.raw_data(), s.dtype(), s.numel());
-      s = converted;
-    }
-    if (s.storage() == dst.storage()) {  // views of one storage may overlap; cudaMemcpy must not
-      Tensor fresh = Tensor::empty(s.shape(), s.dtype(), Device::cuda);
-      cuda::copy_async(fresh.raw_data(), s.raw_data(), s.nbytes());
-      s = fresh;
+Shape infer_shape(Shape shape, std::int64_t numel, const Shape& from) {
+  int infer = -1;
+  std::int64_t known = 1;
+  for (int i = 0; i < static_cast<int>(shape.size()); ++i) {
+    if (shape[i] == -1) {
+      ZERO_CHECK(infer < 0, "view: more than one -1 in {}", shape_str(shape));
+      infer = i;
+    } else {
+      known *= shape[i];
     }
   }
-  if (dst.is_contiguous()) {
-    cuda::copy_async(dst.raw_data(), s.raw_data(), dst.nbytes());
-  } else {
-    cuda::strided_copy(dst.storage()->data(), dst.strides(), dst.offset(), s.raw_data(), contiguous_strides(dst.shape()),
-                       0, dst.shape(), dtype_size(dst.dtype()));
+  if (infer >= 0) {
+    ZERO_CHECK(known > 0 && numel % known == 0, "view: cannot view {} as {}", shape_str(from), shape_str(shape));
+    shape[infer] = numel / known;
   }
+  ZERO_CHECK(shape_numel(shape) == numel, "view: cannot view {} ({} elements) as {}", shape_str(from), numel,
+             shape_str(shape));
+  return shape;
 }
-#endif
 
 }  // namespace
 
@@ -131,14 +108,16 @@ std::int64_t Tensor::size(int d) const {
   return impl_->shape[d];
 }
 
-bool Tensor::is_contiguous() const {
+bool is_contiguous(const Shape& shape, const Shape& strides) {
   std::int64_t expected = 1;
-  for (int i = dim() - 1; i >= 0; --i) {
-    if (impl_->shape[i] != 1 && impl_->strides[i] != expected) return false;
-    expected *= impl_->shape[i];
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    if (shape[i] != 1 && strides[i] != expected) return false;
+    expected *= shape[i];
   }
   return true;
 }
+
+bool Tensor::is_contiguous() const { return zero::is_contiguous(impl_->shape, impl_->strides); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (auto d : shape) ZERO_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
@@ -152,13 +131,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-#ifdef ZERO_HAS_CUDA
-  if (device == Device::cuda) {
-    cuda::memset_async(t.raw_data(), 0, t.nbytes());
-    return t;
-  }
-#endif
-  std::memset(t.raw_data(), 0, t.nbytes());
+  backend(device).fill(t.raw_data(), dtype, 0.0f, t.numel());
   return t;
 }
 
@@ -193,9 +166,7 @@ Tensor Tensor::randn(const Shape& shape, Generator& gen, float mean, float std) 
 
 float Tensor::item_at(std::int64_t i) const {
   ZERO_CHECK(i >= 0 && i < numel(), "index {} out of range for {} elements", i, numel());
-#ifdef ZERO_HAS_CUDA
-  if (device() == Device::cuda) return download(*this).item_at(i);
-#endif
+  if (device() != Device::cpu) return to(Device::cpu).item_at(i);
   std::int64_t off = 0, rem = i;
   for (int d = dim() - 1; d >= 0; --d) {
     off += (rem % impl_->shape[d]) * impl_->strides[d];
@@ -206,16 +177,12 @@ float Tensor::item_at(std::int64_t i) const {
 
 float Tensor::item() const {
   ZERO_CHECK(numel() == 1, "item() on a tensor of shape {}", shape_str(shape()));
-#ifdef ZERO_HAS_CUDA
-  if (device() == Device::cuda) return download(*this).item();
-#endif
+  if (device() != Device::cpu) return to(Device::cpu).item();
   return load_as_float(raw_data(), 0, dtype());
 }
 
 std::vector<float> Tensor::to_vector() const {
-#ifdef ZERO_HAS_CUDA
-  if (device() == Device::cuda) return download(*this).to_vector();
-#endif
+  if (device() != Device::cpu) return to(Device::cpu).to_vector();
   std::vector<float> out;
   out.reserve(numel());
   const void* base = impl_->storage->data();
@@ -237,10 +204,13 @@ Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, std::int64_t
 
 Tensor Tensor::to(Device target) const {
   if (target == device()) return *this;
-#ifdef ZERO_HAS_CUDA
-  if (target == Device::cpu) return download(*this);
-#endif
-  Tensor out = empty(shape(), dtype(), target);  // throws for cuda in a build without CUDA
+  if (target == Device::cpu) {  // a contiguous copy on the device, then its bytes (the device waits)
+    const Tensor dense = is_contiguous() ? *this : clone();
+    Tensor host = empty(shape(), dtype(), Device::cpu);
+    backend(device()).copy_bytes(host.raw_data(), dense.raw_data(), host.nbytes());
+    return host;
+  }
+  Tensor out = empty(shape(), dtype(), target);  // throws for a device this build has no backend for
   out.copy_(*this);
   return out;
 }
@@ -257,31 +227,29 @@ void Tensor::copy_(const Tensor& src) {
   ZERO_CHECK(src.numel() == numel(), "copy_: source has {} elements {}, destination {} {}", src.numel(),
              shape_str(src.shape()), numel(), shape_str(shape()));
   impl_->storage->bump_version();
-#ifdef ZERO_HAS_CUDA
-  if (device() == Device::cuda || src.device() == Device::cuda) {
-    copy_with_cuda(*this, src);
+  if (src.device() == device()) {
+    backend(device()).copy(view_of(*this), view_of(src));
     return;
   }
-#endif
-  if (src.dtype() == dtype() && src.is_contiguous() && is_contiguous()) {
-    std::memmove(raw_data(), src.raw_data(), nbytes());
+  // Between devices (Note [Tensors on a device]). Into the host: download, then convert on the host.
+  if (device() == Device::cpu) {
+    copy_(src.to(Device::cpu));
     return;
   }
-  if (src.is_contiguous() && is_contiguous() && is_floating(src.dtype()) && is_floating(dtype()) &&
-      src.storage() != storage()) {
-    // Vectorised, same bits as the element loop below (tests/unit/test_tensor.cpp checks).
-    cpu::convert(raw_data(), dtype(), src.raw_data(), src.dtype(), numel());
+  // Onto a device: src as a contiguous host tensor of this dtype, then its bytes.
+  Tensor s = src.to(Device::cpu);
+  if (s.dtype() != dtype() || !s.is_contiguous()) {
+    Tensor converted = empty(s.shape(), dtype(), Device::cpu);
+    converted.copy_(s);
+    s = converted;
+  }
+  if (is_contiguous()) {
+    backend(device()).copy_bytes(raw_data(), s.raw_data(), nbytes());
     return;
   }
-  std::vector<std::int64_t> src_offsets;
-  src_offsets.reserve(numel());
-  for_each_offset(src.shape(), src.strides(), src.offset(), [&](std::int64_t off) { src_offsets.push_back(off); });
-  const void* sbase = src.storage()->data();
-  void* dbase = storage()->data();
-  std::int64_t k = 0;
-  for_each_offset(shape(), strides(), offset(), [&](std::int64_t off) {
-    store_from_float(dbase, off, dtype(), load_as_float(sbase, src_offsets[k++], src.dtype()));
-  });
+  Tensor up = empty(s.shape(), s.dtype(), device());
+  backend(device()).copy_bytes(up.raw_data(), s.raw_data(), s.nbytes());
+  backend(device()).copy(view_of(*this), view_of(up));
 }
 
 void Tensor::set_data(const Tensor& src) {
@@ -294,30 +262,119 @@ void Tensor::set_data(const Tensor& src) {
 
 void Tensor::fill_(float value) {
   impl_->storage->bump_version();
-#ifdef ZERO_HAS_CUDA
-  if (device() == Device::cuda) {
-    if (is_contiguous()) {
-      cuda::fill(raw_data(), dtype(), value, numel());
-    } else {
-      Tensor dense = empty(shape(), dtype(), Device::cuda);
-      cuda::fill(dense.raw_data(), dtype(), value, numel());
-      copy_(dense);
-    }
+  if (is_contiguous()) {
+    backend(device()).fill(raw_data(), dtype(), value, numel());
     return;
   }
-#endif
-  void* base = storage()->data();
-  if (is_contiguous() && dtype() == DType::f32) {
-    std::fill_n(data<float>(), numel(), value);
-    return;
-  }
-  if (is_contiguous() && (dtype() == DType::f16 || dtype() == DType::bf16)) {
-    std::uint16_t bits;  // the value rounded once, then replicated
-    store_from_float(&bits, 0, dtype(), value);
-    std::fill_n(static_cast<std::uint16_t*>(raw_data()), numel(), bits);
-    return;
-  }
-  for_each_offset(shape(), strides(), offset(), [&](std::int64_t off) { store_from_float(base, off, dtype(), value); });
+  Tensor dense = empty(shape(), dtype(), device());
+  backend(device()).fill(dense.raw_data(), dtype(), value, numel());
+  backend(device()).copy(view_of(*this), view_of(dense));
 }
+
+// ---- the differentiable views and conversions (recorded through Note [Autograd behind an interface]) ----
+
+Tensor Tensor::view(const Shape& shape) const {
+  const Shape s = infer_shape(shape, numel(), this->shape());
+  ZERO_CHECK(is_contiguous(), "view: tensor of shape {} is not contiguous (use reshape)", shape_str(this->shape()));
+  Tensor out = as_strided(s, contiguous_strides(s), offset());
+  record_view("view", *this, out, [in = this->shape()](const Tensor& g) { return g.reshape(in); });
+  return out;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const { return is_contiguous() ? view(shape) : contiguous().view(shape); }
+
+Tensor Tensor::transpose(int d0, int d1) const {
+  const int nd = dim();
+  d0 = wrap_dim(d0, nd, shape());
+  d1 = wrap_dim(d1, nd, shape());
+  Shape s = shape(), st = strides();
+  std::swap(s[d0], s[d1]);
+  std::swap(st[d0], st[d1]);
+  Tensor out = as_strided(s, st, offset());
+  record_view("transpose", *this, out, [d0, d1](const Tensor& g) { return g.transpose(d0, d1); });
+  return out;
+}
+
+Tensor Tensor::narrow(int d, std::int64_t start, std::int64_t length) const {
+  d = wrap_dim(d, dim(), shape());
+  ZERO_CHECK(start >= 0 && length >= 0 && start + length <= shape()[d],
+             "narrow: [{}, {}) outside dimension {} of size {}", start, start + length, d, shape()[d]);
+  Shape s = shape();
+  s[d] = length;
+  Tensor out = as_strided(s, strides(), offset() + start * strides()[d]);
+  record_view("narrow", *this, out, [in = shape(), d, start, length](const Tensor& g) {
+    Tensor full = Tensor::zeros(in, g.dtype(), g.device());
+    full.narrow(d, start, length).copy_(g);
+    return full;
+  });
+  return out;
+}
+
+Tensor Tensor::expand(const Shape& shape) const {
+  const int nd = static_cast<int>(shape.size()), td = dim();
+  ZERO_CHECK(nd >= td, "expand: cannot expand {} to fewer dimensions {}", shape_str(this->shape()), shape_str(shape));
+  Shape st(nd, 0);
+  for (int i = 0; i < td; ++i) {
+    const int o = nd - td + i;
+    const std::int64_t have = this->shape()[i];
+    ZERO_CHECK(have == shape[o] || have == 1, "expand: cannot expand {} to {}", shape_str(this->shape()),
+               shape_str(shape));
+    st[o] = have == 1 && shape[o] != 1 ? 0 : strides()[i];
+  }
+  Tensor out = as_strided(shape, st, offset());
+  record_view("expand", *this, out,
+              [in = this->shape()](const Tensor& g) { return need_autograd("expand").sum_to(g, in); });
+  return out;
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  Tensor out = clone();
+  record_view("contiguous", *this, out, [](const Tensor& g) { return g; });
+  return out;
+}
+
+Tensor Tensor::to(DType target) const {
+  if (target == dtype()) return *this;
+  Tensor out = Tensor::empty(shape(), target, device());
+  out.copy_(*this);
+  if (is_floating(target) && is_floating(dtype())) {
+    // The gradient flows back in the source's dtype (an f16 parameter gets an f16 gradient).
+    record_view("to", *this, out, [source = dtype()](const Tensor& g) { return g.to(source); });
+  }
+  return out;
+}
+
+// ---- autograd state (Note [Autograd behind an interface]) ----
+
+autograd::AutogradMeta& autograd::meta_of(const Tensor& t) {
+  auto& m = t.impl()->autograd;
+  if (!m) m = std::make_shared<AutogradMeta>();
+  return *m;
+}
+
+bool Tensor::requires_grad() const {
+  const autograd::AutogradMeta* m = impl_->autograd.get();
+  return m != nullptr && (m->requires_grad || m->grad_fn != nullptr);
+}
+
+Tensor& Tensor::set_requires_grad(bool value) {
+  ZERO_CHECK(is_leaf(), "set_requires_grad on a non-leaf tensor");
+  ZERO_CHECK(!value || is_floating(dtype()), "only float tensors can require grad, got {}", dtype_name(dtype()));
+  if (value || impl_->autograd) autograd::meta_of(*this).requires_grad = value;
+  return *this;
+}
+
+Tensor Tensor::grad() const { return impl_->autograd ? impl_->autograd->grad : Tensor(); }
+
+void Tensor::set_grad(const Tensor& g) {
+  ZERO_CHECK(!g.defined() || g.shape() == shape(), "set_grad: gradient shape {} differs from tensor shape {}",
+             shape_str(g.shape()), shape_str(shape()));
+  if (g.defined() || impl_->autograd) autograd::meta_of(*this).grad = g;
+}
+
+bool Tensor::is_leaf() const { return !impl_->autograd || !impl_->autograd->grad_fn; }
+
+void Tensor::backward() const { need_autograd("backward").backward(*this); }
 
 }  // namespace zero

@@ -2,8 +2,9 @@
 //
 // Copying a Tensor copies a handle: both refer to the same TensorImpl. View operations (view/reshape,
 // transpose, narrow, expand) make a new TensorImpl over the same Storage and never copy elements.
-// Autograd state (requires_grad, grad, grad_fn, hooks) hangs off the TensorImpl; the functions that
-// use it are declared here and defined in autograd/ (see autograd/autograd.h).
+// Autograd state (requires_grad, grad, grad_fn, hooks) hangs off the TensorImpl as autograd/'s
+// AutogradMeta; the members that use it reach autograd through an interface, so core/ links without
+// autograd/ (Note [Autograd behind an interface] in core/autograd_interface.h).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,9 @@ std::string shape_str(const Shape& s);
 std::int64_t shape_numel(const Shape& s);
 /// Row-major (C-contiguous) strides of `s`, in elements.
 Shape contiguous_strides(const Shape& s);
+/// True if a view of `shape` with `strides` (elements) is row-major contiguous (size-1 dimensions may
+/// have any stride).
+bool is_contiguous(const Shape& shape, const Shape& strides);
 
 namespace autograd {
 struct AutogradMeta;
@@ -110,7 +114,7 @@ class Tensor {
   /// All elements in row-major order, converted to float.
   std::vector<float> to_vector() const;
 
-  // ---- views: share storage; differentiable (defined in autograd/view_ops.cpp) ----
+  // ---- views: share storage; differentiable (recorded through autograd when it is linked) ----
   /// Same elements, new shape (one dimension may be -1). Needs a contiguous tensor; throws otherwise.
   Tensor view(const Shape& shape) const;
   /// view() if contiguous, else a contiguous copy reshaped.
@@ -136,8 +140,8 @@ class Tensor {
   /// A contiguous copy in new storage (not differentiable).
   Tensor clone() const;
   /// Copies `src` (same numel; any float dtype, converted) into this tensor's elements, in place.
-  /// Either may be on cuda: copies between devices go through cuda::copy_async on the current stream
-  /// (synchronously when the destination is on the host).
+  /// Either may be on cuda: copies between devices are queued on the current stream (and waited for
+  /// when the destination is on the host). Note [Tensors on a device] in core/tensor.cpp.
   void copy_(const Tensor& src);
   void fill_(float value);
   /// Re-points this tensor (every handle to it) at `src`'s storage, shape, strides, offset and dtype,
@@ -145,7 +149,7 @@ class Tensor {
   void set_data(const Tensor& src);
   void zero_() { fill_(0.0f); }
 
-  // ---- autograd (defined in autograd/) ----
+  // ---- autograd (through autograd/ when it is linked: Note [Autograd behind an interface]) ----
   bool requires_grad() const;
   /// Marks a leaf tensor as a parameter whose gradient accumulates in grad(). Returns *this.
   Tensor& set_requires_grad(bool value);

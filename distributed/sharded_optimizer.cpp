@@ -41,10 +41,10 @@ void ShardedOptimizer::step(const Tensor& grad, float grad_factor, const std::ve
   for (const ParamSlice& s : slices_) {
     if (!stepped[s.param]) continue;  // Note [Unused parameters]
     const std::int64_t j = s.flat_offset - region_begin_;
-    optim::adamw_update_mixed(master_.device(), master_.data<float>() + j, element_ptr(grad, j), o.dtype, grad_factor,
-                              exp_avg_.data<float>() + j, exp_avg_sq_.data<float>() + j,
-                              separate_master ? element_ptr(flat_params_, s.flat_offset) : nullptr, o.dtype, s.length,
-                              s.decay ? with_decay : no_decay, param_steps_[s.param]);
+    optim::adamw_update(master_.device(), master_.data<float>() + j, element_ptr(grad, j), o.dtype, grad_factor,
+                        exp_avg_.data<float>() + j, exp_avg_sq_.data<float>() + j,
+                        separate_master ? element_ptr(flat_params_, s.flat_offset) : nullptr, o.dtype, s.length,
+                        s.decay ? with_decay : no_decay, param_steps_[s.param]);
   }
   // The flat buffer changed: layers must convert their 16-bit parameters again (Note [Compute copies]).
   flat_params_.storage()->bump_version();

@@ -8,7 +8,7 @@
 //   exp_avg     fp32 [region_size]  (Adam's m)
 //   exp_avg_sq  fp32 [region_size]  (Adam's v)
 //
-// The update is optim::adamw_update_mixed (the one AdamW of optim/, on the buffers' device) per
+// The update is optim::adamw_update (the one AdamW of optim/, on the buffers' device) per
 // parameter slice of the range, with that parameter's weight-decay flag and its own step count
 // (Note [Unused parameters] in zero_optimizer.cpp); for a 16-bit model it also rounds the updated
 // master back into the flat buffer, so after step() this rank's range of the model is current and the

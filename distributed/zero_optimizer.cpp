@@ -18,9 +18,9 @@ namespace zero::dist {
 // With parameters on cuda every buffer (flat parameters and gradients, bucket pool, master, m, v) is
 // allocated on the parameters' device, and everything the parts do to them goes through calls that
 // pick the device themselves: Tensor::copy_ / zero_, the backend's accumulate, optim::scale_grad_,
-// optim::grad_sq_norm and optim::adamw_update_mixed. No ZeRO file branches on the device. The
-// communicator is handed device pointers (NCCL, or MPI staged through pinned host memory:
-// distributed/nccl_communicator.h).
+// optim::grad_sq_norm and optim::adamw_update (all through core/backend.h). No ZeRO file branches on
+// the device. The communicator is handed device pointers (NCCL, or MPI staged through pinned host
+// memory: distributed/nccl_communicator.h).
 
 // Note [Exception safety]
 // ~~~~~~~~~~~~~~~~~~~~~~~~

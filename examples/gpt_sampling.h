@@ -89,29 +89,4 @@ inline std::string sample(const nn::GPT& model, const std::vector<unsigned char>
   return out;
 }
 
-/// state.json's "model": the GPT hyper-parameters.
-inline nlohmann::json gpt_config_json(const nn::GPTConfig& c) {
-  return {{"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"n_layer", c.n_layer}, {"n_head", c.n_head},
-          {"n_embd", c.n_embd},         {"dropout", c.dropout},       {"bias", c.bias},       {"norm", c.norm}};
-}
-
-/// The inverse of gpt_config_json. Throws zero::Error naming a missing or mistyped key.
-inline nn::GPTConfig gpt_config_from_json(const nlohmann::json& j) {
-  nn::GPTConfig c;
-  try {
-    c.vocab_size = j.at("vocab_size").get<std::int64_t>();
-    c.block_size = j.at("block_size").get<std::int64_t>();
-    c.n_layer = j.at("n_layer").get<std::int64_t>();
-    c.n_head = j.at("n_head").get<std::int64_t>();
-    c.n_embd = j.at("n_embd").get<std::int64_t>();
-    c.dropout = j.at("dropout").get<float>();
-    c.bias = j.at("bias").get<bool>();
-    c.norm = j.value("norm", std::string("layernorm"));  // absent in checkpoints of older builds
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("state.json \"model\" is incomplete: {}", e.what()));
-  }
-  c.validate();
-  return c;
-}
-
 }  // namespace zero::examples

@@ -35,7 +35,14 @@ int run(const Args& a) {
   ZERO_CHECK(a.temperature > 0.0f, "--temperature must be positive, got {}", a.temperature);
   ZERO_CHECK(a.top_k >= 0, "--top-k must be >= 0 (0 = all tokens), got {}", a.top_k);
   const dist::Checkpoint ckpt = dist::open_checkpoint(dist::resolve_checkpoint(a.checkpoint), nullptr);
-  const nn::GPTConfig cfg = examples::gpt_config_from_json(ckpt.state.at("model"));
+  // The model is what the checkpoint says it is (GPTConfig::from_json): no model flags.
+  ZERO_CHECK(ckpt.state.contains("model"), "checkpoint '{}': state.json has no \"model\" (the model config)", ckpt.dir);
+  nn::GPTConfig cfg;
+  try {
+    cfg = nn::GPTConfig::from_json(ckpt.state.at("model"));
+  } catch (const Error& e) {
+    throw Error(fmt::format("checkpoint '{}': {}", ckpt.dir, e.what()), e.location());
+  }
   const auto itos = ckpt.state.at("vocab").get<std::vector<unsigned char>>();
   ZERO_CHECK(static_cast<std::int64_t>(itos.size()) == cfg.vocab_size,
              "checkpoint '{}': {} vocabulary characters for vocab_size {}", ckpt.dir, itos.size(), cfg.vocab_size);

@@ -36,6 +36,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/backend.h"
 #include "core/cpu/kernels.h"
 #include "core/gemm_precision.h"
 #include "core/trace.h"
@@ -65,14 +66,6 @@ using examples::Given;
 using Clock = std::chrono::steady_clock;
 
 Device device_of(const Args& a) { return a.device == "cuda" ? Device::cuda : Device::cpu; }
-
-// Waits for the device's queued work (no-op on cpu): timings then measure the work, not its issue.
-void synchronize(Device device) {
-#ifdef ZERO_HAS_CUDA
-  if (device == Device::cuda) cuda::synchronize();
-#endif
-  (void)device;
-}
 
 // Dense peak FLOP/s of the device for the precision its GEMMs run in (matmul_precision(), the same
 // decision the ops take: Note [Tensor cores for 16-bit models]; 0 when unknown: cpu). NVIDIA H100
@@ -255,7 +248,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
   cfg.validate();
   // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  cpu::set_num_threads(a.threads > 0 ? a.threads : std::max(1, cores / world));
+  a.threads > 0 ? cpu::set_num_threads(a.threads) : cpu::set_adaptive_threads(std::max(1, cores / world));
   if (lead) {
     for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
     for (const auto& w : setup.from.warnings) fmt::print(stderr, "{}\n", w);
@@ -320,7 +313,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
   };
   std::int64_t saved_step = -1;  // the step of the last checkpoint this run committed
   auto save = [&](std::int64_t done) {
-    nlohmann::json extra = examples::settings_json(a, tc, examples::gpt_config_json(cfg));
+    nlohmann::json extra = examples::settings_json(a, tc, cfg.to_json());
     extra["vocab"] = data.itos;
     extra["lr_schedule"]["next_step"] = done;
     extra["rng"] = {{"init_and_dropout", dist::generator_state(init_gen)},
@@ -419,7 +412,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
   const auto run_start = Clock::now();  // the ETA extrapolates wall time, evaluations included
   bool evaluated_last = false;
   for (std::int64_t step = first_step; step < a.steps; ++step) {
-    synchronize(device);  // the clock measures finished work
+    backend(device).synchronize();  // the clock measures finished work
     if (!a.trace.empty()) trace::set_active(step + 1 >= trace_first && step + 1 <= trace_last);
     std::optional<trace::Span> step_span;
     step_span.emplace("step", "step");
@@ -442,7 +435,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
       loss_sum += loss.item();
     }
     const bool applied = opt.step();
-    synchronize(device);
+    backend(device).synchronize();
     step_span.reset();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (step - first_step >= warmup_steps) train_seconds += dt;

@@ -42,7 +42,7 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--eval-every", a.eval_every, "validate every N steps (0 = only at the end)")->capture_default_str();
   app.add_option("--eval-iters", a.eval_iters, "validation batches per evaluation")->capture_default_str();
   app.add_option("--log-every", a.log_every, "progress line every N steps")->capture_default_str();
-  app.add_option("--threads", a.threads, "CPU threads per rank (0 = this machine's cores / ranks)")->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads per rank (0 = up to cores / ranks, fewer while cores are busy)")->capture_default_str();
   app.add_option("--metrics", a.metrics, "write a JSON summary to this path");
   app.add_option("--trace", a.trace, "write a Chrome trace (Perfetto, chrome://tracing) of every rank to this path");
   app.add_option("--trace-steps", a.trace_steps, "with --trace: record only steps A:B (from 1, inclusive)");

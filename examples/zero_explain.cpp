@@ -26,6 +26,7 @@
 #include "autograd/autograd.h"
 #include "distributed/config.h"
 #include "distributed/zero_plan.h"
+#include "examples/model_options.h"
 #include "examples/text_data.h"
 #include "nn/gpt.h"
 
@@ -37,7 +38,8 @@ using nlohmann::json;
 
 struct Args {
   std::string data, config, dtype = "fp32", format = "text", svg, communication_data_type;
-  std::int64_t vocab_size = 0, block = 64, n_layer = 4, n_head = 4, n_embd = 128;
+  std::int64_t vocab_size = 0;
+  nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
   int world_size = 1, zero_stage = 0, grad_accum = 1;
   double reduce_bucket_size = 0;
   bool overlap_comm = false;
@@ -231,14 +233,10 @@ int run(const Args& a, const CLI::App& app) {
   ZERO_CHECK(a.latency >= 0, "--latency must be >= 0 seconds, got {}", a.latency);
   for (double p : a.params) ZERO_CHECK(p >= 1, "--params must be >= 1 parameter, got {}", p);
   ZERO_CHECK(a.data.empty() || a.vocab_size == 0, "give --data or --vocab-size, not both");
-  nn::GPTConfig cfg;
+  nn::GPTConfig cfg = a.model;
   cfg.vocab_size = a.vocab_size > 0 ? a.vocab_size : 65;
-  if (!a.data.empty()) cfg.vocab_size = examples::TextData::load(a.data, a.block).vocab_size();
-  cfg.block_size = a.block;
-  cfg.n_layer = a.n_layer;
-  cfg.n_head = a.n_head;
-  cfg.n_embd = a.n_embd;
   cfg.validate();
+  if (!a.data.empty()) cfg.vocab_size = examples::TextData::load(a.data, cfg.block_size).vocab_size();
   const dist::ZeroOptions zo = make_options(a, app);
 
   Generator gen(1337);
@@ -268,8 +266,8 @@ int run(const Args& a, const CLI::App& app) {
 
   if (a.format == "json") {
     json j;
-    j["model"] = {{"vocab_size", cfg.vocab_size}, {"block_size", cfg.block_size}, {"n_layer", cfg.n_layer},
-                  {"n_head", cfg.n_head},         {"n_embd", cfg.n_embd},         {"params", L.numel()}};
+    j["model"] = cfg.to_json();  // what a checkpoint of this model records (nn::GPTConfig)
+    j["model"]["params"] = L.numel();
     j["world_size"] = N;
     j["zero_stage"] = zo.stage;
     j["dtype"] = std::string(dtype_name(zo.dtype));
@@ -351,8 +349,9 @@ int run(const Args& a, const CLI::App& app) {
     }
     std::cout << j.dump(2) << "\n";
   } else {
-    fmt::print("model: {} layers, {} heads, {} channels, block {}, vocab {}: Psi = {} parameters ({} tensors)\n",
-               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, cfg.vocab_size, L.numel(), L.params().size());
+    fmt::print("model: {} layers, {} heads, {} channels, {}, block {}, vocab {}: Psi = {} parameters ({} tensors)\n",
+               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.norm, cfg.block_size, cfg.vocab_size, L.numel(),
+               L.params().size());
     fmt::print(
         "zero: stage {}, {}, {} rank(s), reduce_scatter {}, overlap_comm {}, GAS {}, reduce_bucket_size {}, "
         "allgather_bucket_size {}\n\n",
@@ -478,10 +477,7 @@ int main(int argc, char** argv) {
       "(no training, no mpirun)"};
   app.add_option("--data", a.data, "text file whose distinct bytes are the vocabulary");
   app.add_option("--vocab-size", a.vocab_size, "vocabulary size instead of --data (default 65)");
-  app.add_option("--block", a.block, "sequence length (T)")->capture_default_str();
-  app.add_option("--n-layer", a.n_layer, "transformer blocks (L)")->capture_default_str();
-  app.add_option("--n-head", a.n_head, "attention heads (H)")->capture_default_str();
-  app.add_option("--n-embd", a.n_embd, "channels (C)")->capture_default_str();
+  examples::add_model_options(app, a.model);
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
   app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0, 1 or 2")->capture_default_str();
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 or bf16")->capture_default_str();

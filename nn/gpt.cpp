@@ -1,6 +1,9 @@
 #include "nn/gpt.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
+#include <string>
 
 namespace zero::nn {
 
@@ -13,6 +16,38 @@ void GPTConfig::validate() const {
   ZERO_CHECK(n_embd % n_head == 0, "n_embd ({}) must be divisible by n_head ({})", n_embd, n_head);
   ZERO_CHECK(dropout >= 0.0f && dropout < 1.0f, "dropout must be in [0, 1), got {}", dropout);
   ZERO_CHECK(norm == "layernorm" || norm == "rmsnorm", "norm must be layernorm or rmsnorm, got '{}'", norm);
+}
+
+// Every field, once, for both directions: nlohmann/json's macro writes to_json and a from_json that
+// keeps GPTConfig's default for an absent field. A new field is added to this list.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GPTConfig, vocab_size, block_size, n_layer, n_head, n_embd, dropout,
+                                                bias, norm)
+
+nlohmann::json GPTConfig::to_json() const { return *this; }
+
+GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
+  ZERO_CHECK(j.is_object(), "model config: expected a JSON object, got {}", j.dump());
+  const nlohmann::json fields = GPTConfig{}.to_json();  // each field with a value of its type
+  std::string names;
+  for (const auto& f : fields.items()) names += (names.empty() ? "" : ", ") + f.key();
+  for (const auto& [key, value] : j.items()) {
+    ZERO_CHECK(fields.contains(key), "model config: unknown field '{}' (this build knows {})", key, names);
+    const nlohmann::json& like = fields[key];
+    const bool ok = like.is_number_integer() ? value.is_number_integer()
+                    : like.is_number()       ? value.is_number()
+                                             : value.type() == like.type();
+    ZERO_CHECK(ok, "model config: '{}' must be {}, got {}", key,
+               like.is_number_integer() ? "an integer"
+               : like.is_number()       ? "a number"
+               : like.is_boolean()      ? "true or false"
+                                        : "a string",
+               value.dump());
+  }
+  for (const char* key : {"vocab_size", "block_size", "n_layer", "n_head", "n_embd"})
+    ZERO_CHECK(j.contains(key), "model config: '{}' is missing", key);
+  const GPTConfig c = j.get<GPTConfig>();
+  c.validate();
+  return c;
 }
 
 namespace {

@@ -4,6 +4,8 @@
 // wte, wpe, blocks.{i}.ln1, blocks.{i}.attn.{qkv,proj}, blocks.{i}.ln2, blocks.{i}.mlp.{fc,fc2}, lnf.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +15,10 @@
 
 namespace zero::nn {
 
+/// The model's one description. Checkpoints record it (state.json "model"), and every program that
+/// builds or reads a GPT (train_gpt, sample_gpt, zero_explain, tools/check_checkpoint.py) reads the
+/// same fields, so a new block variant is one field here, its name in the field list of nn/gpt.cpp
+/// (to_json and from_json both come from it), its check in validate() and its use in the model.
 struct GPTConfig {
   std::int64_t vocab_size = 65;
   std::int64_t block_size = 64;  // T: the longest sequence
@@ -27,6 +33,16 @@ struct GPTConfig {
   /// Throws zero::Error naming the first invalid field (non-positive sizes, C not divisible by H,
   /// dropout outside [0, 1), an unknown norm).
   void validate() const;
+
+  /// Every field as one JSON object: {"vocab_size", "block_size", "n_layer", "n_head", "n_embd" (integers),
+  /// "dropout" (number), "bias" (bool), "norm" (string)}.
+  nlohmann::json to_json() const;
+  /// The config to_json wrote, validated. vocab_size, block_size, n_layer, n_head and n_embd are
+  /// required; dropout (0), bias (true) and norm ("layernorm") default to what a model had before the
+  /// field existed, so an older checkpoint's config still reads as the model it was. Throws zero::Error
+  /// naming the field for a missing required field, a value of the wrong type, a field this build does
+  /// not know (a newer model variant must not load as a different model), or an invalid config.
+  static GPTConfig from_json(const nlohmann::json& j);
 };
 
 /// Causal multi-head self-attention: qkv = Linear(C, 3C), fused causal attention, proj = Linear(C, C).

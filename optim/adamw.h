@@ -1,15 +1,19 @@
 // AdamW: Adam with decoupled weight decay (Loshchilov & Hutter 2019, arXiv 1711.05101), with the exact
 // semantics of PyTorch's torch.optim.AdamW (amsgrad=False, maximize=False).
 //
-// The math lives in one function, adamw_update, on one contiguous fp32 range. AdamW::step calls it per
-// parameter; the ZeRO optimizer (distributed/) calls it on the slice of the flat fp32 master buffer its
-// rank owns. Both therefore compute bit-identical updates for the same inputs.
+// One entry, adamw_update, steps one contiguous range on any device: AdamW::step calls it per parameter;
+// the ZeRO optimizer (distributed/sharded_optimizer.cpp) calls it on each slice of the flat fp32 master
+// buffer its rank owns. It forms the step's scalars once and runs the device's one AdamW kernel
+// (Backend::adamw_update: core/cpu/elementwise.cpp, core/cuda/elementwise.cu), whose per-element math
+// is adamw_step in core/adamw_step.h, shared by both devices. Both optimizers therefore compute
+// bit-identical updates for the same inputs.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "core/adamw_step.h"
 #include "optim/optimizer.h"
 
 namespace zero::optim {
@@ -20,31 +24,29 @@ struct AdamWHyper {
   float lr, beta1, beta2, eps, weight_decay;
 };
 
-/// One AdamW step on n contiguous elements, in place:
-///   param       <- param * (1 - lr * weight_decay)
-///   exp_avg     <- beta1 * exp_avg    + (1 - beta1) * grad
-///   exp_avg_sq  <- beta2 * exp_avg_sq + (1 - beta2) * grad²
-///   param       <- param - lr / (1 - beta1^step) * exp_avg / (sqrt(exp_avg_sq) / sqrt(1 - beta2^step) + eps)
-/// (torch.optim.AdamW's _single_tensor_adamw, same order of operations; bias corrections in double.)
-/// param[n], exp_avg[n], exp_avg_sq[n] are updated; grad[n] is read and must already be unscaled (no
-/// loss scale) and clipped. step is the 1-based count of updates this range has received, this one
-/// included. Elements are independent, so stepping a range in pieces gives the same result as stepping
-/// it whole (what ZeRO relies on). Throws zero::Error if step < 1 or n < 0.
-void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
-                  const AdamWHyper& h, std::int64_t step);
+/// The constants of AdamW step `step` (1-based) under `h`, formed as PyTorch forms them: bias
+/// corrections 1 - beta^step in double (Python floats), rounded to f32 where they meet the tensors.
+/// Throws zero::Error if step < 1.
+AdamWScalars adamw_scalars(const AdamWHyper& h, std::int64_t step);
 
-/// The mixed-precision form of one AdamW step on n contiguous elements of `device` (ZeRO's partition
-/// step, distributed/sharded_optimizer.h): g = f32(grad[i]) * grad_factor, where grad is in grad_dtype
-/// (f32, f16, bf16) and grad_factor folds the loss-scale unscale and the clip coefficient; then
-/// adamw_update on the fp32 master[n] with exp_avg[n], exp_avg_sq[n]; then, unless model_out is null,
-/// the updated master rounded (nearest even) into model_out[n] of model_dtype, the model's own copy.
-/// On cpu it runs adamw_update over chunks of 65,536 elements (a bounded f32 scratch for the scaled
-/// gradient; elements are independent, so the result is the whole-range one); on cuda one fused
-/// kernel on the current stream (core/cuda/kernels.h). Throws zero::Error as adamw_update does, and for a
-/// device this build has no kernel for.
-void adamw_update_mixed(Device device, float* master, const void* grad, DType grad_dtype, float grad_factor,
-                        float* exp_avg, float* exp_avg_sq, void* model_out, DType model_dtype, std::int64_t n,
-                        const AdamWHyper& h, std::int64_t step);
+/// One AdamW step on n contiguous elements of `device`, in place (torch.optim.AdamW's
+/// _single_tensor_adamw, same order of operations):
+///   g           <- f32(grad) * grad_factor
+///   master      <- master * (1 - lr * weight_decay)
+///   exp_avg     <- beta1 * exp_avg    + (1 - beta1) * g
+///   exp_avg_sq  <- beta2 * exp_avg_sq + (1 - beta2) * g²
+///   master      <- master - lr / (1 - beta1^step) * exp_avg / (sqrt(exp_avg_sq) / sqrt(1 - beta2^step) + eps)
+///   model_out   <- master rounded to nearest even in model_dtype (skipped when model_out is null)
+/// master[n], exp_avg[n], exp_avg_sq[n] are f32 and updated; grad[n] is in grad_dtype (f32, f16, bf16)
+/// and read; grad_factor folds in what the gradient still needs (1 / loss scale, the clip coefficient;
+/// 1 for none). model_out[n] (model_dtype: f32, f16, bf16) is the model's own copy of a separate fp32
+/// master. step is the 1-based count of updates this range has received, this one included. Elements
+/// are independent, so stepping a range in pieces gives the same result as stepping it whole (what
+/// ZeRO relies on). Queued on the device (the current stream on cuda). Throws zero::Error if step < 1,
+/// n < 0, a dtype is not a float type, or the build has no backend for `device`.
+void adamw_update(Device device, float* master, const void* grad, DType grad_dtype, float grad_factor, float* exp_avg,
+                  float* exp_avg_sq, void* model_out, DType model_dtype, std::int64_t n, const AdamWHyper& h,
+                  std::int64_t step);
 
 struct AdamWOptions {
   float lr = 1e-3f;
@@ -64,9 +66,10 @@ struct AdamWState {
 };
 
 /// AdamW over parameter groups (weight decay per group, see decay_groups). Parameters and gradients may
-/// be f32, f16 or bf16 in any combination; moments are always f32. Throws zero::Error from the
-/// constructor for lr < 0, eps < 0 or a beta outside [0, 1), and from step() for a gradient whose
-/// element count differs from its parameter's or a non-CPU tensor.
+/// be f32, f16 or bf16 in any combination, on any device (a parameter and its gradient on the same
+/// one); moments are always f32, on the parameter's device. Throws zero::Error from the constructor for
+/// lr < 0, eps < 0 or a beta outside [0, 1), and from step() for a gradient whose element count or
+/// device differs from its parameter's.
 class AdamW final : public Optimizer {
  public:
   explicit AdamW(std::vector<ParamGroup> groups, AdamWOptions options = {});

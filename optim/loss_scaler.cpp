@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/backend.h"
 #include "core/check.h"
-#ifdef ZERO_HAS_CUDA
-#include "core/cuda/kernels.h"
-#endif
 
 namespace zero::optim {
 
@@ -54,36 +52,11 @@ void LossScaler::set_state(const State& s) {
   last_overflow_iter_ = s.last_overflow_iter;
 }
 
-namespace {
-template <typename T>
-bool any_non_finite(const T* x, std::int64_t n) {
-  int bad = 0;
-  // No early exit: a branch-free scan vectorises, and overflow is the rare case.
-#pragma omp simd reduction(| : bad)
-  for (std::int64_t i = 0; i < n; ++i) bad |= !std::isfinite(static_cast<float>(x[i]));
-  return bad != 0;
-}
-}  // namespace
-
 bool has_inf_or_nan(const Tensor& t) {
   if (!t.defined()) return false;
-#ifdef ZERO_HAS_CUDA
-  if (t.device() == Device::cuda) {
-    ZERO_CHECK(is_floating(t.dtype()), "has_inf_or_nan: needs an f32, f16 or bf16 tensor, got {}",
-               dtype_name(t.dtype()));
-    const Tensor c = t.is_contiguous() ? t : t.clone();
-    return c.numel() > 0 && cuda::has_inf_or_nan(c.raw_data(), c.dtype(), c.numel());
-  }
-#endif
-  ZERO_CHECK(t.device() == Device::cpu, "has_inf_or_nan: only CPU tensors are supported, got {}",
-             device_name(t.device()));
   ZERO_CHECK(is_floating(t.dtype()), "has_inf_or_nan: needs an f32, f16 or bf16 tensor, got {}", dtype_name(t.dtype()));
   const Tensor c = t.is_contiguous() ? t : t.clone();
-  switch (c.dtype()) {
-    case DType::f16: return any_non_finite(c.data<half>(), c.numel());
-    case DType::bf16: return any_non_finite(c.data<bfloat16>(), c.numel());
-    default: return any_non_finite(c.data<float>(), c.numel());
-  }
+  return c.numel() > 0 && backend(c.device()).has_inf_or_nan(c.raw_data(), c.dtype(), c.numel());
 }
 
 }  // namespace zero::optim

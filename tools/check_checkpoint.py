@@ -4,8 +4,9 @@ independent reader of model.safetensors and the optimizer shards, run by ctest.
 It trains a tiny model with the train_gpt binary given, then checks, from the public safetensors
 layout (8-byte little-endian header length, JSON header, raw little-endian data) and nothing else:
   - model.safetensors holds exactly the GPT's parameters, named and shaped as nanoGPT / PyTorch name
-    them (the list is built here from the hyper-parameters), all F32, back to back in that order, with
-    data_offsets that tile the data section and a file exactly as long as the header says;
+    them (the list is built here from state.json's "model", the fields nn::GPTConfig::to_json writes:
+    sizes, bias, norm), all F32, back to back in that order, with data_offsets that tile the data
+    section and a file exactly as long as the header says;
   - every value is finite, LayerNorm weights are near 1 after a few steps;
   - the CRC-32 of every file equals state.json's (zlib.crc32);
   - the optimizer shards' flat ranges tile [0, numel) and each holds exp_avg / exp_avg_sq of that length.
@@ -24,17 +25,24 @@ def read_safetensors(path):
 
 
 def expected_params(m):
+    """The parameters of the GPT that state.json's "model" describes. "bias" and "norm" default as
+    GPTConfig::from_json defaults them (a checkpoint written before the field existed)."""
     C, V, T = m['n_embd'], m['vocab_size'], m['block_size']
+    bias, norm = m.get('bias', True), m.get('norm', 'layernorm')
+    assert norm in ('layernorm', 'rmsnorm'), norm
+
+    def norm_layer(name):  # LayerNorm has a weight and a bias, RMSNorm a weight only
+        return [(name + '.weight', [C])] + ([(name + '.bias', [C])] if norm == 'layernorm' else [])
+
+    def linear(name, n_out, n_in):  # biases only when the config has them
+        return [(name + '.weight', [n_out, n_in])] + ([(name + '.bias', [n_out])] if bias else [])
+
     out = [('wte.weight', [V, C]), ('wpe.weight', [T, C])]
     for i in range(m['n_layer']):
         b = f'blocks.{i}.'
-        out += [(b + 'ln1.weight', [C]), (b + 'ln1.bias', [C]),
-                (b + 'attn.qkv.weight', [3 * C, C]), (b + 'attn.qkv.bias', [3 * C]),
-                (b + 'attn.proj.weight', [C, C]), (b + 'attn.proj.bias', [C]),
-                (b + 'ln2.weight', [C]), (b + 'ln2.bias', [C]),
-                (b + 'mlp.fc.weight', [4 * C, C]), (b + 'mlp.fc.bias', [4 * C]),
-                (b + 'mlp.fc2.weight', [C, 4 * C]), (b + 'mlp.fc2.bias', [C])]
-    return out + [('lnf.weight', [C]), ('lnf.bias', [C])]
+        out += (norm_layer(b + 'ln1') + linear(b + 'attn.qkv', 3 * C, C) + linear(b + 'attn.proj', C, C) +
+                norm_layer(b + 'ln2') + linear(b + 'mlp.fc', 4 * C, C) + linear(b + 'mlp.fc2', C, 4 * C))
+    return out + norm_layer('lnf')
 
 
 def check(ckpt):
@@ -91,14 +99,19 @@ def main():
         with open(text, 'w') as f:
             f.write(''.join(f'All the world is a stage, and all the men and women merely players {i}\n'
                             for i in range(50)))
-        save = os.path.join(work, 'ck')
-        subprocess.run([train_gpt, '--data', text, '--n-layer', '2', '--n-head', '2', '--n-embd', '16',
-                        '--block', '16', '--batch', '8', '--steps', '3', '--eval-iters', '1', '--sample', '0',
-                        '--threads', '1', '--save-dir', save], check=True, stdout=subprocess.DEVNULL)
-        with open(os.path.join(save, 'latest')) as f:
-            ckpt = os.path.join(save, f.read().strip())
-        tensors, numel = check(ckpt)
-        print(f'ok: {ckpt}: {tensors} tensors, {numel} parameters, names/shapes/dtypes/offsets/CRC-32 verified')
+        for norm in ('layernorm', 'rmsnorm'):
+            save = os.path.join(work, 'ck_' + norm)
+            subprocess.run([train_gpt, '--data', text, '--n-layer', '2', '--n-head', '2', '--n-embd', '16',
+                            '--block', '16', '--batch', '8', '--steps', '3', '--eval-iters', '1', '--sample', '0',
+                            '--threads', '1', '--norm', norm, '--save-dir', save], check=True,
+                           stdout=subprocess.DEVNULL)
+            with open(os.path.join(save, 'latest')) as f:
+                ckpt = os.path.join(save, f.read().strip())
+            with open(os.path.join(ckpt, 'state.json')) as f:
+                assert json.load(f)['model']['norm'] == norm, 'state.json does not record the norm'
+            tensors, numel = check(ckpt)
+            print(f'ok: {ckpt}: {tensors} tensors, {numel} parameters, names/shapes/dtypes/offsets/CRC-32 '
+                  'verified')
     finally:
         shutil.rmtree(work)
 

@@ -1,14 +1,19 @@
+// The CPU implementations of GEMM and the neural-network kernels of core/kernels.def (CpuBackend,
+// core/cpu/backend.h), and the CPU thread count (core/cpu/kernels.h).
 #include "core/cpu/kernels.h"
 
 #include <omp.h>
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "core/check.h"
+#include "core/cpu/backend.h"
 
 namespace zero::cpu {
 
@@ -129,6 +134,10 @@ constexpr std::int64_t kGemmNc = 512;
 static_assert(kGemmNc % kTileCols == 0);
 // A product smaller than this (in multiply-adds) runs on one thread.
 constexpr double kGemmParallelMinWork = 1 << 19;
+// Products from this size on report how their threads kept pace (Note [Threads on a busy machine]):
+// large enough (~1 ms on one core) that waking the team does not skew a thread's rate.
+constexpr double kGemmMeasuredWork = 1 << 22;
+constexpr int kMaxTeam = 256;  // teams above this run unmeasured
 
 struct GemmScratch {
   AlignedBuffer b;  // packed block of op(B): [nc / kTileCols][kc][kTileCols]
@@ -213,43 +222,49 @@ void gemm_rows(bool trans_a, bool trans_b, std::int64_t m0, std::int64_t m1, std
 
 }  // namespace
 
-void set_num_threads(int n) {
-  ZERO_CHECK(n >= 1, "thread count must be >= 1, got {}", n);
-  omp_set_num_threads(n);
-}
-
-int num_threads() { return omp_get_max_threads(); }
-
-void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
-          std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc,
-          const float* bias) {
+void CpuBackend::gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                      const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                      std::int64_t ldc, const float* bias) {
   if (M == 0 || N == 0) return;
   // Threads take contiguous runs of row tiles: no synchronisation inside, each packs its own copy of
   // op(B) (K·N floats, small beside its share of the 2·M·N·K flops).
   const std::int64_t tiles = (M + kGemmTileRows - 1) / kGemmTileRows;
   const double work = static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  const int threads = omp_in_parallel() ? 1
-                                        : static_cast<int>(std::min<double>(
-                                              {static_cast<double>(num_threads()), static_cast<double>(tiles),
-                                               std::max(1.0, work / kGemmParallelMinWork)}));
+  const bool measured = work >= kGemmMeasuredWork && !omp_in_parallel();
+  const int team = measured ? detail::gemm_team() : active_threads();
+  const int threads = omp_in_parallel()
+                          ? 1
+                          : static_cast<int>(std::min<double>({static_cast<double>(team), static_cast<double>(tiles),
+                                                               std::max(1.0, work / kGemmParallelMinWork)}));
   if (threads <= 1) {
     gemm_rows(trans_a, trans_b, 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
     return;
   }
+  // Each thread's rows and finishing time feed the thread policy (Note [Threads on a busy machine]).
+  using Clock = std::chrono::steady_clock;
+  std::array<Clock::time_point, kMaxTeam> finish{};
+  std::array<long long, kMaxTeam> rows{};
+  const bool report = measured && threads == team && team <= kMaxTeam;
+  const Clock::time_point start = Clock::now();
 #pragma omp parallel num_threads(threads)
   {
     const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const std::int64_t m0 = std::min(M, tiles * t / nt * kGemmTileRows), m1 = std::min(M, tiles * (t + 1) / nt * kGemmTileRows);
     if (m0 < m1) gemm_rows(trans_a, trans_b, m0, m1, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+    if (report && t < kMaxTeam) {
+      rows[t] = m1 - m0;
+      finish[t] = Clock::now();
+    }
   }
+  if (report) detail::note_gemm_team(team, start, finish.data(), rows.data());
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       std::int64_t N, std::int64_t C, float eps) {
+void CpuBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                   const float* bias, std::int64_t N, std::int64_t C, float eps) {
   // inp, out: [N,C]; weight, bias: [C]; mean, rstd: [N]. Rows are independent: threads split them.
   // Two passes over the (cached) row keep the variance accurate; `omp simd reduction` lets the
   // compiler vectorise the float sums (it may not reorder them otherwise).
-#pragma omp parallel for schedule(static) if (N * C >= kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(active_threads()) if (N * C >= kParallelMinWork)
   for (std::int64_t n = 0; n < N; ++n) {
     const float* x = inp + n * C;
     float sum = 0.0f;
@@ -268,8 +283,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
   }
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, std::int64_t N, std::int64_t C) {
+void CpuBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                    const float* weight, const float* mean, const float* rstd, std::int64_t N,
+                                    std::int64_t C) {
   // dinp, dout, inp: [N,C]; dweight, dbias: [C] (accumulated into); weight: [C]; mean, rstd: [N].
   // dweight and dbias are sums over rows. Rows are cut into fixed blocks of kRowsPerBlock, each block
   // sums into its own partial [2,C], and the partials are added in block order at the end: the result
@@ -277,7 +293,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   constexpr std::int64_t kRowsPerBlock = 32;
   const std::int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
   std::vector<float> partial(static_cast<std::size_t>(blocks * 2 * C), 0.0f);  // [blocks][dweight | dbias]
-#pragma omp parallel for schedule(static) if (N * C >= kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(active_threads()) if (N * C >= kParallelMinWork)
   for (std::int64_t blk = 0; blk < blocks; ++blk) {
     float* pw = partial.data() + blk * 2 * C;
     float* pb = pw + C;
@@ -328,9 +344,9 @@ using ArrayMap = Eigen::Map<Eigen::ArrayXf>;
 using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf>;
 }  // namespace
 
-void gelu_forward(float* out, const float* inp, std::int64_t n) {
+void CpuBackend::gelu_forward(float* out, const float* inp, std::int64_t n) {
   // inp, out: [n].
-#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(active_threads()) if (n >= kParallelMinWork)
   for (std::int64_t c = 0; c < n; c += kGeluChunk) {
     const std::int64_t len = std::min(kGeluChunk, n - c);
     ConstArrayMap x(inp + c, len);
@@ -339,9 +355,9 @@ void gelu_forward(float* out, const float* inp, std::int64_t n) {
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+void CpuBackend::gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
   // inp, dout, dinp: [n].
-#pragma omp parallel for schedule(static) if (n >= kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(active_threads()) if (n >= kParallelMinWork)
   for (std::int64_t c = 0; c < n; c += kGeluChunk) {
     const std::int64_t len = std::min(kGeluChunk, n - c);
     ConstArrayMap x(inp + c, len), dy(dout + c, len);
@@ -354,15 +370,15 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_
   }
 }
 
-void softmax_forward(float* out, const float* inp, std::int64_t N, std::int64_t C) {
+void CpuBackend::softmax_forward(float* out, const float* inp, std::int64_t N, std::int64_t C) {
   // inp, out: [N,C].
-#pragma omp parallel for schedule(static) if (N * C >= kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(active_threads()) if (N * C >= kParallelMinWork)
   for (std::int64_t n = 0; n < N; ++n) softmax_row(out + n * C, inp + n * C, C);
 }
 
-void softmax_backward(float* dinp, const float* out, const float* dout, std::int64_t N, std::int64_t C) {
+void CpuBackend::softmax_backward(float* dinp, const float* out, const float* dout, std::int64_t N, std::int64_t C) {
   // out, dout, dinp: [N,C].
-#pragma omp parallel for schedule(static) if (N * C >= kParallelMinWork)
+#pragma omp parallel for schedule(static) num_threads(active_threads()) if (N * C >= kParallelMinWork)
   for (std::int64_t n = 0; n < N; ++n) {
     const float* y = out + n * C;
     const float* dy = dout + n * C;
@@ -449,13 +465,13 @@ bool attention_in_place(const float* att, std::int64_t T, std::int64_t D) {
 }
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t C,
-                       std::int64_t H) {
+void CpuBackend::attention_forward(float* out, float* att, const float* qkv, std::int64_t B, std::int64_t T,
+                                   std::int64_t C, std::int64_t H) {
   const std::int64_t D = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const bool in_place = attention_in_place(att, T, D);
   // Heads are independent: threads split the B·H heads, each with its own scratch.
-#pragma omp parallel if (B * H > 1 && B * T * C >= kParallelMinWork)
+#pragma omp parallel num_threads(active_threads()) if (B * H > 1 && B * T * C >= kParallelMinWork)
   {
     HeadScratch& w = HeadScratch::for_this_thread(T, D);
     const std::int64_t Tp = w.Tp, Dp = w.Dp;
@@ -511,12 +527,12 @@ void attention_forward(float* out, float* att, const float* qkv, std::int64_t B,
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, std::int64_t B,
-                        std::int64_t T, std::int64_t C, std::int64_t H) {
+void CpuBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, std::int64_t B,
+                                    std::int64_t T, std::int64_t C, std::int64_t H) {
   const std::int64_t D = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const bool in_place = attention_in_place(att, T, D);
-#pragma omp parallel if (B * H > 1 && B * T * C >= kParallelMinWork)
+#pragma omp parallel num_threads(active_threads()) if (B * H > 1 && B * T * C >= kParallelMinWork)
   {
     HeadScratch& w = HeadScratch::for_this_thread(T, D);
     const std::int64_t Tp = w.Tp, Dp = w.Dp;
@@ -591,35 +607,36 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   }
 }
 
-float cross_entropy_forward(float* probs, const float* logits, const std::int64_t* targets, std::int64_t N,
-                            std::int64_t V) {
+void CpuBackend::cross_entropy_forward(float* loss, float* probs, const float* logits, const std::int64_t* targets,
+                                       std::int64_t N, std::int64_t V) {
   for (std::int64_t n = 0; n < N; ++n)
     ZERO_CHECK(targets[n] >= 0 && targets[n] < V, "cross_entropy: target {} at row {} outside [0, {})", targets[n], n, V);
   softmax_forward(probs, logits, N, V);
-  double loss = 0.0;
-  for (std::int64_t n = 0; n < N; ++n) loss -= std::log(std::max(probs[n * V + targets[n]], 1e-30f));
-  return static_cast<float>(loss / static_cast<double>(N));
+  double sum = 0.0;
+  for (std::int64_t n = 0; n < N; ++n) sum -= std::log(std::max(probs[n * V + targets[n]], 1e-30f));
+  loss[0] = static_cast<float>(sum / static_cast<double>(N));
 }
 
-void cross_entropy_backward(float* dlogits, const float* probs, const std::int64_t* targets, float dloss,
-                            std::int64_t N, std::int64_t V) {
-  const float s = dloss / static_cast<float>(N);
-#pragma omp parallel for schedule(static) if (N * V >= kParallelMinWork)
+void CpuBackend::cross_entropy_backward(float* dlogits, const float* probs, const std::int64_t* targets,
+                                        const float* dloss, std::int64_t N, std::int64_t V) {
+  const float s = dloss[0] / static_cast<float>(N);
+#pragma omp parallel for schedule(static) num_threads(active_threads()) if (N * V >= kParallelMinWork)
   for (std::int64_t n = 0; n < N; ++n) {
     for (std::int64_t i = 0; i < V; ++i) dlogits[n * V + i] = probs[n * V + i] * s;
     dlogits[n * V + targets[n]] -= s;
   }
 }
 
-void embedding_forward(float* out, const float* weight, const std::int64_t* idx, std::int64_t N, std::int64_t V,
-                       std::int64_t C) {
+void CpuBackend::embedding_forward(float* out, const float* weight, const std::int64_t* idx, std::int64_t N,
+                                   std::int64_t V, std::int64_t C) {
   for (std::int64_t n = 0; n < N; ++n) {
     ZERO_CHECK(idx[n] >= 0 && idx[n] < V, "embedding: index {} at position {} outside [0, {})", idx[n], n, V);
     copy_floats(out + n * C, weight + idx[n] * C, C);
   }
 }
 
-void embedding_backward(float* dweight, const float* dout, const std::int64_t* idx, std::int64_t N, std::int64_t C) {
+void CpuBackend::embedding_backward(float* dweight, const float* dout, const std::int64_t* idx, std::int64_t N,
+                                    std::int64_t, std::int64_t C) {
   for (std::int64_t n = 0; n < N; ++n) {
     float* row = dweight + idx[n] * C;
     const float* g = dout + n * C;

@@ -1,4 +1,5 @@
-// GEMMs through cuBLAS with cpu::gemm's row-major contract, and the column sums (cuBLAS gemv).
+// The CUDA backend's GEMMs (core/kernels.def's row-major contract) through cuBLAS, and the column sums
+// (cuBLAS gemv).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -7,7 +8,9 @@
 #include <mutex>
 
 #include "core/check.h"
+#include "core/cuda/backend.h"
 #include "core/cuda/kernels.h"
+#include "core/cuda/launch.h"
 #include "core/cuda/runtime.h"
 #include "core/gemm_precision.h"
 
@@ -79,7 +82,7 @@ void gemm_any(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::i
   // Validates the dtypes and picks the compute type (Note [Tensor cores for 16-bit models]).
   const GemmPlan plan = cuda_gemm_plan(a_type, b_type, c_type, g_allow_tf32.load(std::memory_order_relaxed));
   const int m = as_int(N, "N"), n = as_int(M, "M"), k = as_int(K, "K");
-  // Minimum leading dimensions of the stored (row-major) operands, as cpu::gemm assumes.
+  // Minimum leading dimensions of the stored (row-major) operands, as the CPU GEMM assumes.
   ZERO_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N,
              "gemm: leading dimensions lda={} ldb={} ldc={} too small for M={} N={} K={} (trans_a={}, trans_b={})",
              lda, ldb, ldc, M, N, K, trans_a, trans_b);
@@ -114,35 +117,35 @@ void gemm_any(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::i
 void set_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
 bool allow_tf32() { return g_allow_tf32.load(); }
 
-void gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const float* A,
-          std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc,
-          const float* bias) {
+void CudaBackend::gemm(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                       const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
+                       std::int64_t ldc, const float* bias) {
   gemm_any(trans_a, trans_b, M, N, K, alpha, A, DType::f32, lda, 0, B, DType::f32, ldb, 0, beta, C, DType::f32, ldc,
            0, 1);
   if (bias != nullptr) detail::launch_add_bias_rows(C, ldc, bias, M, N, current_stream());
 }
 
-void gemm_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const void* A,
-             DType a_type, std::int64_t lda, const void* B, DType b_type, std::int64_t ldb, float beta, void* C,
-             DType c_type, std::int64_t ldc, const float* bias) {
+void CudaBackend::gemm_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                          const void* A, DType a_type, std::int64_t lda, const void* B, DType b_type, std::int64_t ldb,
+                          float beta, void* C, DType c_type, std::int64_t ldc, const float* bias) {
   ZERO_CHECK(bias == nullptr || c_type == DType::f32, "gemm_ex: a bias needs an f32 output, got {}",
              dtype_name(c_type));
   gemm_any(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, 0, B, b_type, ldb, 0, beta, C, c_type, ldc, 0, 1);
   if (bias != nullptr) detail::launch_add_bias_rows(static_cast<float*>(C), ldc, bias, M, N, current_stream());
 }
 
-void gemm_strided_batched_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-                             const void* A, DType a_type, std::int64_t lda, std::int64_t stride_a, const void* B,
-                             DType b_type, std::int64_t ldb, std::int64_t stride_b, float beta, void* C, DType c_type,
-                             std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
+void CudaBackend::gemm_batched_ex(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+                                  float alpha, const void* A, DType a_type, std::int64_t lda, std::int64_t stride_a,
+                                  const void* B, DType b_type, std::int64_t ldb, std::int64_t stride_b, float beta,
+                                  void* C, DType c_type, std::int64_t ldc, std::int64_t stride_c, std::int64_t batch) {
   gemm_any(trans_a, trans_b, M, N, K, alpha, A, a_type, lda, stride_a, B, b_type, ldb, stride_b, beta, C, c_type, ldc,
            stride_c, batch);
 }
 
-void gemm_strided_batched(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
-                          const float* A, std::int64_t lda, std::int64_t stride_a, const float* B, std::int64_t ldb,
-                          std::int64_t stride_b, float beta, float* C, std::int64_t ldc, std::int64_t stride_c,
-                          std::int64_t batch) {
+void CudaBackend::gemm_batched(bool trans_a, bool trans_b, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+                               const float* A, std::int64_t lda, std::int64_t stride_a, const float* B,
+                               std::int64_t ldb, std::int64_t stride_b, float beta, float* C, std::int64_t ldc,
+                               std::int64_t stride_c, std::int64_t batch) {
   gemm_any(trans_a, trans_b, M, N, K, alpha, A, DType::f32, lda, stride_a, B, DType::f32, ldb, stride_b, beta, C,
            DType::f32, ldc, stride_c, batch);
 }
@@ -151,7 +154,7 @@ void sum_rows(float* out, const float* x, std::int64_t N, std::int64_t C, bool a
   ZERO_CHECK(N >= 0 && C >= 0, "sum_rows: negative size [{}, {}]", N, C);
   if (C == 0) return;
   if (N == 0) {
-    if (!accumulate) fill(out, DType::f32, 0.0f, C);
+    if (!accumulate) cuda_backend().fill(out, DType::f32, 0.0f, C);
     return;
   }
   const int rows = as_int(N, "N"), cols = as_int(C, "C");
@@ -163,11 +166,15 @@ void sum_rows(float* out, const float* x, std::int64_t N, std::int64_t C, bool a
     b.ones_size = 0;
     b.ones = static_cast<float*>(device_alloc(sizeof(float) * static_cast<std::size_t>(N)));
     b.ones_size = N;
-    fill(b.ones, DType::f32, 1.0f, N);
+    cuda_backend().fill(b.ones, DType::f32, 1.0f, N);
   }
   // Row-major x[N, C] is column-major [C, N] (ld C): out = that matrix times ones[N].
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   ZERO_CUBLAS_CHECK(cublasSgemv(h.handle(), CUBLAS_OP_N, cols, rows, &alpha, x, cols, b.ones, 1, &beta, out, 1));
+}
+
+void CudaBackend::sum_rows(float* out, const float* x, std::int64_t N, std::int64_t C) {
+  cuda::sum_rows(out, x, N, C, false);
 }
 
 }  // namespace zero::cuda

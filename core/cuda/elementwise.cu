@@ -137,19 +137,12 @@ template <typename T> __global__ void nonfinite_kernel(int* flag, const T* x, st
   if (__syncthreads_or(found) && threadIdx.x == 0) *flag = 1;
 }
 
-// Same operations, in the same order, as optim::adamw_update (torch's _single_tensor_adamw).
+// The CPU kernel's per-element step (adamw_step, core/adamw_step.h: torch's _single_tensor_adamw).
 template <typename G, typename P>
 __global__ void adamw_kernel(float* param, const G* grad, float grad_mul, float* exp_avg, float* exp_avg_sq,
                              P* param_out, std::int64_t n, AdamWScalars sc) {
   for (std::int64_t i = global_thread(); i < n; i += grid_stride()) {
-    const float g = to_float(grad[i]) * grad_mul;
-    const float m = sc.beta1 * exp_avg[i] + (1.0f - sc.beta1) * g;
-    const float v = sc.beta2 * exp_avg_sq[i] + (1.0f - sc.beta2) * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    const float denom = sqrtf(v) / sc.bias_correction2_sqrt + sc.eps;
-    const float p = param[i] * sc.decay - sc.step_size * (m / denom);
-    param[i] = p;
+    const float p = adamw_step(param[i], exp_avg[i], exp_avg_sq[i], to_float(grad[i]) * grad_mul, sc);
     if (param_out != nullptr) param_out[i] = from_float<P>(p);
   }
 }

@@ -8,16 +8,13 @@
 // Guide, "Mathematical Functions") and nvcc's contraction of a*b + c into one FMA; the error bounds the
 // tests use are derived per operation, so they hold with or without either.
 //
-// Plain C++17 (the device code's standard), no CUDA headers: the includer decides what ZERO_HD means.
+// Plain C++17 (the device code's standard), no CUDA headers: ZERO_HD (core/host_device.h) is
+// __host__ __device__ under nvcc and nothing otherwise.
 #pragma once
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ZERO_HD __host__ __device__
-#else
-#define ZERO_HD
-#endif
+#include "core/host_device.h"
 
 namespace zero::cuda::detail {
 

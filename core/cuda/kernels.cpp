@@ -1,12 +1,17 @@
-// Host side of core/cuda/kernels.h: argument checks, scratch buffers and the order of launches. The
-// device code is in elementwise.cu and nn.cu, the GEMMs in blas.cpp.
+// The CUDA host entries of core/backend.def and core/kernels.def (CudaBackend, core/cuda/backend.h), but
+// for the GEMMs (blas.cpp) and memory (backend.cpp), and the CUDA-only helpers of core/cuda/kernels.h:
+// argument checks, scratch buffers and the order of launches. The device code is in elementwise.cu,
+// ops.cu and nn.cu.
 #include "core/cuda/kernels.h"
 
 #include <climits>
 #include <cmath>
 
 #include "core/check.h"
+#include "core/cuda/backend.h"
+#include "core/cuda/launch.h"
 #include "core/cuda/runtime.h"
+#include "core/tensor.h"
 
 namespace zero::cuda {
 
@@ -40,17 +45,18 @@ void check_count(std::int64_t n, const char* what) { ZERO_CHECK(n >= 0, "{}: neg
 
 }  // namespace
 
-// ---- the cpu:: kernels -------------------------------------------------------------------------------
+// ---- neural-network kernels ----------------------------------------------------------------------------
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       std::int64_t N, std::int64_t C, float eps) {
+void CudaBackend::layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                    const float* bias, std::int64_t N, std::int64_t C, float eps) {
   check_count(N, "layernorm_forward");
   detail::launch_layernorm_forward(out, mean, rstd, inp, weight, bias, N, as_int(C, "layernorm_forward"), eps,
                                    current_stream());
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, std::int64_t N, std::int64_t C) {
+void CudaBackend::layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                     const float* weight, const float* mean, const float* rstd, std::int64_t N,
+                                     std::int64_t C) {
   check_count(N, "layernorm_backward");
   const int c = as_int(C, "layernorm_backward");
   if (N == 0 || c == 0) return;
@@ -65,22 +71,22 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   detail::launch_column_finalize(dbias, part_db, groups, c, s);
 }
 
-void gelu_forward(float* out, const float* inp, std::int64_t n) {
+void CudaBackend::gelu_forward(float* out, const float* inp, std::int64_t n) {
   check_count(n, "gelu_forward");
   detail::launch_gelu_forward(out, inp, n, current_stream());
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
+void CudaBackend::gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t n) {
   check_count(n, "gelu_backward");
   detail::launch_gelu_backward(dinp, inp, dout, n, current_stream());
 }
 
-void softmax_forward(float* out, const float* inp, std::int64_t N, std::int64_t C) {
+void CudaBackend::softmax_forward(float* out, const float* inp, std::int64_t N, std::int64_t C) {
   check_count(N, "softmax_forward");
   detail::launch_softmax_forward(out, inp, N, as_int(C, "softmax_forward"), current_stream());
 }
 
-void softmax_backward(float* dinp, const float* out, const float* dout, std::int64_t N, std::int64_t C) {
+void CudaBackend::softmax_backward(float* dinp, const float* out, const float* dout, std::int64_t N, std::int64_t C) {
   check_count(N, "softmax_backward");
   detail::launch_softmax_backward(dinp, out, dout, N, as_int(C, "softmax_backward"), current_stream());
 }
@@ -136,8 +142,8 @@ class Operand {
 void batched(bool ta, bool tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha, const Operand& a,
              std::int64_t lda, std::int64_t sa, const Operand& b, std::int64_t ldb, std::int64_t sb, float* out,
              std::int64_t ldc, std::int64_t sc, std::int64_t batch) {
-  gemm_strided_batched_ex(ta, tb, M, N, K, alpha, a.get(), a.dtype(), lda, sa, b.get(), b.dtype(), ldb, sb, 0.0f, out,
-                          DType::f32, ldc, sc, batch);
+  cuda_backend().gemm_batched_ex(ta, tb, M, N, K, alpha, a.get(), a.dtype(), lda, sa, b.get(), b.dtype(), ldb, sb, 0.0f,
+                                 out, DType::f32, ldc, sc, batch);
 }
 
 void check_gemm_dtype(DType t, const char* what) {
@@ -146,8 +152,13 @@ void check_gemm_dtype(DType t, const char* what) {
 }
 }  // namespace
 
-void attention_forward(float* out, float* att, const float* qkv, std::int64_t B, std::int64_t T, std::int64_t C,
-                       std::int64_t H, DType gemm_dtype) {
+void CudaBackend::attention_forward(float* out, float* att, const float* qkv, std::int64_t B, std::int64_t T,
+                                    std::int64_t C, std::int64_t H) {
+  attention_forward_ex(out, att, qkv, B, T, C, H, DType::f32);
+}
+
+void CudaBackend::attention_forward_ex(float* out, float* att, const float* qkv, std::int64_t B, std::int64_t T,
+                                       std::int64_t C, std::int64_t H, DType gemm_dtype) {
   const AttentionDims d = attention_dims(B, T, C, H, "attention_forward");
   check_gemm_dtype(gemm_dtype, "attention_forward");
   if (d.n == 0) return;
@@ -170,8 +181,14 @@ void attention_forward(float* out, float* att, const float* qkv, std::int64_t B,
   detail::launch_heads_to_rows(out, C, y.as<float>(), d.B, d.T, d.H, d.D, s);
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, std::int64_t B,
-                        std::int64_t T, std::int64_t C, std::int64_t H, DType gemm_dtype) {
+void CudaBackend::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, std::int64_t B,
+                                     std::int64_t T, std::int64_t C, std::int64_t H) {
+  attention_backward_ex(dqkv, dout, qkv, att, B, T, C, H, DType::f32);
+}
+
+void CudaBackend::attention_backward_ex(float* dqkv, const float* dout, const float* qkv, const float* att,
+                                        std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H,
+                                        DType gemm_dtype) {
   const AttentionDims d = attention_dims(B, T, C, H, "attention_backward");
   check_gemm_dtype(gemm_dtype, "attention_backward");
   if (d.n == 0) return;
@@ -205,8 +222,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   detail::launch_heads_to_rows(dqkv + 2 * C, 3 * C, dv.as<float>(), d.B, d.T, d.H, d.D, s);
 }
 
-void cross_entropy_forward_async(float* loss, float* probs, const float* logits, const std::int64_t* targets,
-                                 std::int64_t N, std::int64_t V) {
+void CudaBackend::cross_entropy_forward(float* loss, float* probs, const float* logits, const std::int64_t* targets,
+                                        std::int64_t N, std::int64_t V) {
   check_count(N, "cross_entropy_forward");
   const int v = as_int(V, "cross_entropy_forward");
   ZERO_CHECK(N > 0 && v > 0, "cross_entropy_forward: empty logits [{}, {}]", N, V);
@@ -219,65 +236,46 @@ void cross_entropy_forward_async(float* loss, float* probs, const float* logits,
   detail::launch_sum_finalize(nullptr, loss, partials.as<double>(), blocks, 1.0 / static_cast<double>(N), false, s);
 }
 
-float cross_entropy_forward(float* probs, const float* logits, const std::int64_t* targets, std::int64_t N,
-                            std::int64_t V) {
-  DeviceBuffer loss(sizeof(float));
-  cross_entropy_forward_async(loss.as<float>(), probs, logits, targets, N, V);
-  float host = 0.0f;
-  copy(&host, loss.get(), sizeof(float));
-  check_device_errors();
-  return host;
-}
-
-void cross_entropy_backward(float* dlogits, const float* probs, const std::int64_t* targets, float dloss,
-                            std::int64_t N, std::int64_t V) {
-  check_count(N, "cross_entropy_backward");
-  detail::launch_cross_entropy_backward(dlogits, probs, targets, dloss, nullptr, N, as_int(V, "cross_entropy_backward"),
-                                        current_stream());
-}
-
-void cross_entropy_backward(float* dlogits, const float* probs, const std::int64_t* targets, const float* dloss,
-                            std::int64_t N, std::int64_t V) {
+void CudaBackend::cross_entropy_backward(float* dlogits, const float* probs, const std::int64_t* targets,
+                                         const float* dloss, std::int64_t N, std::int64_t V) {
   check_count(N, "cross_entropy_backward");
   ZERO_CHECK(dloss != nullptr, "cross_entropy_backward: null dloss");
   detail::launch_cross_entropy_backward(dlogits, probs, targets, 0.0f, dloss, N, as_int(V, "cross_entropy_backward"),
                                         current_stream());
 }
 
-void embedding_forward(float* out, const float* weight, const std::int64_t* idx, std::int64_t N, std::int64_t V,
-                       std::int64_t C) {
+void CudaBackend::embedding_forward(float* out, const float* weight, const std::int64_t* idx, std::int64_t N,
+                                    std::int64_t V, std::int64_t C) {
   check_count(N, "embedding_forward");
   check_count(V, "embedding_forward");
   detail::launch_embedding_forward(out, weight, idx, N, V, as_int(C, "embedding_forward"), device_error_flag(),
                                    current_stream());
 }
 
-void embedding_backward(float* dweight, const float* dout, const std::int64_t* idx, std::int64_t N, std::int64_t C) {
-  embedding_backward(dweight, dout, idx, N, C, INT64_MAX);
-}
-
-void embedding_backward(float* dweight, const float* dout, const std::int64_t* idx, std::int64_t N, std::int64_t C,
-                        std::int64_t V) {
+/// Indices outside [0, V) are skipped (embedding_forward reported them).
+void CudaBackend::embedding_backward(float* dweight, const float* dout, const std::int64_t* idx, std::int64_t N,
+                                     std::int64_t V, std::int64_t C) {
   check_count(N, "embedding_backward");
   detail::launch_embedding_backward(dweight, dout, idx, N, V, as_int(C, "embedding_backward"), current_stream());
 }
 
 // ---- elementwise ------------------------------------------------------------------------------------
 
-void binary(float* out, const float* a, const float* b, std::int64_t n, std::int64_t m, BinaryOp op) {
+void CudaBackend::binary(float* out, const float* a, const float* b, std::int64_t n, std::int64_t m, BinaryOp op) {
   check_count(n, "binary");
   if (n == 0) return;
   ZERO_CHECK(m > 0 && n % m == 0, "binary: operand of {} elements does not repeat evenly into {}", m, n);
   detail::launch_binary(out, a, b, n, m, static_cast<int>(op), current_stream());
 }
 
-void unary(float* out, const float* x, std::int64_t n, UnaryOp op, float p) {
+void CudaBackend::unary(float* out, const float* x, std::int64_t n, UnaryOp op, float p) {
   check_count(n, "unary");
   detail::launch_unary(out, x, n, static_cast<int>(op), p, current_stream());
 }
 
-void reduce_dim(float* out, std::int64_t* argmax, const float* x, std::int64_t outer, std::int64_t n,
-                std::int64_t inner, bool max) {
+void CudaBackend::reduce_dim(float* out, std::int64_t* argmax, const float* x, std::int64_t outer, std::int64_t n,
+                             std::int64_t inner, ReduceOp op) {
+  const bool max = op == ReduceOp::max;
   check_count(outer, "reduce_dim");
   check_count(n, "reduce_dim");
   check_count(inner, "reduce_dim");
@@ -285,8 +283,8 @@ void reduce_dim(float* out, std::int64_t* argmax, const float* x, std::int64_t o
   detail::launch_reduce_dim(out, argmax, x, outer, n, inner, max ? 1 : 0, current_stream());
 }
 
-void scatter_dim(float* dx, const float* g, const std::int64_t* argmax, std::int64_t outer, std::int64_t n,
-                 std::int64_t inner) {
+void CudaBackend::scatter_dim(float* dx, const float* g, const std::int64_t* argmax, std::int64_t outer, std::int64_t n,
+                              std::int64_t inner) {
   check_count(outer, "scatter_dim");
   check_count(n, "scatter_dim");
   check_count(inner, "scatter_dim");
@@ -299,19 +297,20 @@ void copy_rows(float* out, const float* row, std::int64_t N, std::int64_t C) {
   detail::launch_copy_rows(out, row, N, C, current_stream());
 }
 
-void dropout_mask(float* mask, std::uint64_t seed, float p, std::int64_t n) {
+void CudaBackend::dropout_mask(float* mask, Generator& gen, float p, std::int64_t n) {
   ZERO_CHECK(p >= 0.0f && p < 1.0f, "dropout_mask: probability must be in [0, 1), got {}", p);
   check_count(n, "dropout_mask");
-  detail::launch_dropout_mask(mask, seed, p, n, current_stream());
+  // One 64-bit seed from gen, hashed with each index on the device (the mask differs from the CPU's).
+  detail::launch_dropout_mask(mask, gen.engine()(), p, n, current_stream());
 }
 
-void scale(void* out, const void* x, DType dtype, float factor, std::int64_t n) {
+void CudaBackend::scale(void* out, const void* x, DType dtype, std::int64_t n, float s) {
   check_float(dtype, "scale");
   check_count(n, "scale");
-  detail::launch_scale(out, x, elem(dtype), factor, n, current_stream());
+  detail::launch_scale(out, x, elem(dtype), s, n, current_stream());
 }
 
-void fill(void* dst, DType dtype, float value, std::int64_t n) {
+void CudaBackend::fill(void* dst, DType dtype, float value, std::int64_t n) {
   check_count(n, "fill");
   detail::launch_fill(dst, elem(dtype), value, n, current_stream());
 }
@@ -327,11 +326,11 @@ void cast(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int
   detail::launch_cast(dst, elem(dst_dtype), src, elem(src_dtype), n, current_stream());
 }
 
-void accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, float alpha, std::int64_t n) {
+void CudaBackend::accumulate(void* dst, DType dst_dtype, const void* src, DType src_dtype, std::int64_t n) {
   check_float(dst_dtype, "accumulate");
   check_float(src_dtype, "accumulate");
   check_count(n, "accumulate");
-  detail::launch_accumulate(dst, elem(dst_dtype), src, elem(src_dtype), alpha, n, current_stream());
+  detail::launch_accumulate(dst, elem(dst_dtype), src, elem(src_dtype), 1.0f, n, current_stream());
 }
 
 void strided_copy(void* dst_base, const std::vector<std::int64_t>& dst_strides, std::int64_t dst_offset,
@@ -358,6 +357,42 @@ void strided_copy(void* dst_base, const std::vector<std::int64_t>& dst_strides, 
   detail::launch_strided_copy(dst, src, static_cast<int>(elem_size), layout, n, current_stream());
 }
 
+namespace {
+char* first_element(const StridedView& v) {
+  return static_cast<char*>(v.base) + v.offset * static_cast<std::int64_t>(dtype_size(v.dtype));
+}
+}  // namespace
+
+void CudaBackend::copy(const StridedView& dst, const StridedView& src) {
+  const std::int64_t n = shape_numel(dst.shape);
+  if (n == 0) return;
+  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(dst.dtype);
+  // `s`: a contiguous buffer of dst's dtype holding src's elements in row-major order.
+  const void* s = first_element(src);
+  DeviceBuffer dense, converted, fresh;  // freed in stream order, after the copies below
+  if (!is_contiguous(src.shape, src.strides)) {
+    dense = DeviceBuffer(static_cast<std::size_t>(n) * dtype_size(src.dtype));
+    strided_copy(dense.get(), contiguous_strides(src.shape), 0, src.base, src.strides, src.offset, src.shape,
+                 dtype_size(src.dtype));
+    s = dense.get();
+  }
+  if (src.dtype != dst.dtype) {
+    converted = DeviceBuffer(bytes);
+    cast(converted.get(), dst.dtype, s, src.dtype, n);
+    s = converted.get();
+  } else if (s == first_element(src) && src.base == dst.base) {  // views of one buffer may overlap; cudaMemcpy must not
+    fresh = DeviceBuffer(bytes);
+    copy_async(fresh.get(), s, bytes);
+    s = fresh.get();
+  }
+  if (is_contiguous(dst.shape, dst.strides)) {
+    copy_async(first_element(dst), s, bytes);
+  } else {
+    strided_copy(dst.base, dst.strides, dst.offset, s, contiguous_strides(dst.shape), 0, dst.shape,
+                 dtype_size(dst.dtype));
+  }
+}
+
 // ---- reductions --------------------------------------------------------------------------------------
 
 namespace {
@@ -377,15 +412,15 @@ double reduce_to_host(const void* x, DType dtype, std::int64_t n, bool squares, 
   DeviceBuffer result(sizeof(double));
   reduce_into(result.as<double>(), false, x, dtype, n, squares);
   double host = 0.0;
-  copy(&host, result.get(), sizeof(double));
+  cuda::copy(&host, result.get(), sizeof(double));
   return host;
 }
 }  // namespace
 
 double sum(const void* x, DType dtype, std::int64_t n) { return reduce_to_host(x, dtype, n, false, "sum"); }
 
-void sum_async(float* out, const float* x, std::int64_t n) {
-  check_count(n, "sum_async");
+void CudaBackend::sum(float* out, const float* x, std::int64_t n) {
+  check_count(n, "sum");
   if (n == 0) return fill(out, DType::f32, 0.0f, 1);
   cudaStream_t s = current_stream();
   const int blocks = detail::reduction_blocks(n);
@@ -394,7 +429,7 @@ void sum_async(float* out, const float* x, std::int64_t n) {
   detail::launch_sum_finalize(nullptr, out, partials.as<double>(), blocks, 1.0, false, s);
 }
 
-double sum_squares(const void* x, DType dtype, std::int64_t n) {
+double CudaBackend::sum_squares(const void* x, DType dtype, std::int64_t n) {
   return reduce_to_host(x, dtype, n, true, "sum_squares");
 }
 
@@ -405,7 +440,7 @@ void sum_squares_async(double* acc, const void* x, DType dtype, std::int64_t n) 
   reduce_into(acc, true, x, dtype, n, true);
 }
 
-bool has_inf_or_nan(const void* x, DType dtype, std::int64_t n) {
+bool CudaBackend::has_inf_or_nan(const void* x, DType dtype, std::int64_t n) {
   check_float(dtype, "has_inf_or_nan");
   check_count(n, "has_inf_or_nan");
   if (n == 0) return false;
@@ -413,7 +448,7 @@ bool has_inf_or_nan(const void* x, DType dtype, std::int64_t n) {
   memset_async(flag.get(), 0, sizeof(int));
   detail::launch_nonfinite(flag.as<int>(), x, elem(dtype), n, current_stream());
   int host = 0;
-  copy(&host, flag.get(), sizeof(int));
+  cuda::copy(&host, flag.get(), sizeof(int));
   return host != 0;
 }
 
@@ -425,37 +460,14 @@ void has_inf_or_nan_async(int* flag, const void* x, DType dtype, std::int64_t n)
 
 // ---- AdamW ---------------------------------------------------------------------------------------------
 
-AdamWScalars adamw_scalars(float lr, float beta1, float beta2, float eps, float weight_decay, std::int64_t step) {
-  ZERO_CHECK(step >= 1, "adamw_scalars: step is 1-based, got {}", step);
-  // As optim::adamw_update: Python-float (double) scalars, rounded to f32 where they meet the tensors.
-  const double t = static_cast<double>(step);
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), t);
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), t);
-  AdamWScalars s{};
-  s.decay = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
-  s.step_size = static_cast<float>(lr / bias_correction1);
-  s.beta1 = beta1;
-  s.beta2 = beta2;
-  s.eps = eps;
-  s.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  return s;
-}
-
-void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
-                  const AdamWScalars& scalars) {
+void CudaBackend::adamw_update(float* master, const void* grad, DType grad_dtype, float grad_factor, float* exp_avg,
+                               float* exp_avg_sq, void* model_out, DType model_dtype, std::int64_t n,
+                               const AdamWScalars& s) {
+  check_float(grad_dtype, "adamw_update");
+  if (model_out != nullptr) check_float(model_dtype, "adamw_update");
   check_count(n, "adamw_update");
-  detail::launch_adamw(param, grad, Elem::f32, 1.0f, exp_avg, exp_avg_sq, nullptr, Elem::f32, n, scalars,
-                       current_stream());
-}
-
-void adamw_update_mixed(float* master, const void* grad, DType grad_dtype, float grad_mul, float* exp_avg,
-                        float* exp_avg_sq, void* param_out, DType param_dtype, std::int64_t n,
-                        const AdamWScalars& scalars) {
-  check_float(grad_dtype, "adamw_update_mixed");
-  check_float(param_dtype, "adamw_update_mixed");
-  check_count(n, "adamw_update_mixed");
-  detail::launch_adamw(master, grad, elem(grad_dtype), grad_mul, exp_avg, exp_avg_sq, param_out, elem(param_dtype), n,
-                       scalars, current_stream());
+  detail::launch_adamw(master, grad, elem(grad_dtype), grad_factor, exp_avg, exp_avg_sq, model_out,
+                       elem(model_out != nullptr ? model_dtype : DType::f32), n, s, current_stream());
 }
 
 }  // namespace zero::cuda

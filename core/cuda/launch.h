@@ -1,4 +1,5 @@
-// Internal: the kernel launchers of core/cuda/*.cu. Use core/cuda/kernels.h instead.
+// Internal: the kernel launchers of core/cuda/*.cu, called by the CUDA backend's host entries
+// (core/cuda/backend.h). Use kernels(Device::cuda) instead.
 //
 // The .cu files hold device code only, compiled by nvcc; they see neither Eigen nor fmt, so this header
 // uses plain types: Elem mirrors zero::DType (checked by static_asserts in kernels.cpp), every launcher
@@ -10,18 +11,10 @@
 
 #include <cstdint>
 
+#include "core/adamw_step.h"
 #include "core/cuda/kernel_math.h"
 
 namespace zero::cuda {
-
-/// The per-step constants of one AdamW update, formed on the host exactly as optim::adamw_update forms
-/// them (bias corrections in double, then rounded to float). See adamw_scalars() in kernels.h.
-struct AdamWScalars {
-  float decay;                   // 1 - lr * weight_decay
-  float step_size;               // lr / (1 - beta1^step)
-  float beta1, beta2, eps;
-  float bias_correction2_sqrt;   // sqrt(1 - beta2^step)
-};
 
 namespace detail {
 
@@ -79,7 +72,7 @@ void launch_sum_finalize(double* dst_d, float* dst_f, const double* partials, in
 /// Sets *flag = 1 if any element of x (float-typed) is +-inf or NaN; leaves it alone otherwise.
 void launch_nonfinite(int* flag, const void* x, Elem t, std::int64_t n, cudaStream_t s);
 
-/// AdamW on n elements (see kernels.h adamw_update_mixed): grad of type gt multiplied by grad_mul;
+/// AdamW on n elements (Backend::adamw_update, core/backend.def): grad of type gt multiplied by grad_mul;
 /// param_out (type pt) receives the updated param rounded, unless null.
 void launch_adamw(float* param, const void* grad, Elem gt, float grad_mul, float* exp_avg, float* exp_avg_sq,
                   void* param_out, Elem pt, std::int64_t n, const AdamWScalars& sc, cudaStream_t s);

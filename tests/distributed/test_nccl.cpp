@@ -12,7 +12,7 @@
 #include <numeric>
 #include <vector>
 
-#include "core/cuda/kernels.h"
+#include "core/backend.h"
 #include "core/cuda/runtime.h"
 #include "core/tensor.h"
 #include "distributed/job_runtime.h"
@@ -131,7 +131,7 @@ void check_collectives(Communicator& comm, DType t) {
   {
     const std::size_t count = 1 << 20;
     Tensor buf = Tensor::empty({static_cast<std::int64_t>(count)}, t, Device::cuda);
-    cuda::fill(buf.raw_data(), t, float(rank + 1), static_cast<std::int64_t>(count));
+    backend(Device::cuda).fill(buf.raw_data(), t, float(rank + 1), static_cast<std::int64_t>(count));
     auto work = comm.all_reduce_async(buf.raw_data(), count, t, ReduceOp::sum);
     work->wait();
     const auto got = buf.to_vector();

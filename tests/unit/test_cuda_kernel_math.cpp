@@ -13,9 +13,9 @@
 #include <set>
 #include <vector>
 
-#include "core/cpu/kernels.h"
 #include "core/cuda/kernel_math.h"
 #include "core/cuda/sum_to_plan.h"
+#include "core/kernels.h"
 #include "tests/unit/kernel_bounds.h"
 
 namespace zero {
@@ -89,8 +89,8 @@ TEST(CudaKernelMath, GeluCpuKernelAgainstDoubleReference) {
   const auto dy = kb::random_floats(x.size(), 42, -1.0f, 1.0f);
   const auto n = static_cast<std::int64_t>(x.size());
   std::vector<float> y(x.size()), g(x.size());
-  cpu::gelu_forward(y.data(), x.data(), n);
-  cpu::gelu_backward(g.data(), x.data(), dy.data(), n);
+  kernels(Device::cpu).gelu_forward(y.data(), x.data(), n);
+  kernels(Device::cpu).gelu_backward(g.data(), x.data(), dy.data(), n);
   kb::Worst wf, wb;
   double worst_b_rel_dy = 0.0;
   for (std::size_t i = 0; i < x.size(); ++i) {
@@ -171,7 +171,8 @@ TEST(CudaKernelMath, LayerNormParamReductionStandInWithinBound) {
     const auto dy = kb::random_floats(N * C, 53 + N, -1.0f, 1.0f);
     const auto dw0 = kb::random_floats(C, 54, -1.0f, 1.0f), db0 = kb::random_floats(C, 55, -1.0f, 1.0f);
     std::vector<float> y(N * C), mean(N), rstd(N);
-    cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+    kernels(Device::cpu)
+        .layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
     std::vector<float> dw = dw0, db = db0;
     layernorm_params_stand_in(dw, db, dy, x, mean, rstd, N, C);
     const auto ref = kb::layernorm_params_ref(dy, x, mean, rstd, dw0, db0, N, C);
@@ -383,8 +384,8 @@ TEST(CudaKernelMath, AttentionReferenceAgreesWithTheCpuKernel) {
   const auto qkv = kb::random_floats(B * T * 3 * C, 90, -1.0f, 1.0f),
              dout = kb::random_floats(B * T * C, 91, -1.0f, 1.0f);
   std::vector<float> out(B * T * C), att(B * H * T * T), dqkv(B * T * 3 * C);
-  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
-  cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, H);
+  kernels(Device::cpu).attention_forward(out.data(), att.data(), qkv.data(), B, T, C, H);
+  kernels(Device::cpu).attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, H);
   const auto ref = kb::attention_ref(qkv, att, dout, B, T, C, H, kModelUlps);
   kb::Worst wa, wo, wg;
   // Above the diagonal the reference has 0 with bound 0: the kernel must write exact zeros there.

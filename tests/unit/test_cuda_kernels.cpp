@@ -1,6 +1,6 @@
 // Every core/cuda kernel on random inputs against a reference: the nn kernels against double-precision
 // formulas within the bound of their f32 evaluation (kernel_bounds.h, Note [Kernel error bounds]), the
-// rest against the CPU kernels (core/cpu/kernels.h, optim/) or host arithmetic with the tolerance each
+// rest against the CPU backend (kernels(Device::cpu), optim/) or host arithmetic with the tolerance each
 // comparison justifies (Note [CUDA test tolerances], cuda_test_util.h). One case per kernel has at
 // least 2^24 elements. Skipped without a GPU. GEMM is in test_cuda_gemm.cpp.
 #include <gtest/gtest.h>
@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/cpu/kernels.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
+#include "core/kernels.h"
 #include "core/tensor.h"
 #include "cuda_test_util.h"
 #include "kernel_bounds.h"
@@ -34,6 +34,8 @@ using cuda_test::random_floats;
 using cuda_test::random_indices;
 using CudaKernels = CudaTest;
 namespace kb = kernel_bounds;
+
+Kernels& gpu() { return kernels(Device::cuda); }
 
 // CUDA's tanhf and expf: at most 2 ulp from the exact value (CUDA C Programming Guide, "Mathematical
 // Functions"). Note [Kernel error bounds] (kernel_bounds.h).
@@ -72,7 +74,7 @@ TEST_F(CudaKernels, LayerNormForwardBackward) {
     const auto w = random_floats(C, 2, 0.5f, 1.5f);
     const auto b = random_floats(C, 3);
     DeviceArray<float> dx(x), dw(w), db(b), dout_(N * C), dmean(N), drstd(N);
-    cuda::layernorm_forward(dout_.get(), dmean.get(), drstd.get(), dx.get(), dw.get(), db.get(), N, C, 1e-5f);
+    gpu().layernorm_forward(dout_.get(), dmean.get(), drstd.get(), dx.get(), dw.get(), db.get(), N, C, 1e-5f);
     std::vector<double> y_ref(N * C), y_bound(N * C), m_ref(N), m_bound(N), s_ref(N), s_bound(N);
     for_rows(N, [&](std::int64_t r) {
       const auto ref = kb::layernorm_row_ref(x.data() + r * C, w.data(), b.data(), C, 1e-5f);
@@ -88,7 +90,7 @@ TEST_F(CudaKernels, LayerNormForwardBackward) {
     const auto dy = random_floats(N * C, 4);
     const auto gw0 = random_floats(C, 5), gb0 = random_floats(C, 6);  // backward accumulates into these
     DeviceArray<float> ddy(dy), dgx(N * C), dgw(gw0), dgb(gb0);
-    cuda::layernorm_backward(dgx.get(), dgw.get(), dgb.get(), ddy.get(), dx.get(), dw.get(), dmean.get(), drstd.get(),
+    gpu().layernorm_backward(dgx.get(), dgw.get(), dgb.get(), ddy.get(), dx.get(), dw.get(), dmean.get(), drstd.get(),
                              N, C);
     std::vector<double> gx_ref(N * C), gx_bound(N * C), row, row_bound;
     for_rows(N, [&](std::int64_t r) {
@@ -114,8 +116,8 @@ TEST_F(CudaKernels, GeluForwardBackward) {
     const auto x = random_floats(n, 7, -10.0f, 10.0f);
     const auto dy = random_floats(n, 8);
     DeviceArray<float> d_x(x), d_dy(dy), d_y(n), d_dx(n);
-    cuda::gelu_forward(d_y.get(), d_x.get(), n);
-    cuda::gelu_backward(d_dx.get(), d_x.get(), d_dy.get(), n);
+    gpu().gelu_forward(d_y.get(), d_x.get(), n);
+    gpu().gelu_backward(d_dx.get(), d_x.get(), d_dy.get(), n);
     std::vector<double> y(n), yb(n), g(n), gb(n);
     for (std::int64_t i = 0; i < n; ++i) {
       y[i] = kb::gelu_ref(x[i]);
@@ -136,8 +138,8 @@ TEST_F(CudaKernels, SoftmaxForwardBackward) {
     const auto x = random_floats(N * C, 9, -10.0f, 10.0f);
     const auto dy = random_floats(N * C, 10);
     DeviceArray<float> d_x(x), d_dy(dy), d_y(N * C), d_dx(N * C);
-    cuda::softmax_forward(d_y.get(), d_x.get(), N, C);
-    cuda::softmax_backward(d_dx.get(), d_y.get(), d_dy.get(), N, C);
+    gpu().softmax_forward(d_y.get(), d_x.get(), N, C);
+    gpu().softmax_backward(d_dx.get(), d_y.get(), d_dy.get(), N, C);
     const auto y = d_y.to_host();
     std::vector<double> p(N * C), pb(N * C), g(N * C), gb(N * C), row, row_bound;
     for_rows(N, [&](std::int64_t r) {
@@ -165,11 +167,11 @@ TEST_F(CudaKernels, CausalAttentionForwardBackward) {
     const std::int64_t n_qkv = c.B * c.T * 3 * c.C, n_out = c.B * c.T * c.C, n_att = c.B * c.H * c.T * c.T;
     const auto qkv = random_floats(n_qkv, 11);
     DeviceArray<float> d_qkv(qkv), d_out(n_out), d_att(n_att);
-    cuda::attention_forward(d_out.get(), d_att.get(), d_qkv.get(), c.B, c.T, c.C, c.H);
+    gpu().attention_forward(d_out.get(), d_att.get(), d_qkv.get(), c.B, c.T, c.C, c.H);
     const auto att = d_att.to_host();
     const auto dout = random_floats(n_out, 12);
     DeviceArray<float> d_dout(dout), d_dqkv(n_qkv);
-    cuda::attention_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), c.B, c.T, c.C, c.H);
+    gpu().attention_backward(d_dqkv.get(), d_dout.get(), d_qkv.get(), d_att.get(), c.B, c.T, c.C, c.H);
     const auto ref = kb::attention_ref(qkv, att, dout, c.B, c.T, c.C, c.H, kDeviceUlps);
     EXPECT_TRUE(kb::within_bounds(att, ref.att, ref.att_bound));  // zeros above the diagonal too (bound 0)
     EXPECT_TRUE(kb::within_bounds(d_out.to_host(), ref.out, ref.out_bound));
@@ -188,7 +190,8 @@ TEST_F(CudaKernels, CrossEntropyForwardBackward) {
     const auto targets = random_indices(N, V, 14);
     DeviceArray<float> d_logits(logits), d_probs(N * V), d_dlogits(N * V), d_loss(1), d_dloss(std::vector<float>{0.7f});
     DeviceArray<std::int64_t> d_targets(targets);
-    const float got = cuda::cross_entropy_forward(d_probs.get(), d_logits.get(), d_targets.get(), N, V);
+    gpu().cross_entropy_forward(d_loss.get(), d_probs.get(), d_logits.get(), d_targets.get(), N, V);
+    const float got = d_loss.to_host()[0];
     const auto probs = d_probs.to_host();
     std::vector<double> p(N * V), pb(N * V), row, row_bound;
     double loss = 0.0, loss_bound = 0.0;
@@ -211,30 +214,27 @@ TEST_F(CudaKernels, CrossEntropyForwardBackward) {
       g[i] = probs[i] * sd - (hit ? sd : 0.0);
       gb[i] = kb::kSecondOrder * kb::kU * (std::abs(probs[i] * sd) * 2 + std::abs(g[i]) + (hit ? sd : 0.0));
     }
-    cuda::cross_entropy_backward(d_dlogits.get(), d_probs.get(), d_targets.get(), 0.7f, N, V);
-    EXPECT_TRUE(kb::within_bounds(d_dlogits.to_host(), g, gb));
-
-    // The device-resident variants give the same numbers without a host round trip.
-    cuda::cross_entropy_forward_async(d_loss.get(), d_probs.get(), d_logits.get(), d_targets.get(), N, V);
-    EXPECT_NEAR(d_loss.to_host()[0], loss, loss_bound);
-    cuda::cross_entropy_backward(d_dlogits.get(), d_probs.get(), d_targets.get(), d_dloss.get(), N, V);
+    gpu().cross_entropy_backward(d_dlogits.get(), d_probs.get(), d_targets.get(), d_dloss.get(), N, V);
     EXPECT_TRUE(kb::within_bounds(d_dlogits.to_host(), g, gb));
   }
   // A target far below the row's maximum: its probability underflows f32 (e^-120 < 1e-52), yet the
   // log-softmax loss is exact to its bound, 120 + log(2 + e^-120), not a clamp's 69.
   {
     const std::vector<float> far{0.0f, 0.0f, -120.0f};
-    DeviceArray<float> d_far(far), d_p(3);
+    DeviceArray<float> d_far(far), d_p(3), d_l(1);
     DeviceArray<std::int64_t> d_t(std::vector<std::int64_t>{2});
-    const float got = cuda::cross_entropy_forward(d_p.get(), d_far.get(), d_t.get(), 1, 3);
+    gpu().cross_entropy_forward(d_l.get(), d_p.get(), d_far.get(), d_t.get(), 1, 3);
+    const float got = d_l.to_host()[0];
     const auto ce = kb::cross_entropy_row_ref(far.data(), 3, 2, kb::block_chain(3), kDeviceUlps, 1.0);
     EXPECT_NEAR(got, ce.loss, ce.bound + kb::ulp_f32(ce.loss));
     EXPECT_GT(got, 120.0f);
   }
-  // A target outside [0, V) throws, like the CPU kernel, and leaves no error behind.
-  DeviceArray<float> logits(random_floats(2 * 3, 15)), probs(6);
+  // A target outside [0, V) raises a deferred error: the next synchronize throws, and leaves no error
+  // behind.
+  DeviceArray<float> logits(random_floats(2 * 3, 15)), probs(6), loss(1);
   DeviceArray<std::int64_t> bad(std::vector<std::int64_t>{1, 3});
-  EXPECT_THROW(cuda::cross_entropy_forward(probs.get(), logits.get(), bad.get(), 2, 3), Error);
+  gpu().cross_entropy_forward(loss.get(), probs.get(), logits.get(), bad.get(), 2, 3);
+  EXPECT_THROW(gpu().synchronize(), Error);
   EXPECT_NO_THROW(cuda::synchronize());
 }
 
@@ -247,15 +247,15 @@ TEST_F(CudaKernels, EmbeddingForwardBackward) {
     const auto weight = random_floats(V * C, 16);
     const auto idx = random_indices(N, V, 17);  // N draws from V rows: repeats, so backward adds
     std::vector<float> out(N * C);
-    cpu::embedding_forward(out.data(), weight.data(), idx.data(), N, V, C);
+    kernels(Device::cpu).embedding_forward(out.data(), weight.data(), idx.data(), N, V, C);
     DeviceArray<float> d_weight(weight), d_out(N * C);
     DeviceArray<std::int64_t> d_idx(idx);
-    cuda::embedding_forward(d_out.get(), d_weight.get(), d_idx.get(), N, V, C);
+    gpu().embedding_forward(d_out.get(), d_weight.get(), d_idx.get(), N, V, C);
     EXPECT_EQ(d_out.to_host(), out);
 
     const auto dout = random_floats(N * C, 18);
     const std::vector<float> dweight0 = random_floats(V * C, 19);
-    DeviceArray<float> d_dweight(dweight0), d_dweight2(dweight0), d_dout(dout);
+    DeviceArray<float> d_dweight(dweight0), d_dout(dout);
     std::vector<double> want(dweight0.begin(), dweight0.end()), abs_sum(V * C), bound(V * C);
     std::vector<std::int64_t> hits(V, 0);
     for (std::int64_t i = 0; i < V * C; ++i) abs_sum[i] = std::abs(dweight0[i]);
@@ -267,10 +267,8 @@ TEST_F(CudaKernels, EmbeddingForwardBackward) {
       }
     }
     for (std::int64_t i = 0; i < V * C; ++i) bound[i] = kb::kSecondOrder * hits[i / C] * kb::kU * abs_sum[i];
-    cuda::embedding_backward(d_dweight.get(), d_dout.get(), d_idx.get(), N, C, V);
-    cuda::embedding_backward(d_dweight2.get(), d_dout.get(), d_idx.get(), N, C);
+    gpu().embedding_backward(d_dweight.get(), d_dout.get(), d_idx.get(), N, V, C);
     EXPECT_TRUE(kb::within_bounds(d_dweight.to_host(), want, bound));
-    EXPECT_TRUE(kb::within_bounds(d_dweight2.to_host(), want, bound));
   }
 }
 
@@ -281,21 +279,19 @@ TEST_F(CudaKernels, BinaryWithTrailingSuffix) {
   const auto full = random_floats(N * C, 21);
   const auto row = random_floats(C, 22);
   DeviceArray<float> d_a(a), d_full(full), d_row(row), d_out(N * C);
-  for (auto op : {cuda::BinaryOp::add, cuda::BinaryOp::sub, cuda::BinaryOp::mul}) {
-    auto apply = [op](float x, float y) {
-      return op == cuda::BinaryOp::add ? x + y : (op == cuda::BinaryOp::sub ? x - y : x * y);
-    };
+  for (auto op : {BinaryOp::add, BinaryOp::sub, BinaryOp::mul}) {
+    auto apply = [op](float x, float y) { return op == BinaryOp::add ? x + y : (op == BinaryOp::sub ? x - y : x * y); };
     std::vector<float> want_full(N * C), want_row(N * C);
     for (std::int64_t i = 0; i < N * C; ++i) {
       want_full[i] = apply(a[i], full[i]);
       want_row[i] = apply(a[i], row[i % C]);
     }
-    cuda::binary(d_out.get(), d_a.get(), d_full.get(), N * C, N * C, op);
+    gpu().binary(d_out.get(), d_a.get(), d_full.get(), N * C, N * C, op);
     EXPECT_EQ(d_out.to_host(), want_full);
-    cuda::binary(d_out.get(), d_a.get(), d_row.get(), N * C, C, op);
+    gpu().binary(d_out.get(), d_a.get(), d_row.get(), N * C, C, op);
     EXPECT_EQ(d_out.to_host(), want_row);
   }
-  EXPECT_THROW(cuda::binary(d_out.get(), d_a.get(), d_row.get(), N * C, 7, cuda::BinaryOp::add), Error);
+  EXPECT_THROW(gpu().binary(d_out.get(), d_a.get(), d_row.get(), N * C, 7, BinaryOp::add), Error);
 
   cuda::copy_rows(d_out.get(), d_row.get(), N, C);
   std::vector<float> rows(N * C);
@@ -338,7 +334,7 @@ TEST_F(CudaKernels, FillCastScaleAccumulateEveryFloatType) {
     SCOPED_TRACE(dtype_name(t));
     // fill
     Tensor filled = Tensor::empty({n}, t, Device::cuda);
-    cuda::fill(filled.raw_data(), t, 3.0f, n);
+    gpu().fill(filled.raw_data(), t, 3.0f, n);
     EXPECT_EQ(filled.to_vector(), std::vector<float>(n, 3.0f));
     // cast f32 -> t -> f32 rounds exactly like the host
     Tensor src = on_device(x, DType::f32);
@@ -352,27 +348,22 @@ TEST_F(CudaKernels, FillCastScaleAccumulateEveryFloatType) {
     }
     // scale, in place
     Tensor scaled = on_device(x, t);
-    cuda::scale(scaled.raw_data(), scaled.raw_data(), t, 0.375f, n);
+    gpu().scale(scaled.raw_data(), scaled.raw_data(), t, n, 0.375f);
     std::vector<float> want(n);
     const auto xt = rounded(x, t);
     for (std::int64_t i = 0; i < n; ++i) want[i] = xt[i] * 0.375f;
     EXPECT_EQ(scaled.to_vector(), rounded(want, t));
-    // accumulate dst (t) += alpha * src (f32): f32 arithmetic (the device may fuse it into one FMA, the
-    // host rounds the product and the sum), then one rounding to t. The results may differ by the f32
-    // intermediate's rounding, u (|x| + 0.5 |y|) <= 6e-8 * 150 < 1e-5 absolute (where x + 0.5 y
-    // cancels), and by that moving the value across a rounding boundary of t: one ulp of t, 2 u_t
-    // relative (u_t = 2^-24, 2^-11, 2^-8: rtol 1e-6 covers 2 u_f32 with margin, 1e-3 = 2 u_f16,
-    // 8e-3 ≈ 2 u_bf16).
+    // accumulate dst (t) += src (f32): one f32 addition, then one rounding to t, on both sides:
+    // bit-exact.
     Tensor acc = on_device(x, t);
     Tensor addend = on_device(y, DType::f32);
-    cuda::accumulate(acc.raw_data(), t, addend.raw_data(), DType::f32, 0.5f, n);
-    for (std::int64_t i = 0; i < n; ++i) want[i] = xt[i] + 0.5f * y[i];
-    const float rtol = t == DType::f32 ? 1e-6f : (t == DType::f16 ? 1e-3f : 8e-3f);
-    EXPECT_TRUE(all_close(acc.to_vector(), rounded(want, t), rtol, 1e-5f));
+    gpu().accumulate(acc.raw_data(), t, addend.raw_data(), DType::f32, n);
+    for (std::int64_t i = 0; i < n; ++i) want[i] = xt[i] + y[i];
+    EXPECT_EQ(acc.to_vector(), rounded(want, t));
   }
   // fill on integer types truncates like the host
   Tensor ints = Tensor::empty({5}, DType::i64, Device::cuda);
-  cuda::fill(ints.raw_data(), DType::i64, 7.0f, 5);
+  gpu().fill(ints.raw_data(), DType::i64, 7.0f, 5);
   EXPECT_EQ(ints.to_vector(), std::vector<float>(5, 7.0f));
 }
 
@@ -394,10 +385,10 @@ TEST_F(CudaKernels, ReductionsAreExactEnoughAndDeterministic) {
       const double tol_sum = 2 * (n + 1) * eps_d * abs_sum, tol_sq = 2 * (n + 2) * eps_d * want_sq;
       Tensor d = on_device(x, t);
       const double got_sum = cuda::sum(d.raw_data(), t, n);
-      const double got_sq = cuda::sum_squares(d.raw_data(), t, n);
+      const double got_sq = gpu().sum_squares(d.raw_data(), t, n);
       EXPECT_NEAR(got_sum, want_sum, tol_sum);
       EXPECT_NEAR(got_sq, want_sq, tol_sq);
-      EXPECT_EQ(cuda::sum_squares(d.raw_data(), t, n), got_sq);  // bit-identical on a rerun
+      EXPECT_EQ(gpu().sum_squares(d.raw_data(), t, n), got_sq);  // bit-identical on a rerun
       DeviceArray<double> acc(std::vector<double>{1.5});
       cuda::sum_squares_async(acc.get(), d.raw_data(), t, n);
       cuda::sum_squares_async(acc.get(), d.raw_data(), t, n);
@@ -421,7 +412,7 @@ TEST_F(CudaKernels, InfAndNanCheckMatchesHost) {
         Tensor dev = host.to(Device::cuda);
         const bool want = optim::has_inf_or_nan(host);
         EXPECT_EQ(want, bad != 0.0f || std::isnan(bad));
-        EXPECT_EQ(cuda::has_inf_or_nan(dev.raw_data(), t, n), want) << dtype_name(t) << " " << bad;
+        EXPECT_EQ(gpu().has_inf_or_nan(dev.raw_data(), t, n), want) << dtype_name(t) << " " << bad;
         DeviceArray<int> flag(std::vector<int>{0});
         cuda::has_inf_or_nan_async(flag.get(), dev.raw_data(), t, n);
         EXPECT_EQ(flag.to_host()[0] != 0, want);
@@ -430,7 +421,7 @@ TEST_F(CudaKernels, InfAndNanCheckMatchesHost) {
   }
 }
 
-// Against optim::adamw_update (f32 on the host), the same formula in the same order. Per step and element
+// Against optim::adamw_update on the host (the CPU kernel), the same adamw_step in the same order. Per step and element
 // each side rounds m = b1 m + (1 - b1) g 3 times, v = b2 v + (1 - b2) g^2 4 times (all terms >= 0),
 // and p = p decay - step_size m / (sqrt(v) / bc2 + eps) about 8 times; the device may fuse some into
 // FMAs. So over 3 steps the two agree within 2·3·3 u (|b1 m| + |(1 - b1) g|) <= 18 u · 0.11 < 2e-7
@@ -447,10 +438,11 @@ TEST_F(CudaKernels, AdamWMatchesOptim) {
     DeviceArray<float> d_param(param), d_m(m), d_v(v);
     for (std::int64_t step = 1; step <= 3; ++step) {
       const auto grad = random_floats(n, 100 + step);
-      optim::adamw_update(param.data(), grad.data(), m.data(), v.data(), n, h, step);
+      optim::adamw_update(Device::cpu, param.data(), grad.data(), DType::f32, 1.0f, m.data(), v.data(), nullptr,
+                          DType::f32, n, h, step);
       DeviceArray<float> d_grad(grad);
-      cuda::adamw_update(d_param.get(), d_grad.get(), d_m.get(), d_v.get(), n,
-                         cuda::adamw_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, step));
+      optim::adamw_update(Device::cuda, d_param.get(), d_grad.get(), DType::f32, 1.0f, d_m.get(), d_v.get(), nullptr,
+                          DType::f32, n, h, step);
     }
     EXPECT_TRUE(all_close(d_param.to_host(), param, 0.0f, 3.1e-6f));
     EXPECT_TRUE(all_close(d_m.to_host(), m, 0.0f, 2e-7f));
@@ -458,7 +450,7 @@ TEST_F(CudaKernels, AdamWMatchesOptim) {
   }
   const std::int64_t n = 1000;
   const optim::AdamWHyper h{1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f};
-  EXPECT_THROW(cuda::adamw_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, 0), Error);
+  EXPECT_THROW(optim::adamw_scalars(h, 0), Error);
 
   // The fused 16-bit partition step: f16 gradient times 1/scale, fp32 master, bf16 copy out.
   const auto grad = random_floats(n, 200, -512.0f, 512.0f);
@@ -468,12 +460,13 @@ TEST_F(CudaKernels, AdamWMatchesOptim) {
   DeviceArray<float> d_master(master), d_m2(m2), d_v2(v2);
   Tensor g16 = on_device(grad, DType::f16);
   Tensor p16 = Tensor::empty({n}, DType::bf16, Device::cuda);
-  cuda::adamw_update_mixed(d_master.get(), g16.raw_data(), DType::f16, grad_mul, d_m2.get(), d_v2.get(), p16.raw_data(),
-                           DType::bf16, n, cuda::adamw_scalars(h.lr, h.beta1, h.beta2, h.eps, 0.0f, 1));
+  const optim::AdamWHyper h0{h.lr, h.beta1, h.beta2, h.eps, 0.0f};
+  optim::adamw_update(Device::cuda, d_master.get(), g16.raw_data(), DType::f16, grad_mul, d_m2.get(), d_v2.get(),
+                      p16.raw_data(), DType::bf16, n, h0, 1);
   auto g32 = rounded(grad, DType::f16);
   for (float& g : g32) g *= grad_mul;
-  const optim::AdamWHyper h0{h.lr, h.beta1, h.beta2, h.eps, 0.0f};
-  optim::adamw_update(master.data(), g32.data(), m2.data(), v2.data(), n, h0, 1);
+  optim::adamw_update(Device::cpu, master.data(), g32.data(), DType::f32, 1.0f, m2.data(), v2.data(), nullptr,
+                      DType::f32, n, h0, 1);
   // One step from m = v = 0 (g times a power of two is exact on both sides): the master within 2·8 u
   // (|p| + |update|) <= 16 u · 1.001 < 1e-6 (the first update is about lr); its bf16 copy is the master
   // rounded once, so the masters' difference can move it across one bf16 rounding boundary: one bf16

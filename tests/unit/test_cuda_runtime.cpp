@@ -8,8 +8,8 @@
 #include <cstring>
 #include <vector>
 
-#include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
+#include "core/kernels.h"
 #include "core/tensor.h"
 #include "cuda_test_util.h"
 
@@ -167,7 +167,7 @@ TEST_F(CudaRuntime, BadIndicesAreReportedAtTheNextCheck) {
   cuda_test::DeviceArray<float> weight(random_floats(4 * 3, 3));
   cuda_test::DeviceArray<std::int64_t> idx(std::vector<std::int64_t>{0, 7, 2});
   cuda_test::DeviceArray<float> out(std::size_t{9});
-  cuda::embedding_forward(out.get(), weight.get(), idx.get(), 3, 4, 3);
+  kernels(Device::cuda).embedding_forward(out.get(), weight.get(), idx.get(), 3, 4, 3);
   EXPECT_THROW(cuda::synchronize(), Error);
   EXPECT_NO_THROW(cuda::synchronize());  // the flag was cleared
   const std::vector<float> got = out.to_host();

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "autograd/ops.h"
-#include "core/backend.h"
+#include "core/kernels.h"
 #include "core/tensor.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/runtime.h"
@@ -606,19 +606,20 @@ TEST(OpTableCoverage, EveryOpHasARow) {
   }
 }
 
-// Note [Missing kernels]: a backend without a kernel fails with one line naming the kernel and device.
+// Note [Missing kernels]: a case a device cannot run fails with one line naming the kernel and the
+// device, before writing anything (the CPU has no 16-bit GEMM operands).
 TEST(Backend, MissingKernelNamesTheKernelAndTheDevice) {
-  struct Bare : Backend {
-    Bare() : Backend(Device::cuda) {}
-  } bare;
-  float x = 1.0f, y = 0.0f;
+  const half a(1.0f), b(2.0f);
+  float c = -1.0f;
   try {
-    bare.unary(&y, &x, 1, UnaryOp::sqrt, 0.0f);
+    kernels(Device::cpu)
+        .gemm_ex(false, false, 1, 1, 1, 1.0f, &a, DType::f16, 1, &b, DType::f16, 1, 0.0f, &c, DType::f32, 1, nullptr);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unary: no kernel on device cuda"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("gemm_ex with 16-bit operands: no kernel on device cpu"), std::string::npos)
+        << e.what();
   }
-  EXPECT_EQ(y, 0.0f);  // nothing was written
+  EXPECT_EQ(c, -1.0f);  // nothing was written
 }
 
 TEST(Backend, MixedDevicesNameTheOpAndBothDevices) {

@@ -143,7 +143,7 @@ TEST(OptimAdamW, MatchesClosedFormOverThreeSteps) {
   EXPECT_GT(std::abs(b.to_vector()[2] - decayed_b.p[2]), 1e-5);
 }
 
-// The free function on a raw range and AdamW::step run the same math: bit-identical, also when the
+// The one entry on a raw range and AdamW::step run the same math: bit-identical, also when the
 // range is stepped in two pieces at an odd boundary (what a ZeRO partition does). n is large enough to
 // take the multi-threaded path.
 TEST(OptimAdamW, UpdateOnRangeEqualsStep) {
@@ -161,15 +161,18 @@ TEST(OptimAdamW, UpdateOnRangeEqualsStep) {
     EXPECT_FLOAT_EQ(h.weight_decay, 0.1f);
     const float* gd = g.data<float>();
     const std::int64_t cut = 37;
-    adamw_update(param.data(), gd, exp_avg.data(), exp_avg_sq.data(), cut, h, step);
-    adamw_update(param.data() + cut, gd + cut, exp_avg.data() + cut, exp_avg_sq.data() + cut, n - cut, h, step);
+    adamw_update(Device::cpu, param.data(), gd, DType::f32, 1.0f, exp_avg.data(), exp_avg_sq.data(), nullptr,
+                 DType::f32, cut, h, step);
+    adamw_update(Device::cpu, param.data() + cut, gd + cut, DType::f32, 1.0f, exp_avg.data() + cut,
+                 exp_avg_sq.data() + cut, nullptr, DType::f32, n - cut, h, step);
     const std::vector<float> stepped = p.to_vector();
     const std::vector<float> m = opt.state(0, 0).exp_avg.to_vector();
     std::int64_t mismatches = 0;
     for (std::int64_t i = 0; i < n; ++i) mismatches += (stepped[i] != param[i]) + (m[i] != exp_avg[i]);
     EXPECT_EQ(mismatches, 0) << "step " << step;
   }
-  EXPECT_THROW(adamw_update(param.data(), param.data(), exp_avg.data(), exp_avg_sq.data(), 1, opt.hyper(0), 0),
+  EXPECT_THROW(adamw_update(Device::cpu, param.data(), param.data(), DType::f32, 1.0f, exp_avg.data(),
+                            exp_avg_sq.data(), nullptr, DType::f32, 1, opt.hyper(0), 0),
                Error);
 }
 
