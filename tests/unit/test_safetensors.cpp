@@ -117,6 +117,41 @@ TEST_F(Safetensors, RejectsMalformedFiles) {
   fails((dir_ / "absent").string(), "cannot open");
 }
 
+// Note [Bounded header] in core/safetensors.cpp: a nesting deeper than the format has is refused while
+// the header streams in, before it is parsed (the timing and memory are measured in the issue note,
+// not asserted: a timed test would be flaky), shapes whose byte size overflows 64 bits are refused
+// rather than wrapped, and a string holding brackets does not count as nesting.
+TEST_F(Safetensors, BoundsHeaderDepthAndShapeOverflow) {
+  const std::string data = floats({1, 2});
+  auto fails = [&](const std::string& path, const std::string& what) {
+    try {
+      st::Reader r(path);
+      ADD_FAILURE() << "accepted " << path;
+    } catch (const zero::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  // 9 levels: one past the limit of 8 (a real header nests 3 deep).
+  fails(raw("deep", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":[[[[[[[1]]]]]]}})", data),
+        "nests deeper than 8 levels");
+  // 8 levels, and brackets inside strings (escaped quote included), parse to the same file.
+  const st::Reader eight(raw("eight", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                      R"("__metadata__":{"k":"[[[[[[[[[\"{{{{{{{{{"}})",
+                                      data));
+  EXPECT_EQ(eight.metadata().at("k"), "[[[[[[[[[\"{{{{{{{{{");
+  // 2^62 elements of 4 bytes: 2^64 bytes, which wraps to 0 in 64 bits.
+  fails(raw("wrap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                    R"("b":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[8,8]}})", data),
+        "tensor 'b' has shape [4611686018427387904] whose size in bytes overflows 64 bits");
+  // A product of dimensions that overflows, each dimension fine on its own.
+  fails(raw("product", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                       R"("b":{"dtype":"F16","shape":[4294967296,4294967296],"data_offsets":[8,8]}})", data),
+        "overflows 64 bits");
+  // A dimension beyond int64 (2^63).
+  fails(raw("dim", R"({"a":{"dtype":"F32","shape":[9223372036854775808, 0],"data_offsets":[0,0]}})", ""),
+        "overflows 64 bits");
+}
+
 TEST(CheckpointState, GeneratorStateRoundTrip) {
   zero::Generator g(42);
   for (int i = 0; i < 7; ++i) g.uniform();
