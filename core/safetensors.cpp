@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "core/check.h"
 
@@ -19,6 +20,53 @@ namespace zero::safetensors {
 namespace {
 
 constexpr std::uint64_t kMaxHeader = 100'000'000;  // the safetensors reference implementation's limit
+constexpr int kMaxDepth = 8;  // a safetensors header nests 3 deep (header, entry, shape); Note [Bounded header]
+constexpr std::size_t kScanChunk = 1 << 16;  // header bytes scanned at a time before any is kept
+
+// Note [Bounded header]
+// ~~~~~~~~~~~~~~~~~~~~~
+// The header is untrusted input of up to kMaxHeader bytes. A parser that builds a document first and
+// judges it afterwards pays for whatever the file holds: 100 MB of "[[[[..." becomes tens of millions
+// of nested arrays (seconds, gigabytes) before anything is refused. So the reader first streams the
+// header through DepthScan in kScanChunk pieces, keeping nothing, and refuses a nesting deeper than
+// kMaxDepth at the first byte past it: a malformed header costs one chunk of memory and the time to
+// reach its first offending byte. Only a header that passes is read whole and parsed. Every size that
+// follows from it (shape product, times the element size, data offsets) is checked for 64-bit
+// overflow before it is used.
+
+// Nesting depth of JSON text fed piece by piece: brackets outside strings (escapes honoured).
+struct DepthScan {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  // Feeds n bytes; returns the offset of the first byte that nests deeper than max_depth, or n.
+  std::size_t feed(const char* p, std::size_t n, int max_depth) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const char c = p[i];
+      if (in_string) {
+        if (escaped)
+          escaped = false;
+        else if (c == '\\')
+          escaped = true;
+        else if (c == '"')
+          in_string = false;
+      } else if (c == '"') {
+        in_string = true;
+      } else if (c == '{' || c == '[') {
+        if (++depth > max_depth) return i;
+      } else if (c == '}' || c == ']') {
+        --depth;
+      }
+    }
+    return n;
+  }
+};
+
+// a * b, or nothing when it does not fit in 64 bits.
+std::optional<std::uint64_t> checked_mul(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) return std::nullopt;
+  return out;
+}
 
 struct DTypeCode {
   const char* code;
@@ -94,6 +142,18 @@ Reader::Reader(const std::string& path) : path_(path) {
     for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
     ZERO_CHECK(n <= kMaxHeader && n <= size - 8, "'{}' is truncated or not a safetensors file: header length {} with "
                "{} bytes in the file", path, n, size);
+    {  // Note [Bounded header]: the nesting depth, before any of the header is kept
+      DepthScan scan;
+      std::vector<char> chunk(static_cast<std::size_t>(std::min<std::uint64_t>(n, kScanChunk)));
+      for (std::uint64_t done = 0; done < n;) {
+        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(n - done, kScanChunk));
+        io::pread_all(fd_, chunk.data(), len, 8 + done, path);
+        const std::size_t at = scan.feed(chunk.data(), len, kMaxDepth);
+        ZERO_CHECK(at == len, "'{}': the safetensors header nests deeper than {} levels (at byte {} of {}); not a "
+                   "safetensors file", path, kMaxDepth, done + at, n);
+        done += len;
+      }
+    }
     std::string text(static_cast<std::size_t>(n), '\0');
     io::pread_all(fd_, text.data(), text.size(), 8, path);
     nlohmann::json h;
@@ -127,18 +187,24 @@ Reader::Reader(const std::string& path) : path_(path) {
         }
       ZERO_CHECK(known, "'{}': tensor '{}' has unsupported dtype {}", path, name, code.dump());
       ZERO_CHECK(e["shape"].is_array(), "'{}': tensor '{}' shape is not a list", path, name);
+      // Element count and byte size, each product checked for 64-bit overflow (Note [Bounded header]).
+      std::optional<std::uint64_t> bytes = dtype_size(t.dtype);
       for (const auto& d : e["shape"]) {
         ZERO_CHECK(d.is_number_unsigned(), "'{}': tensor '{}' has a bad dimension {}", path, name, d.dump());
-        t.shape.push_back(d.get<std::int64_t>());
+        const auto dim = d.get<std::uint64_t>();
+        bytes = bytes ? checked_mul(*bytes, dim) : bytes;
+        ZERO_CHECK(dim <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) && bytes,
+                   "'{}': tensor '{}' has shape {} whose size in bytes overflows 64 bits", path, name,
+                   e["shape"].dump());
+        t.shape.push_back(static_cast<std::int64_t>(dim));
       }
       const auto& off = e["data_offsets"];
       ZERO_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
                  "'{}': tensor '{}' data_offsets is not [begin, end]", path, name);
       t.begin = off[0].get<std::uint64_t>();
       t.end = off[1].get<std::uint64_t>();
-      const std::uint64_t bytes = static_cast<std::uint64_t>(t.numel()) * dtype_size(t.dtype);
-      ZERO_CHECK(t.end >= t.begin && t.end - t.begin == bytes,
-                 "'{}': tensor '{}' data_offsets [{}, {}] do not hold its {} bytes", path, name, t.begin, t.end, bytes);
+      ZERO_CHECK(t.end >= t.begin && t.end - t.begin == *bytes,
+                 "'{}': tensor '{}' data_offsets [{}, {}] do not hold its {} bytes", path, name, t.begin, t.end, *bytes);
       tensors_.push_back(std::move(t));
     }
     std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
@@ -151,7 +217,7 @@ Reader::Reader(const std::string& path) : path_(path) {
       expect = t.end;
     }
     data_size_ = expect;
-    ZERO_CHECK(size == data_start_ + expect, "'{}' is truncated or has trailing bytes: {} bytes, the header says {}",
+    ZERO_CHECK(expect <= size - data_start_ && size == data_start_ + expect, "'{}' is truncated or has trailing bytes: {} bytes, the header says {}",
                path, size, data_start_ + expect);
   } catch (...) {
     ::close(fd_);

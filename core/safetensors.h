@@ -43,8 +43,9 @@ std::string encode_header(std::vector<TensorInfo>& tensors, const std::map<std::
 /// A parsed, validated safetensors file, read by ranges with pread (no mapping, no full read).
 class Reader {
  public:
-  /// Opens and validates `path`: header length within the file and under 100 MB, JSON that parses,
-  /// every entry with a known dtype, non-negative shape and data_offsets matching its size, entries
+  /// Opens and validates `path`: header length within the file and under 100 MB, nested at most 8
+  /// deep (checked while streaming it, before it is parsed), JSON that parses, every entry with a known
+  /// dtype, a shape whose size in bytes fits in 64 bits and data_offsets matching that size, entries
   /// tiling the data section exactly, and a file exactly as long as the header says. Throws
   /// zero::Error naming the file and the first problem (a truncated file is one).
   explicit Reader(const std::string& path);

@@ -1,11 +1,15 @@
 #include "distributed/checkpoint.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -188,7 +192,8 @@ struct Attempt {
 };
 
 SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt, Communicator& comm,
-                const nlohmann::json& extra, int keep, const std::function<bool()>& cancelled) {
+                const nlohmann::json& extra, int keep, const std::function<bool()>& cancelled,
+                const std::vector<std::string>* written) {
   const auto t0 = Clock::now();
   const int rank = comm.rank(), world = comm.world_size();
   const FlatLayout& layout = opt.layout();
@@ -356,7 +361,8 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
                            {{"scale", ls.scale},
                             {"hysteresis_left", ls.hysteresis_left},
                             {"iter", ls.iter},
-                            {"last_overflow_iter", ls.last_overflow_iter}}}};
+                            {"last_overflow_iter", ls.last_overflow_iter},
+                            {"skips_at_min", ls.skips_at_min}}}};
     state["shards"] = shards;
     state["files"] = files;
     const std::string text = state.dump(1) + "\n";
@@ -380,8 +386,11 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
     // earlier checkpoint): the save directory holds one trajectory, so a later resume cannot pick them.
     for (const std::string& d : step_dirs(root))
       if (d > name) remove_dir(root / d);
-    if (keep > 0) {
-      const std::vector<std::string> dirs = step_dirs(root);
+    if (keep > 0) {  // among the checkpoints this job wrote, when it says which (Note [One writer])
+      std::vector<std::string> dirs;
+      for (const std::string& d : step_dirs(root))
+        if (d == name || !written || std::find(written->begin(), written->end(), d) != written->end())
+          dirs.push_back(d);
       for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < dirs.size(); ++i)
         if (dirs[i] != name) remove_dir(root / dirs[i]);
     }
@@ -397,8 +406,99 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
 
 SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
                            Communicator& comm, const nlohmann::json& extra, int keep,
-                           const std::function<bool()>& cancelled) {
-  return save(save_dir, step, opt, comm, extra, keep, cancelled);
+                           const std::function<bool()>& cancelled, const std::vector<std::string>* written) {
+  return save(save_dir, step, opt, comm, extra, keep, cancelled, written);
+}
+
+// Note [One writer]
+// ~~~~~~~~~~~~~~~~~
+// Two jobs saving into one directory overwrite each other's `latest`, prune each other's checkpoints
+// (--keep) and collide on the temporary names of a step both write. So a job that saves takes the
+// directory first: rank 0 creates DIR/.lock with O_CREAT | O_EXCL (atomic: of two jobs exactly one
+// creates it), holding the job's identity (host, pid of rank 0, start time, command), before any
+// work; a second job then stops at start-up naming the lock and its owner. A lock whose owner is gone
+// (same host, no process with that pid: a job that was killed) is taken over with a warning; one
+// from another host cannot be checked from here, and the message says to delete it if that job is
+// gone. (Two jobs taking over the same stale lock in the same instant can both succeed: the
+// check-then-replace is not atomic. Starting two jobs on one directory at once is what the lock
+// exists to stop, not a race it settles.) The lock goes at normal exit and on every error that
+// unwinds (fail_job exits after the stack is unwound); a crash leaves it, stale, for the next job.
+// --keep prunes only checkpoints this job wrote (the names save_checkpoint is given), so a resumed
+// job never deletes the checkpoints of the run before it.
+
+namespace {
+
+std::string this_host() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+std::string slurp_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// "pid 1234 on host h (started 2025-01-01 10:00:00, command ...)", from a lock's text.
+std::string describe_owner(const std::string& text) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    return fmt::format("pid {} on host {} (started {}: {})", j.at("pid").get<long>(), j.at("host").get<std::string>(),
+                       j.at("started").get<std::string>(), j.at("command").get<std::string>());
+  } catch (const std::exception&) {
+    return "an unknown owner (the lock file is not ours)";
+  }
+}
+
+// True when the lock's owner is known to be gone: on this host, and no process has its pid.
+bool owner_gone(const std::string& text) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    if (j.at("host").get<std::string>() != this_host()) return false;
+    const auto pid = static_cast<pid_t>(j.at("pid").get<long>());
+    return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+SaveDirLock::SaveDirLock(const std::string& save_dir, const std::string& command)
+    : path_((fs::path(save_dir) / ".lock").string()) {
+  const std::time_t now = std::time(nullptr);
+  char started[32];
+  std::strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S", std::localtime(&now));
+  text_ = nlohmann::json{{"host", this_host()}, {"pid", static_cast<long>(::getpid())}, {"started", started},
+                         {"command", command}}.dump() + "\n";
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      try {
+        st::io::pwrite_all(fd, text_.data(), text_.size(), 0, path_);
+        st::io::sync_close(fd, path_);
+      } catch (...) {
+        ::unlink(path_.c_str());
+        throw;
+      }
+      held_ = true;
+      return;
+    }
+    ZERO_CHECK(errno == EEXIST, "--save-dir '{}': cannot create the lock '{}': {}", save_dir, path_, std::strerror(errno));
+    const std::string owner = slurp_text(path_);
+    if (attempt == 0 && owner_gone(owner)) {
+      warning_ = fmt::format("warning: --save-dir '{}': taking over the lock '{}' of {}, a process that is gone", save_dir,
+                             path_, describe_owner(owner));
+      ::unlink(path_.c_str());
+      continue;
+    }
+    throw Error(fmt::format("--save-dir '{}' is being written by another job: '{}' names {}; give another --save-dir, "
+                            "or delete the lock if that job is gone", save_dir, path_, describe_owner(owner)));
+  }
+}
+
+SaveDirLock::~SaveDirLock() {
+  if (held_ && slurp_text(path_) == text_) ::unlink(path_.c_str());  // still ours
 }
 
 std::string resolve_checkpoint(const std::string& path) {
@@ -416,6 +516,38 @@ std::string resolve_checkpoint(const std::string& path) {
     if (d > best && fs::exists(fs::path(path) / d / kStateFile)) best = d;
   ZERO_CHECK(!best.empty(), "'{}' holds no checkpoint (no state.json, no complete step_* directory)", path);
   return (fs::path(path) / best).string();
+}
+
+// Note [One resolution]
+// ~~~~~~~~~~~~~~~~~~~~~
+// "The newest checkpoint in DIR" is a question about a moment: a job still saving into DIR (or the
+// ranks of this job starting seconds apart) gives different answers to ranks that ask at different
+// moments, and ranks that load different steps train a mixed model from mixed data positions without
+// any error. So one rank asks (rank 0) and every rank takes its answer; then open_checkpoint compares
+// the state.json every rank actually read (its CRC-32, which covers every file's checksum), so a
+// checkpoint rewritten between the ranks' reads also stops the job, with one line, before training.
+
+std::string resolve_checkpoint(const std::string& path, Communicator& comm) {
+  std::string answer, error;
+  if (comm.rank() == 0) {
+    try {
+      answer = resolve_checkpoint(path);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // Rank 0's text (the directory, or its error) as doubles over the control all-reduce: the other
+  // ranks add zeros. The length's sign says which of the two it is.
+  const std::string& text = error.empty() ? answer : error;
+  const double n = comm.all_reduce_sum(comm.rank() != 0 ? 0.0 : error.empty() ? double(text.size()) : -double(text.size()) - 1);
+  std::vector<double> bytes(static_cast<std::size_t>(n >= 0 ? n : -n - 1), 0.0);
+  if (comm.rank() == 0)
+    for (std::size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
+  comm.all_reduce_sum(bytes);
+  std::string shared(bytes.size(), '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) shared[i] = static_cast<char>(static_cast<unsigned char>(bytes[i]));
+  if (n < 0) throw Error(shared);  // every rank fails with rank 0's message: the job prints it once
+  return shared;
 }
 
 nlohmann::json read_state(const std::string& dir) {
@@ -443,6 +575,14 @@ Checkpoint open_checkpoint(const std::string& dir, Communicator* comm) {
   Checkpoint c;
   c.dir = dir;
   c.state = read_state(dir);
+  if (comm && comm->world_size() > 1) {  // Note [One resolution]: the same state.json on every rank
+    const std::string text = c.state.dump();
+    const double crc = st::crc32(text.data(), text.size());
+    const double hi = comm->all_reduce_max(crc), lo = -comm->all_reduce_max(-crc);
+    ZERO_CHECK(hi == lo, "checkpoint '{}': the ranks read different state.json files (CRC-32 {:08x} and {:08x}): it "
+               "was rewritten while this job started; is another job saving there?", dir,
+               static_cast<std::uint32_t>(lo), static_cast<std::uint32_t>(hi));
+  }
   const auto files = get<nlohmann::json>(c.state, "files", dir);
   ZERO_CHECK(files.is_object() && files.contains(kModelFile), "checkpoint '{}': state.json lists no {}", dir,
              kModelFile);
@@ -574,9 +714,10 @@ void load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm
   }
   const auto& o = get<nlohmann::json>(c.state, "optimizer", c.dir);
   const auto& ls = get<nlohmann::json>(o, "loss_scaler", c.dir);
-  const optim::LossScaler::State scaler{get<float>(ls, "scale", c.dir), get<int>(ls, "hysteresis_left", c.dir),
-                                        get<std::int64_t>(ls, "iter", c.dir),
-                                        get<std::int64_t>(ls, "last_overflow_iter", c.dir)};
+  const optim::LossScaler::State scaler{
+      get<float>(ls, "scale", c.dir), get<int>(ls, "hysteresis_left", c.dir), get<std::int64_t>(ls, "iter", c.dir),
+      get<std::int64_t>(ls, "last_overflow_iter", c.dir),
+      ls.contains("skips_at_min") ? get<std::int64_t>(ls, "skips_at_min", c.dir) : 0};  // absent before it existed
   opt.restore_counters(get<std::int64_t>(o, "steps", c.dir), get<std::int64_t>(o, "skipped_steps", c.dir),
                        saved == DType::f16 ? &scaler : nullptr);
   // Parameters that went without gradients for some steps have fewer AdamW steps than the optimizer.
@@ -592,7 +733,7 @@ void load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm
   (void)comm;
 }
 
-void load_weights(const std::string& path, const std::vector<nn::NamedParameter>& params) {
+void load_weights(const std::string& path, const std::vector<nn::NamedParameter>& params, bool allow_non_finite) {
   ZERO_CHECK(fs::exists(path), "weights file '{}' does not exist", path);
   st::Reader r(path);
   for (const nn::NamedParameter& p : params) {
@@ -603,13 +744,24 @@ void load_weights(const std::string& path, const std::vector<nn::NamedParameter>
     ZERO_CHECK(t->shape == p.tensor.shape(), "'{}': tensor '{}' has shape {} in the file but {} in this model", path,
                p.name, shape_str(t->shape), shape_str(p.tensor.shape()));
   }
+  // Everything is read and checked before any parameter is written.
+  std::vector<std::vector<float>> values;
   for (const nn::NamedParameter& p : params) {
     if (!p.tensor.requires_grad()) continue;
     const st::TensorInfo* t = r.find(p.name);
-    std::vector<float> host(static_cast<std::size_t>(t->numel()));
+    std::vector<float>& host = values.emplace_back(static_cast<std::size_t>(t->numel()));
     r.read_f32(*t, 0, t->numel(), host.data());
+    if (allow_non_finite) continue;
+    const auto bad = std::find_if(host.begin(), host.end(), [](float v) { return !std::isfinite(v); });
+    ZERO_CHECK(bad == host.end(), "'{}': tensor '{}' holds a non-finite value ({} at element {} of {}); training from "
+               "it cannot work (--allow-non-finite-weights loads it anyway)", path, p.name, *bad,
+               bad - host.begin(), host.size());
+  }
+  std::size_t i = 0;
+  for (const nn::NamedParameter& p : params) {
+    if (!p.tensor.requires_grad()) continue;
     Tensor dst = p.tensor;
-    dst.copy_(Tensor::from_vector(host, p.tensor.shape()));
+    dst.copy_(Tensor::from_vector(values[i++], p.tensor.shape()));
   }
 }
 

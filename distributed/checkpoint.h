@@ -56,9 +56,33 @@ struct SaveResult {
 /// Collective. Throws zero::Error naming the path and the reason on an I/O error ("cannot write
 /// '.../optimizer_rank00001.safetensors': No space left on device"); the previous checkpoint then
 /// stays the newest.
+/// `written` (optional): the step directories ("step_00000010") this job wrote before; --keep then
+/// prunes only among them and this one (Note [One writer] in checkpoint.cpp).
 SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
                            Communicator& comm, const nlohmann::json& extra, int keep,
-                           const std::function<bool()>& cancelled = {});
+                           const std::function<bool()>& cancelled = {},
+                           const std::vector<std::string>* written = nullptr);
+
+/// The one-writer lock of a save directory, DIR/.lock (Note [One writer] in checkpoint.cpp): created
+/// atomically (O_CREAT | O_EXCL) with this process's host, pid, start time and `command`; removed by
+/// the destructor if it is still this one's. Not collective: one rank (rank 0) takes it for the job.
+class SaveDirLock {
+ public:
+  /// Takes the lock; a lock left by a process that is gone from this host is taken over (warning()
+  /// then says so). Throws zero::Error with one line naming the lock and its owner when another job
+  /// holds it (or one on another host, which cannot be checked), or when it cannot be created.
+  SaveDirLock(const std::string& save_dir, const std::string& command);
+  ~SaveDirLock();
+  SaveDirLock(const SaveDirLock&) = delete;
+  SaveDirLock& operator=(const SaveDirLock&) = delete;
+  const std::string& path() const { return path_; }
+  /// "warning: ..." when a stale lock was taken over, else empty.
+  const std::string& warning() const { return warning_; }
+
+ private:
+  std::string path_, text_, warning_;
+  bool held_ = false;
+};
 
 /// A checkpoint whose files were all found and verified.
 struct Checkpoint {
@@ -71,6 +95,11 @@ struct Checkpoint {
 /// between that directory's rename and latest's update). Throws zero::Error if there is none.
 std::string resolve_checkpoint(const std::string& path);
 
+/// The same, resolved by rank 0 alone and shared with every rank (Note [One resolution] in checkpoint.cpp):
+/// every rank returns rank 0's answer. Collective. Throws zero::Error on every rank, with rank 0's
+/// message, when rank 0 finds no checkpoint.
+std::string resolve_checkpoint(const std::string& path, Communicator& comm);
+
 /// Reads DIR/state.json only (nothing is verified but its format version): for a program that needs a
 /// checkpoint's settings before it can start. Throws zero::Error naming the checkpoint: state.json
 /// missing, unreadable or not JSON, or an unknown format version.
@@ -78,9 +107,11 @@ nlohmann::json read_state(const std::string& dir);
 
 /// Reads state.json and verifies every file it lists: present, of the recorded size (else
 /// "truncated"), with the recorded CRC-32 (else "corrupt"); the CRC work is split over the ranks of
-/// `comm` (nullptr: this process checks everything). Reads only. Collective when comm is given.
+/// `comm` (nullptr: this process checks everything). Reads only. Collective when comm is given: the
+/// ranks first compare the state.json each of them read (Note [One resolution]).
 /// Throws zero::Error with one line naming the checkpoint and the culprit: a missing or unparsable
-/// state.json, an unknown format version, a missing / truncated / corrupt file.
+/// state.json, one that differs between ranks, an unknown format version, a missing / truncated /
+/// corrupt file.
 Checkpoint open_checkpoint(const std::string& dir, Communicator* comm);
 
 /// Throws zero::Error naming the first difference between the checkpoint's parameters and the
@@ -94,9 +125,11 @@ void check_parameters(const Checkpoint& ckpt, const std::vector<nn::NamedParamet
 void load_checkpoint(const Checkpoint& ckpt, ZeroOptimizer& opt, Communicator& comm);
 
 /// Copies the F32 tensors of safetensors file `path` into the parameters of the same names (before a
-/// ZeroOptimizer takes them over). Every trainable parameter must be present with its shape and F32;
-/// checked for all before any is written. Throws zero::Error naming the file and the culprit.
-void load_weights(const std::string& path, const std::vector<nn::NamedParameter>& params);
+/// ZeroOptimizer takes them over). Every trainable parameter must be present with its shape and F32,
+/// and hold finite values only unless `allow_non_finite`; checked for all before any is written.
+/// Throws zero::Error naming the file and the culprit (the tensor, and for a NaN / inf its element).
+void load_weights(const std::string& path, const std::vector<nn::NamedParameter>& params,
+                  bool allow_non_finite = false);
 
 /// A Generator's full state as text, and back (mt19937_64's standard stream format). set_ throws
 /// zero::Error for a string that is not such a state.

@@ -291,6 +291,8 @@ void parse_fp16(Section s, Fp16Config& c) {
   s.read("hysteresis", c.hysteresis);
   s.read("consecutive_hysteresis", c.consecutive_hysteresis);
   s.read("min_loss_scale", c.min_loss_scale);
+  s.read("raise_error_at_min_scale", c.raise_error_at_min_scale);
+  s.read("min_scale_skip_limit", c.min_scale_skip_limit);
   s.check_keys();
 }
 
@@ -405,6 +407,8 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
   if (f.hysteresis < 1) fail(src, "fp16.hysteresis", fmt::format("must be >= 1, got {}", f.hysteresis));
   if (!(f.min_loss_scale > 0.0) || !std::isfinite(f.min_loss_scale))
     fail(src, "fp16.min_loss_scale", fmt::format("must be > 0, got {}", f.min_loss_scale));
+  if (f.min_scale_skip_limit < 1)
+    fail(src, "fp16.min_scale_skip_limit", fmt::format("must be >= 1, got {}", f.min_scale_skip_limit));
   if (f.enabled && c.bf16.enabled)
     fail(src, "bf16.enabled", "fp16.enabled and bf16.enabled are both true; enable at most one");
 
@@ -581,7 +585,9 @@ nlohmann::json TrainingConfig::to_json() const {
         {"loss_scale_window", fp16.loss_scale_window},
         {"hysteresis", fp16.hysteresis},
         {"consecutive_hysteresis", fp16.consecutive_hysteresis},
-        {"min_loss_scale", fp16.min_loss_scale}}},
+        {"min_loss_scale", fp16.min_loss_scale},
+        {"raise_error_at_min_scale", fp16.raise_error_at_min_scale},
+        {"min_scale_skip_limit", fp16.min_scale_skip_limit}}},
       {"bf16", {{"enabled", bf16.enabled}}},
       {"zero_optimization",
        {{"stage", zero_optimization.stage},
@@ -696,6 +702,8 @@ optim::LossScalerConfig TrainingConfig::loss_scaler_config() const {
   s.hysteresis = fp16.hysteresis;
   s.consecutive_hysteresis = fp16.consecutive_hysteresis;
   s.min_loss_scale = static_cast<float>(fp16.min_loss_scale);
+  s.raise_error_at_min_scale = fp16.raise_error_at_min_scale;
+  s.min_scale_skip_limit = fp16.min_scale_skip_limit;
   return s;
 }
 

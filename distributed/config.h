@@ -49,6 +49,8 @@ struct Fp16Config {
   int hysteresis = 2;                   // overflows tolerated before the scale halves, >= 1
   bool consecutive_hysteresis = false;  // refill hysteresis on every clean step
   double min_loss_scale = 1.0;          // the scale never halves below this, > 0
+  bool raise_error_at_min_scale = true;  // stop after min_scale_skip_limit overflows in a row at the minimum
+  int min_scale_skip_limit = 1;          // (optim/loss_scaler.h), >= 1
 };
 
 /// "bf16" (old name "bfloat16", also accepted): bf16 parameters and gradients, no loss scaling.

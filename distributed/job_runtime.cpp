@@ -25,7 +25,8 @@ namespace zero::dist {
 // A collective waits for its peers, so a peer that never arrives would hang the job. Three guards:
 //   - a deadline: each collective must finish within the communicator's timeout (set_timeout,
 //     $ZERO_COLLECTIVE_TIMEOUT_S, default 300 s), measured from when this rank starts waiting; past it
-//     the requests still pending are cancelled and CollectiveTimeout names the collective, the step and
+//     the point-to-point requests still pending are cancelled (a collective's never are: Note [Never
+//     cancel a collective] in mpi_communicator.cpp) and CollectiveTimeout names the collective, the step and
 //     the peers whose messages never came. That covers a peer that is stuck, or whose connection
 //     dropped without an MPI error;
 //   - a control channel (control_channel.h): a duplicate of MPI_COMM_WORLD on which a rank posts a
@@ -225,7 +226,10 @@ void fail_job(const std::exception& error, bool verbose, int exit_code) {
     }
   }
   std::fflush(stderr);
-  if (!silent.empty()) MPI_Abort(MPI_COMM_WORLD, exit_code);  // a rank that never answered: stuck
+  // A rank that never answered is stuck (stopped, or cut off): MPI_Finalize would wait for it and
+  // MPI_Abort prints Open MPI's own banner in front of our line. Exiting without finalising ends
+  // the job the same way (mpirun stops the other ranks when one exits with a non-zero code).
+  if (!silent.empty()) std::_Exit(exit_code);
   control_channel::close();
   MPI_Finalize();
   std::exit(exit_code);

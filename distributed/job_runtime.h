@@ -45,7 +45,8 @@ void finalize_mpi();
 /// that did not arrive). `verbose` appends the C++ source location of a zero::Error. The rank posts a
 /// "failed" notice on the control channel (so peers waiting for it stop at once), waits up to
 /// 1 s + min(timeout, 3 s) for every rank to fail or leave, then finalises MPI and exits with
-/// `exit_code`; a rank that never answers (stuck) is ended by MPI_Abort instead. An error found before
+/// `exit_code`; when a rank never answers (stuck) it exits with `exit_code` without finalising, and
+/// mpirun ends the stuck rank. An error found before
 /// MPI started, in a job of several ranks (launcher_size() > 1), starts MPI first so the ranks can
 /// agree on who prints; a single process prints the line and exits.
 [[noreturn]] void fail_job(const std::exception& error, bool verbose = false, int exit_code = 1);

@@ -294,6 +294,14 @@ void MpiCommunicator::control_all_reduce_values(std::span<double> values, Reduce
 // (overlap_comm, one core per rank) tens of thousands of context switches a second, while adding at
 // most an eighth to any wait.
 //
+// Note [Never cancel a collective]
+// The MPI standard makes MPI_Cancel and MPI_Request_free on a non-blocking collective's request
+// erroneous, and Open MPI answers them by aborting the whole job (MPI_ERR_REQUEST, exit code 7)
+// before any line of ours is printed. So a wait that gives up on a barrier or a control all-reduce
+// just stops waiting: the request stays pending, the communicator is broken (every later collective
+// fails at once), and the job ends through fail_job with its one line, whose MPI_Finalize (or, for a
+// rank that never answers, MPI_Abort after the line) does not need the request.
+//
 // The same loop keeps a peer that never arrives from hanging the job (Note [No hang] in job_runtime.cpp):
 // it enforces the collective's deadline, and about once a millisecond it asks the control channel one
 // question, control_channel::first_gone_peer(): "has a peer left or failed?". Once a peer's notice is
@@ -325,10 +333,12 @@ void MpiCommunicator::wait_all(int count, MPI_Request* requests, const int* peer
       if (abandon_) deadline = now;
     }
     if (now > deadline) {
+      // Note [Never cancel a collective]: point-to-point requests are cancelled and freed; a collective
+      // one (peers == nullptr: barrier, control all-reduce) is left pending and never touched again.
       std::vector<int> missing;
       for (int i = 0; i < count; ++i) {
-        if (requests[i] == MPI_REQUEST_NULL) continue;
-        if (peers && std::find(missing.begin(), missing.end(), peers[i]) == missing.end()) missing.push_back(peers[i]);
+        if (requests[i] == MPI_REQUEST_NULL || !peers) continue;
+        if (std::find(missing.begin(), missing.end(), peers[i]) == missing.end()) missing.push_back(peers[i]);
         MPI_Cancel(&requests[i]);
         MPI_Request_free(&requests[i]);
       }

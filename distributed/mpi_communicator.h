@@ -104,10 +104,12 @@ class MpiCommunicator final : public Communicator {
   void run_queue();
 
   // ---- algorithms; run on the communication thread only ----
-  // Waits for every request. peers[i] is the rank requests[i] talks to (nullptr: unknown). Throws
-  // CollectiveTimeout past the deadline, PeerGone when control_channel::first_gone_peer() named a peer
-  // and the requests did not finish within a short grace, after cancelling what is still pending
-  // (Note [No hang] in job_runtime.cpp).
+  // Waits for every request. peers[i] is the rank point-to-point request requests[i] talks to;
+  // nullptr: the requests are a non-blocking collective's. Throws CollectiveTimeout past the deadline,
+  // PeerGone when control_channel::first_gone_peer() named a peer and the requests did not finish
+  // within a short grace, after cancelling the point-to-point requests still pending; a collective's
+  // are left pending (Note [Never cancel a collective] in mpi_communicator.cpp, Note [No hang] in
+  // job_runtime.cpp).
   void wait_all(int count, MPI_Request* requests, const int* peers = nullptr);
   void exchange(const void* send, std::size_t send_count, MPI_Datatype type, int dest, void* recv,
                 std::size_t recv_count, int source, int tag);

@@ -315,9 +315,9 @@ bool ZeroOptimizer::skip_step(const Tensor& grad) {
     throw_nonfinite(grad, step_count_ + skipped_steps_ + 1);
   last_grad_norm_ = std::numeric_limits<double>::infinity();
   reducer_->zero_grad();
-  if (dt == DType::f16) scaler_.update(true);
   ++skipped_steps_;
   micro_step_ = 0;
+  if (dt == DType::f16) scaler_.update(true);  // may throw optim::MinLossScaleError, with the step counted
   return false;
 }
 

@@ -115,12 +115,18 @@ nlohmann::json settings_json(const Args& a, const dist::TrainingConfig& config, 
           {"evaluation", {{"every", a.eval_every}, {"iters", a.eval_iters}}}};
 }
 
-CheckpointSettings take_checkpoint_settings(Args& a, const Given& given) {
+std::string checkpoint_path(const Args& a) {
+  if (!a.resume.empty()) return a.resume;
+  // --init-from takes a model.safetensors file or a checkpoint (or save) directory.
+  return !a.init_from.empty() && fs::is_directory(a.init_from) ? a.init_from : "";
+}
+
+CheckpointSettings take_checkpoint_settings(Args& a, const Given& given, const std::string& resolved) {
   CheckpointSettings c;
   const bool resume = !a.resume.empty();
-  // --init-from takes a model.safetensors file or a checkpoint (or save) directory.
-  if (!resume && (a.init_from.empty() || !fs::is_directory(a.init_from))) return c;
-  c.dir = dist::resolve_checkpoint(resume ? a.resume : a.init_from);
+  const std::string path = checkpoint_path(a);
+  if (path.empty()) return c;
+  c.dir = resolved.empty() ? dist::resolve_checkpoint(path) : resolved;
   c.state = dist::read_state(c.dir);
   take(a, given, c, /*shape_only=*/!resume, c.warnings);
   if (!resume) {
@@ -161,6 +167,8 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
       {"/gradient_accumulation_steps", "--grad-accum"},
       {"/gradient_clipping", "--clip"},
       {"/nonfinite_grads", "--nonfinite-grads"},
+      {"/fp16/raise_error_at_min_scale", "--min-scale-skip-limit"},
+      {"/fp16/min_scale_skip_limit", "--min-scale-skip-limit"},
       {"/communication_data_type", "--communication-data-type"},
       {"/zero_optimization/stage", "--zero-stage"},
       {"/zero_optimization/reduce_bucket_size", "--reduce-bucket-size"},
@@ -172,7 +180,8 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
     if (key == "/train_micro_batch_size_per_gpu" || key == "/collective_timeout_s" || key == "/fp16/enabled" ||
         key == "/bf16/enabled")
       continue;
-    const nlohmann::json other = b.contains(key) ? b[key] : nlohmann::json();
+    if (!b.contains(key)) continue;  // a key newer than the build that wrote the checkpoint
+    const nlohmann::json other = b[key];
     if (value == other || (value.is_number() && other.is_number() && value.get<double>() == other.get<double>()))
       continue;
     const auto flag = flags.find(key);

@@ -36,7 +36,12 @@ struct CheckpointSettings {
 /// empty dir) when neither flag names a checkpoint. Throws zero::Error with one line naming the
 /// checkpoint and the culprit: a missing or unreadable state.json, or a given model-shape flag
 /// (--n-layer, --n-head, --n-embd, --block, --norm) that differs from the checkpoint's.
-CheckpointSettings take_checkpoint_settings(Args& a, const Given& given);
+/// `resolved`, when not empty, is the checkpoint directory already chosen for the flag's path (by rank
+/// 0 for the whole job: Note [One resolution] in distributed/checkpoint.cpp).
+CheckpointSettings take_checkpoint_settings(Args& a, const Given& given, const std::string& resolved = "");
+
+/// The path --resume or --init-from gives when it names a checkpoint or save directory, else "".
+std::string checkpoint_path(const Args& a);
 
 /// Warnings for every setting of the resolved config `now` that differs from the checkpoint's
 /// `saved` config ("config" of state.json), naming the flag when one was given, else the config key;

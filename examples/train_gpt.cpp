@@ -19,6 +19,7 @@
 // they get before any work are in examples/train_options.h.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <sys/resource.h>
@@ -220,6 +221,22 @@ int run(const Setup& setup, dist::Communicator& comm) {
     comm.set_timeout(a.collective_timeout);
   else if (tc.collective_timeout_s && std::getenv("ZERO_COLLECTIVE_TIMEOUT_S") == nullptr)
     comm.set_timeout(*tc.collective_timeout_s);
+  // One writer per save directory (Note [One writer] in distributed/checkpoint.cpp): rank 0 takes the
+  // lock before any work, and every rank stops with its message if it cannot.
+  std::optional<dist::SaveDirLock> save_lock;
+  if (!a.save_dir.empty()) {
+    std::string error;
+    if (lead) {
+      try {
+        save_lock.emplace(a.save_dir, fmt::format("{}", fmt::join(setup.argv, " ")));
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    if (comm.all_reduce_max(error.empty() ? 0.0 : 1.0) > 0.0)
+      throw Error(lead ? error : fmt::format("rank 0 could not lock --save-dir '{}'", a.save_dir));
+    if (save_lock && !save_lock->warning().empty()) fmt::print(stderr, "{}\n", save_lock->warning());
+  }
   const examples::TextData data = examples::TextData::load(a.data, a.block);
   // A checkpoint to resume: found, verified (files, checksums) and matched before any work.
   std::optional<dist::Checkpoint> resume;
@@ -227,6 +244,8 @@ int run(const Setup& setup, dist::Communicator& comm) {
   if (resuming) {
     const auto t_verify = Clock::now();
     resume = dist::open_checkpoint(setup.from.dir, &comm);
+    ZERO_CHECK(resume->state == setup.from.state, "checkpoint '{}' changed between reading its settings and loading "
+               "it: it was rewritten while this job started; is another job saving there?", resume->dir);
     verify_seconds = std::chrono::duration<double>(Clock::now() - t_verify).count();
     const auto& vocab = resume->state.at("vocab");
     ZERO_CHECK(vocab.get<std::vector<unsigned char>>() == data.itos,
@@ -260,7 +279,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
   Generator init_gen(a.seed), data_gen(a.seed + 1);
   nn::GPT model(cfg, init_gen);
   if (resume) dist::check_parameters(*resume, model.named_parameters());
-  if (!a.init_from.empty()) dist::load_weights(a.init_from, model.named_parameters());
+  if (!a.init_from.empty()) dist::load_weights(a.init_from, model.named_parameters(), a.allow_non_finite_weights);
   Generator sample_gen = examples::sampling_generator(a.seed);
   const std::int64_t num_params = model.num_parameters();
   const Device device = device_of(a);
@@ -312,6 +331,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
     }
   };
   std::int64_t saved_step = -1;  // the step of the last checkpoint this run committed
+  std::vector<std::string> written;  // the checkpoints this job wrote: the only ones --keep may delete
   auto save = [&](std::int64_t done) {
     nlohmann::json extra = examples::settings_json(a, tc, cfg.to_json());
     extra["vocab"] = data.itos;
@@ -322,12 +342,19 @@ int run(const Setup& setup, dist::Communicator& comm) {
     dist::SaveResult r;
     try {
       r = dist::save_checkpoint(a.save_dir, done, opt, comm, extra, static_cast<int>(a.keep),
-                                [] { return examples::stop_requests() >= 2; });
+                                [] { return examples::stop_requests() >= 2; }, &written);
+    } catch (const dist::CollectiveTimeout&) {
+      throw;  // the job's own failures: fail_job names the ranks that did not arrive, or stays quiet for
+    } catch (const dist::PeerGone&) {  // a peer that failed first and reports its own error
+      throw;
     } catch (const std::exception& e) {
       throw Error(fmt::format("--save-dir '{}': the checkpoint of step {} failed: {}; the newest checkpoint is still {}",
                               a.save_dir, done, e.what(), newest_checkpoint()));
     }
-    if (!r.cancelled) saved_step = done;
+    if (!r.cancelled) {
+      saved_step = done;
+      written.push_back(dist::checkpoint_name(done));
+    }
     if (lead) {
       if (r.cancelled)
         fmt::print("checkpoint: step {} abandoned (a second stop request); the newest is {}\n", done, newest_checkpoint());
@@ -434,7 +461,14 @@ int run(const Setup& setup, dist::Communicator& comm) {
       opt.backward(loss);
       loss_sum += loss.item();
     }
-    const bool applied = opt.step();
+    bool applied = false;
+    try {
+      applied = opt.step();
+    } catch (const optim::MinLossScaleError& e) {
+      // Every rank saw the same overflow (Note [Stopping at the minimum scale] in optim/loss_scaler.cpp).
+      throw Error(fmt::format("step {}: {} ({} of {} steps skipped; --min-scale-skip-limit 0 keeps skipping)", step + 1,
+                              e.what(), opt.skipped_steps(), opt.steps() + opt.skipped_steps()));
+    }
     backend(device).synchronize();
     step_span.reset();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -636,7 +670,11 @@ int main(int argc, char** argv) {
   try {
     // Before MPI starts: every rank finds the same problem, rank 0 reports it.
     examples::apply_step_cap(a);
-    setup.from = examples::take_checkpoint_settings(a, setup.given);
+    // Under mpirun rank 0 alone picks the checkpoint a directory names (Note [One resolution]).
+    std::string chosen;
+    if (const std::string path = examples::checkpoint_path(a); !path.empty() && dist::launcher_size() > 1)
+      chosen = dist::resolve_checkpoint(path, *dist::mpi_world());
+    setup.from = examples::take_checkpoint_settings(a, setup.given, chosen);
     examples::apply_step_cap(a);  // on what the checkpoint set too
     if (a.data.empty()) {
       a.data = "data/tinyshakespeare.txt";

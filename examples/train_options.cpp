@@ -83,6 +83,12 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--nonfinite-grads", a.nonfinite_grads,
                  "fp32/bf16 step with an inf/NaN gradient: error (stop, naming the step) or skip")
       ->capture_default_str();
+  app.add_option("--min-scale-skip-limit", a.min_scale_skip_limit,
+                 "fp16: stop after N consecutive steps that overflow at the minimum loss scale (0 = never stop; "
+                 "config fp16.min_scale_skip_limit / raise_error_at_min_scale)")
+      ->capture_default_str();
+  app.add_flag("--allow-non-finite-weights", a.allow_non_finite_weights,
+               "--init-from: load weights that hold NaN or inf (refused by default, naming the tensor)");
   app.add_flag("--verbose", a.verbose, "add the C++ source location to error messages");
 }
 
@@ -215,6 +221,8 @@ void validate(const Args& a, const Given& given) {
   if (given.has("--collective-timeout")) dist::check_collective_timeout(a.collective_timeout, "--collective-timeout");
   ZERO_CHECK(a.nonfinite_grads == "error" || a.nonfinite_grads == "skip",
              "--nonfinite-grads must be error or skip, got '{}'", a.nonfinite_grads);
+  ZERO_CHECK(a.min_scale_skip_limit >= 0, "--min-scale-skip-limit must be >= 0 (0 = never stop), got {}",
+             a.min_scale_skip_limit);
   ZERO_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got {}", a.dropout);
   ZERO_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got {}", a.grad_accum);
   if (given.has("--reduce-bucket-size"))
@@ -230,6 +238,7 @@ void validate(const Args& a, const Given& given) {
   ZERO_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other (--resume restores "
              "the weights and the optimizer; --init-from only the weights)");
   ZERO_CHECK(!a.save_every || !a.save_dir.empty(), "--save-every needs --save-dir");
+  ZERO_CHECK(!a.allow_non_finite_weights || !a.init_from.empty(), "--allow-non-finite-weights needs --init-from");
   probe_output_paths(a);
 }
 
@@ -296,6 +305,10 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
     if (cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size) cfg.train_micro_batch_size_per_gpu.reset();
   }
   if (given.has("--nonfinite-grads")) cfg.nonfinite_grads = a.nonfinite_grads;
+  if (given.has("--min-scale-skip-limit")) {
+    cfg.fp16.raise_error_at_min_scale = a.min_scale_skip_limit > 0;
+    if (a.min_scale_skip_limit > 0) cfg.fp16.min_scale_skip_limit = a.min_scale_skip_limit;
+  }
   cfg.resolve_batch(world_size);
   cfg.validate();
   return cfg;

@@ -46,6 +46,8 @@ struct Args {
   // Reliability and error reports.
   double collective_timeout = 0;  // seconds; given or not (Given)
   std::string nonfinite_grads = "error";
+  int min_scale_skip_limit = 1;  // fp16: 0 = never stop at the minimum loss scale
+  bool allow_non_finite_weights = false;  // --init-from a file holding NaN / inf
   bool verbose = false;
 };
 

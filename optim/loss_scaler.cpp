@@ -13,6 +13,8 @@ LossScaler::LossScaler(const LossScalerConfig& config) : config_(config) {
   ZERO_CHECK(config.loss_scale_window >= 1, "loss_scale_window must be >= 1, got {}", config.loss_scale_window);
   ZERO_CHECK(config.hysteresis >= 1, "hysteresis must be >= 1, got {}", config.hysteresis);
   ZERO_CHECK(config.min_loss_scale > 0.0f, "min_loss_scale must be > 0, got {}", config.min_loss_scale);
+  ZERO_CHECK(config.min_scale_skip_limit >= 1, "min_scale_skip_limit must be >= 1, got {}",
+             config.min_scale_skip_limit);
   ZERO_CHECK(config.initial_scale_power >= 0 && config.initial_scale_power <= 127,
              "initial_scale_power must be in [0, 127], got {}", config.initial_scale_power);
   dynamic_ = config.loss_scale == 0.0f;
@@ -20,12 +22,23 @@ LossScaler::LossScaler(const LossScalerConfig& config) : config_(config) {
   cur_hysteresis_ = config.hysteresis;
 }
 
+// Note [Stopping at the minimum scale]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// At min_loss_scale an overflow can no longer be answered by a smaller scale: the gradients overflow
+// f16 unscaled (weights or activations out of range, a diverged model). Every later step is then
+// skipped and the run "trains" without changing a weight. DeepSpeed's DynamicLossScaler raises at
+// the first such overflow (raise_error_at_min_scale, on by default; "Current loss scale already at
+// minimum - cannot decrease scale anymore"). We count the consecutive overflowed steps that found
+// the scale at min_loss_scale (a clean step resets the count) and throw once there are
+// min_scale_skip_limit of them; the default 1 is DeepSpeed's behaviour. A larger limit lets a run
+// ride out a short spike at the floor. The count is saved with the rest of the state, so a resumed
+// run stops where the uninterrupted one would.
+
 void LossScaler::update(bool overflow) {
   if (!dynamic_) return;
+  skips_at_min_ = overflow && scale_ == config_.min_loss_scale ? skips_at_min_ + 1 : 0;
   if (overflow) {
     if (config_.hysteresis == 1 || cur_hysteresis_ == 1) {
-      ZERO_CHECK(!(config_.raise_error_at_min_scale && scale_ == config_.min_loss_scale),
-                 "loss scale already at its minimum {} and the gradients still overflow", config_.min_loss_scale);
       scale_ = std::max(scale_ / 2.0f, config_.min_loss_scale);
     } else {
       cur_hysteresis_ -= 1;
@@ -40,16 +53,24 @@ void LossScaler::update(bool overflow) {
     }
   }
   iter_ += 1;
+  if (config_.raise_error_at_min_scale && skips_at_min_ >= config_.min_scale_skip_limit)
+    throw MinLossScaleError(fmt::format(
+        "fp16: the gradients overflowed at the minimum loss scale {:g} on {} consecutive step(s) "
+        "(fp16.min_scale_skip_limit {}): training cannot make progress; check the weights, lower the learning "
+        "rate, or train in bf16 or fp32",
+        config_.min_loss_scale, skips_at_min_, config_.min_scale_skip_limit));
 }
 
 void LossScaler::set_state(const State& s) {
   ZERO_CHECK(std::isfinite(s.scale) && s.scale > 0.0f, "loss scaler state: scale must be positive, got {}", s.scale);
   ZERO_CHECK(s.hysteresis_left >= 1 && s.hysteresis_left <= config_.hysteresis,
              "loss scaler state: hysteresis_left must be in [1, {}], got {}", config_.hysteresis, s.hysteresis_left);
+  ZERO_CHECK(s.skips_at_min >= 0, "loss scaler state: skips_at_min must be >= 0, got {}", s.skips_at_min);
   scale_ = s.scale;
   cur_hysteresis_ = s.hysteresis_left;
   iter_ = s.iter;
   last_overflow_iter_ = s.last_overflow_iter;
+  skips_at_min_ = s.skips_at_min;
 }
 
 bool has_inf_or_nan(const Tensor& t) {

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -394,6 +395,156 @@ TEST_F(CheckpointCli, InitFromStartsFromTheWeights) {
   EXPECT_LT(worst, 1e-5);
   // A file that does not fit the model names the tensor.
   expect_one_line_error(train("--steps 1 --n-embd 32 --init-from " + weights), {"wte.weight"});
+}
+
+// Weights that break training, made from a real run's model.safetensors: every value times `scale`,
+// and element `nan_at` of tensor `nan_in` (if given) set to NaN.
+std::string broken_weights(const std::string& from, const std::string& to, float scale, const std::string& nan_in = "",
+                           std::size_t nan_at = 0) {
+  const zero::safetensors::Reader r(from);
+  std::vector<std::string> names;
+  std::vector<zero::Shape> shapes;
+  std::vector<std::vector<float>> values;
+  for (const auto& t : r.tensors()) {
+    names.push_back(t.name);
+    shapes.push_back(t.shape);
+    auto& v = values.emplace_back(static_cast<std::size_t>(t.numel()));
+    r.read_f32(t, 0, t.numel(), v.data());
+    for (float& x : v) x *= scale;
+    if (t.name == nan_in) v.at(nan_at) = std::nanf("");
+  }
+  std::vector<const float*> data;
+  for (const auto& v : values) data.push_back(v.data());
+  zero::safetensors::write_f32_file(to, names, shapes, data);
+  return to;
+}
+
+// Lines of `out` that start with "error:".
+int error_lines(const std::string& out) {
+  std::istringstream in(out);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.rfind("error:", 0) == 0;
+  return n;
+}
+
+// fp16 whose gradients overflow at every step (weights 10^6 times a trained model's: the layer norms'
+// 1.0 becomes inf in f16) reaches the minimum loss scale and stops there (Note [Stopping at the
+// minimum scale]). The step it stops at follows from
+// DeepSpeed's scaler rules alone: one overflow spends the hysteresis (2), 16 halve 2^16 down to 1, and
+// the limit-th overflow at 1 stops the run: 17 + limit.
+TEST_F(CheckpointCli, Fp16StopsAtTheMinimumLossScale) {
+  ASSERT_EQ(train("--steps 1 --save-dir " + p("a")).exit_code, 0);
+  const std::string huge = broken_weights(p("a/step_00000001/model.safetensors"), p("huge.safetensors"), 1e6f);
+  for (const int np : {1, 2}) {
+    for (const int limit : {1, 3}) {
+      SCOPED_TRACE(fmt::format("{} rank(s), limit {}", np, limit));
+      const Result r = train(fmt::format("--dtype fp16 --steps 40 --init-from {} --min-scale-skip-limit {}", huge,
+                                         limit), np);
+      EXPECT_EQ(r.exit_code, 1) << r.output;
+      EXPECT_EQ(error_lines(r.output), 1) << r.output;
+      const int stop = 17 + limit;
+      EXPECT_NE(r.output.find(fmt::format("error: step {}: fp16: the gradients overflowed at the minimum loss scale 1 "
+                                          "on {} consecutive step(s)", stop, limit)),
+                std::string::npos) << r.output;
+      EXPECT_NE(r.output.find(fmt::format("({} of {} steps skipped;", stop, stop)), std::string::npos) << r.output;
+    }
+  }
+  // 0 keeps skipping at the floor (the earlier behaviour); the summary says how many were skipped.
+  const fs::path metrics = dir_ / "m.json";
+  const Result r = train("--dtype fp16 --steps 20 --init-from " + huge + " --min-scale-skip-limit 0 --metrics " +
+                         metrics.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("fp16: final loss scale 1, 20 skipped step(s)"), std::string::npos) << r.output;
+  std::ifstream in(metrics);
+  EXPECT_EQ(nlohmann::json::parse(in).at("skipped_steps"), 20);
+}
+
+// NaN in a weights file is named with its tensor before any work (Note [Bounded header] covers the
+// header; this is the data), unless allowed.
+TEST_F(CheckpointCli, NonFiniteWeightsAreRefusedByName) {
+  ASSERT_EQ(train("--steps 1 --save-dir " + p("a")).exit_code, 0);
+  const std::string bad =
+      broken_weights(p("a/step_00000001/model.safetensors"), p("nan.safetensors"), 1.0f, "blocks.0.attn.qkv.weight", 5);
+  expect_one_line_error(train("--steps 1 --init-from " + bad), {"tensor 'blocks.0.attn.qkv.weight'", "nan at element 5",
+                                                                 "--allow-non-finite-weights"});
+  const Result two = train("--steps 1 --init-from " + bad, 2);
+  EXPECT_EQ(two.exit_code, 1) << two.output;
+  EXPECT_EQ(error_lines(two.output), 1) << two.output;
+  // Allowed: it loads, and fp32 then stops at step 1 on the non-finite gradient (its own check).
+  const Result allowed = train("--steps 1 --init-from " + bad + " --allow-non-finite-weights");
+  EXPECT_EQ(allowed.exit_code, 1) << allowed.output;
+  EXPECT_NE(allowed.output.find("step 1"), std::string::npos) << allowed.output;
+  EXPECT_EQ(allowed.output.find("holds a non-finite value"), std::string::npos) << allowed.output;
+}
+
+// Note [One writer] (distributed/checkpoint.cpp): a second job saving into a directory another job
+// holds stops at start-up with one line naming the lock and its owner's pid; a lock whose owner is
+// gone is taken over with a warning; the lock goes at exit.
+TEST_F(CheckpointCli, ASaveDirectoryHasOneWriter) {
+  const std::string save = p("s");
+  const std::string cmd = bin("train_gpt") + " " + tiny("--steps 100000 --save-every 1 --save-dir " + save);
+  FILE* first = popen((cmd + " > " + p("first.txt") + " 2>&1 & echo $!").c_str(), "r");
+  ASSERT_NE(first, nullptr);
+  long pid = 0;
+  ASSERT_EQ(fscanf(first, "%ld", &pid), 1);
+  pclose(first);
+  for (int i = 0; i < 600 && !fs::exists(fs::path(save) / "step_00000001"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(fs::exists(fs::path(save) / ".lock"));
+  for (const int np : {1, 2}) {
+    const Result second = train("--steps 2 --save-dir " + save, np);
+    EXPECT_EQ(second.exit_code, 1) << second.output;
+    EXPECT_EQ(error_lines(second.output), 1) << second.output;
+    EXPECT_NE(second.output.find("error: --save-dir '" + save + "' is being written by another job: '" + save +
+                                 "/.lock' names pid " + std::to_string(pid) + " on host "),
+              std::string::npos) << second.output;
+  }
+  ::kill(static_cast<pid_t>(pid), SIGTERM);  // it stops after a step, saving it, and releases the lock
+  for (int i = 0; i < 600 && ::kill(static_cast<pid_t>(pid), 0) == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(fs::exists(fs::path(save) / ".lock"));
+  // A lock left by a process that is gone (a finished child's pid) is taken over, with a warning.
+  const Result gone = run("sh -c 'echo $$'");
+  const std::string dead = gone.output.substr(0, gone.output.find('\n'));
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::ofstream(fs::path(save) / ".lock") << nlohmann::json{{"host", host}, {"pid", std::stol(dead)},
+                                                            {"started", "then"}, {"command", "train_gpt"}}.dump();
+  std::string latest;
+  std::ifstream(fs::path(save) / "latest") >> latest;  // "step_00000012"
+  const Result after =
+      train(fmt::format("--resume {} --steps {} --save-dir {}", save, std::stol(latest.substr(5)) + 1, save));
+  EXPECT_EQ(after.exit_code, 0) << after.output;
+  EXPECT_NE(after.output.find("warning: --save-dir '" + save + "': taking over the lock '" + save + "/.lock' of pid " +
+                              dead),
+            std::string::npos) << after.output;
+  EXPECT_FALSE(fs::exists(fs::path(save) / ".lock"));
+}
+
+// --keep prunes only the checkpoints this job wrote: a resumed job keeps the run it came from.
+TEST_F(CheckpointCli, KeepNeverDeletesAnotherJobsCheckpoints) {
+  ASSERT_EQ(train("--steps 3 --save-every 1 --save-dir " + p("s")).exit_code, 0);
+  ASSERT_EQ(train("--resume " + p("s") + " --steps 7 --save-every 1 --keep 2 --save-dir " + p("s")).exit_code, 0);
+  std::vector<std::string> dirs;
+  for (const auto& e : fs::directory_iterator(p("s"))) dirs.push_back(e.path().filename().string());
+  std::sort(dirs.begin(), dirs.end());
+  EXPECT_EQ(dirs, (std::vector<std::string>{"latest", "step_00000001", "step_00000002", "step_00000003",
+                                            "step_00000006", "step_00000007"}));
+}
+
+// Note [Never cancel a collective] (distributed/mpi_communicator.cpp): rank 0's rename of `latest`
+// fails (a directory is in its way) while rank 1 waits in the save's closing all-reduce; the job ends
+// with the filesystem's error in one line, never with Open MPI's MPI_Cancel abort (exit code 7).
+TEST_F(CheckpointCli, AFailedRenameOnOneRankEndsWithItsOwnError) {
+  fs::create_directories(dir_ / "s" / "latest" / "x");
+  const Result r = train("--steps 2 --save-dir " + p("s"), 2);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(error_lines(r.output), 1) << r.output;
+  EXPECT_NE(r.output.find("error: --save-dir '" + p("s") + "': the checkpoint of step 2 failed: cannot rename: Is a "
+                          "directory"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MPI_Cancel"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -405,6 +405,7 @@ TEST(OptimLossScaler, MinLossScaleIsAFloor) {
   c.initial_scale_power = 2;  // 4
   c.hysteresis = 1;
   c.min_loss_scale = 1.5f;
+  c.raise_error_at_min_scale = false;
   LossScaler s(c);
   s.update(true);
   EXPECT_FLOAT_EQ(s.scale(), 2.0f);
@@ -419,6 +420,48 @@ TEST(OptimLossScaler, MinLossScaleIsAFloor) {
   LossScaler strict(c);
   EXPECT_THROW(strict.update(true), Error);
   EXPECT_THROW(LossScaler({-1.0f}), Error);
+}
+
+// Note [Stopping at the minimum scale]. From 2^4 with hysteresis 2 every overflow after the first halves
+// the scale (hysteresis is only refilled by a doubling): 16 (hysteresis) 8 4 2 1, so the scale is at
+// the minimum 1 after 5 overflows, and the limit-th overflow after that throws: 5 + limit in all.
+TEST(OptimLossScaler, StopsAfterTheLimitOfOverflowsAtTheMinimum) {
+  for (int limit : {1, 3}) {
+    LossScalerConfig c;
+    c.initial_scale_power = 4;
+    c.min_scale_skip_limit = limit;
+    LossScaler s(c);
+    int updates = 0;
+    try {
+      for (; updates < 100; ++updates) s.update(true);
+    } catch (const MinLossScaleError& e) {
+      ++updates;
+      EXPECT_NE(std::string(e.what()).find(fmt::format("on {} consecutive step(s)", limit)), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(updates, 5 + limit) << "limit " << limit;
+    EXPECT_EQ(s.scale(), 1.0f);
+  }
+  // A clean step at the minimum resets the count: overflow, clean, overflow never reaches 2 in a row.
+  LossScalerConfig c;
+  c.initial_scale_power = 0;
+  c.hysteresis = 1;
+  c.min_scale_skip_limit = 2;
+  LossScaler s(c);
+  for (int i = 0; i < 10; ++i) {
+    s.update(true);
+    EXPECT_EQ(s.skips_at_min(), 1);
+    s.update(false);
+    EXPECT_EQ(s.skips_at_min(), 0);
+  }
+  EXPECT_THROW({ s.update(true); s.update(true); }, MinLossScaleError);
+  // Off: the scale stays at the floor and the count still grows.
+  c.raise_error_at_min_scale = false;
+  LossScaler off(c);
+  for (int i = 0; i < 50; ++i) off.update(true);
+  EXPECT_EQ(off.skips_at_min(), 50);
+  c.min_scale_skip_limit = 0;
+  EXPECT_THROW(LossScaler{c}, Error);
 }
 
 TEST(OptimLossScaler, HasInfOrNan) {
