@@ -48,22 +48,37 @@ T ring_sum(int n, int dest, std::size_t i) {
   return acc;
 }
 
+// This rank's source<T> values (kCount of them), its reduce_scatter slice (uneven counts: the last rank
+// gets the remainder) and their all_reduce, with the communicator's current wire settings.
+constexpr std::size_t kCount = 4099;
+template <typename T>
+struct Reduced {
+  std::vector<T> src, scattered, all;
+  std::vector<std::size_t> counts;
+};
+template <typename T>
+Reduced<T> scatter_and_all_reduce(Communicator& comm, DType dtype) {
+  const int n = comm.world_size(), rank = comm.rank();
+  Reduced<T> r;
+  r.src.resize(kCount);
+  for (std::size_t i = 0; i < kCount; ++i) r.src[i] = T(source<T>(rank, i));
+  r.counts.assign(n, kCount / n);
+  r.counts.back() += kCount % n;
+  r.scattered.resize(r.counts[rank]);
+  comm.reduce_scatter(r.src.data(), r.scattered.data(), r.counts, dtype);
+  r.all = r.src;
+  comm.all_reduce(r.all.data(), kCount, dtype);
+  return r;
+}
+
 template <typename T>
 void check_per_hop_rounding(DType dtype) {
   auto comm = test_world();
   const int n = comm->world_size(), rank = comm->rank();
   comm->set_reduce_in_fp32(false);
-  const std::size_t count = 4099;
-  std::vector<T> src(count);
-  for (std::size_t i = 0; i < count; ++i) src[i] = T(source<T>(rank, i));
-  // reduce_scatter with uneven counts; all_reduce and reduce split evenly (the first count % n ranks
-  // get one more element).
-  std::vector<std::size_t> counts(n, count / n);
-  counts.back() += count % n;
-  std::vector<T> scattered(counts[rank]);
-  comm->reduce_scatter(src.data(), scattered.data(), counts, dtype);
-  std::vector<T> all = src;
-  comm->all_reduce(all.data(), count, dtype);
+  const std::size_t count = kCount;
+  // all_reduce and reduce split evenly (the first count % n ranks get one more element).
+  const auto [src, scattered, all, counts] = scatter_and_all_reduce<T>(*comm, dtype);
   std::vector<T> reduced = src;
   comm->reduce(reduced.data(), count, dtype, 0);
 
@@ -212,15 +227,8 @@ void check_fp32_accumulation(DType dtype) {
   auto comm = test_world();
   const int n = comm->world_size(), rank = comm->rank();
   comm->set_fp32_accumulation(true);
-  const std::size_t count = 4099;
-  std::vector<T> src(count);
-  for (std::size_t i = 0; i < count; ++i) src[i] = T(source<T>(rank, i));
-  std::vector<std::size_t> counts(n, count / n);
-  counts.back() += count % n;
-  std::vector<T> scattered(counts[rank]);
-  comm->reduce_scatter(src.data(), scattered.data(), counts, dtype);
-  std::vector<T> all = src;
-  comm->all_reduce(all.data(), count, dtype);
+  const std::size_t count = kCount;
+  const auto [src, scattered, all, counts] = scatter_and_all_reduce<T>(*comm, dtype);
   comm->set_fp32_accumulation(false);
   std::size_t off = 0, wrong_rs = 0, wrong_ar = 0;
   for (int r = 0; r < rank; ++r) off += counts[r];
