@@ -2,6 +2,8 @@
 //
 //   mpirun --allow-run-as-root --oversubscribe -np 4 build/bin/bench_collectives [--mb 100] [--iters 5]
 //          [--bandwidth B --latency L]   (adds the alpha-beta ring model's prediction, zero_explain's model)
+//          [--bf16]   (adds bf16 reduce-scatters of the same element count: the ring, and the all-to-all
+//                      with fp32 accumulation, Note [fp32-accumulating reduce-scatter])
 //
 // Every timed call starts after a barrier; its time is the slowest rank's. Rows run round-robin, one
 // call each per round; each row reports the best and the median over --iters rounds (after one
@@ -65,13 +67,14 @@ int main(int argc, char** argv) {
   double mb = 100;
   int iters = 5;
   std::size_t segment_kb = 0;
-  bool skip_mpi = false;
+  bool skip_mpi = false, bf16 = false;
   double bandwidth = 0, latency = 0;
   app.add_option("--mb", mb, "full buffer size S in MB (10^6 bytes), fp32")->check(CLI::PositiveNumber);
   app.add_option("--iters", iters, "timed rounds, one call of each collective per round (after a warm-up)")
       ->check(CLI::PositiveNumber);
   app.add_option("--segment-kb", segment_kb, "ring pipelining segment in KiB (0: the default)");
   app.add_flag("--skip-mpi", skip_mpi, "skip MPI_Allreduce / MPI_Reduce_scatter_block (slow)");
+  app.add_flag("--bf16", bf16, "add bf16 reduce-scatters (S/2 bytes): ring, and all-to-all with fp32 accumulation");
   app.add_option("--bandwidth", bandwidth,
                  "bytes/s per rank's link: adds the alpha-beta ring model's time beside each of our collectives "
                  "(distributed/zero_plan.h)")
@@ -105,10 +108,13 @@ int main(int argc, char** argv) {
     Collective kind;
     std::function<void()> prepare, fn;
     std::vector<double> ms;
+    double bytes;  // S of this row
   };
   std::vector<Row> rows;
   auto add = [&](std::string name, Collective kind, const std::function<void()>& prepare,
-                 const std::function<void()>& fn) { rows.push_back({std::move(name), kind, prepare, fn, {}}); };
+                 const std::function<void()>& fn, double bytes = 0) {
+    rows.push_back({std::move(name), kind, prepare, fn, {}, bytes > 0 ? bytes : full_bytes});
+  };
 
   add("ours reduce_scatter", Collective::reduce_scatter, refill,
       [&] { comm->reduce_scatter(work.data(), slice.data(), counts, DType::f32); });
@@ -127,6 +133,21 @@ int main(int argc, char** argv) {
   add("MPI_Reduce", Collective::reduce, refill, [&] {
     MPI_Reduce(work.data(), result.data(), int(count), MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
   });
+  std::vector<zero::bfloat16> source16, work16, slice16;
+  if (bf16) {
+    source16.resize(std::size_t(count));
+    work16.resize(std::size_t(count));
+    slice16.resize(std::size_t(chunk));
+    for (long i = 0; i < count; ++i) source16[i] = zero::bfloat16(source[i] / 64.0f);
+    auto refill16 = [&] { std::memcpy(work16.data(), source16.data(), count * sizeof(zero::bfloat16)); };
+    for (bool accumulate : {false, true})
+      add(accumulate ? "ours rs bf16 all-to-all fp32acc" : "ours rs bf16 ring", Collective::reduce_scatter, refill16,
+          [&, accumulate] {
+            comm->set_fp32_accumulation(accumulate);
+            comm->reduce_scatter(work16.data(), slice16.data(), counts, DType::bf16);
+          },
+          full_bytes / 2);
+  }
   if (!skip_mpi) {
     add("MPI_Reduce_scatter_block", Collective::reduce_scatter, refill, [&] {
       MPI_Reduce_scatter_block(work.data(), slice.data(), int(chunk), MPI_FLOAT, MPI_SUM,
@@ -152,7 +173,7 @@ int main(int argc, char** argv) {
                bandwidth > 0 ? fmt::format(" {:>10} {:>14}", "model ms", "median/model") : "");
     for (const Row& row : rows) {
       const double best = *std::min_element(row.ms.begin(), row.ms.end());
-      const double bus = Ledger::bus_bytes(row.kind, full_bytes, n);
+      const double bus = Ledger::bus_bytes(row.kind, row.bytes, n);
       std::string model;
       // The ring model applies to our ring collectives; reduce and broadcast use other algorithms.
       const bool ring = row.kind == Collective::all_reduce || row.kind == Collective::reduce_scatter ||

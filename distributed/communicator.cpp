@@ -95,6 +95,21 @@ double Ledger::total_seconds() const {
 //   - fp32: the buffer is widened once, reduced in fp32 all the way and rounded once at the end
 //     (bitwise the fp32 sum rounded once), at twice the wire bytes for the reduction.
 // All-gather and broadcast move values, not sums: always the buffer's own dtype.
+//
+// Note [fp32-accumulating reduce-scatter]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The ring rounds an element's partial sum to 16 bits at each of its n-1 hops, so the error of a 16-bit
+// reduction grows with n (measured in docs/collectives.md, "Reduction error"), and the order of the
+// hops starts at the owner's right neighbour, so the bits of a result depend on which rank owns the
+// element (for an all-reduce, on how the buffer was cut into buckets). With set_fp32_accumulation(true)
+// (Megatron-LM's reduce_scatter_with_fp32_accumulation) a 16-bit reduce-scatter is an all-to-all
+// instead: rank r sends slice d of its buffer, in its own 16 bits, straight to rank d, and rank d
+// widens the n contributions and adds them in fp32 in rank order, x[0] + x[1] + ... + x[n-1], rounding
+// to 16 bits once (detail::sum_in_fp32). Each rank sends every slice but its own once, exactly what
+// the ring sends, so the wire bytes and the ledger are unchanged; what changes is the message count
+// (n-1 messages out and in per rank, all at once, instead of n-1 steps of one each) and the
+// arithmetic: one rounding, in an order that is the same for every element. An all-reduce runs this
+// reduce-scatter over the even split, then the usual ring all-gather of the rounded slices.
 double Communicator::wire_bus_bytes(Collective c, std::size_t count, DType dtype) const {
   const bool reduction = c == Collective::all_reduce || c == Collective::reduce_scatter || c == Collective::reduce;
   const std::size_t elem = reduction && reduce_in_fp32_ && dtype != DType::f32 ? sizeof(float) : dtype_size(dtype);

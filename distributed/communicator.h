@@ -202,6 +202,21 @@ class Communicator {
   virtual void set_reduce_in_fp32(bool on) { reduce_in_fp32_ = on; }
   bool reduce_in_fp32() const { return reduce_in_fp32_; }
 
+  /// true: fp16/bf16 reduce_scatter and all_reduce (its reduce-scatter half) no longer run the ring:
+  /// every rank sends each destination its own 16-bit slice directly (an all-to-all), and the owner
+  /// widens the n contributions, adds them in fp32 in rank order 0, 1, ..., n-1 and rounds once
+  /// (Megatron-LM's reduce_scatter_with_fp32_accumulation; Note [fp32-accumulating reduce-scatter] in
+  /// communicator.cpp). The same 16-bit bytes on the wire as the ring, and a result that depends neither
+  /// on which rank owns an element nor on how the buffer is cut into buckets. No effect on f32 buffers,
+  /// on reduce(), or while reduce_in_fp32() is on (that path already sums in fp32). Read at issue; every
+  /// rank must use the same value. Virtual for the same reason as set_reduce_in_fp32.
+  virtual void set_fp32_accumulation(bool on) { fp32_accumulation_ = on; }
+  bool fp32_accumulation() const { return fp32_accumulation_; }
+  /// fp32_accumulation() applies to a reduction of `dtype` issued now.
+  bool accumulates_in_fp32(DType dtype) const {
+    return fp32_accumulation_ && !reduce_in_fp32_ && dtype != DType::f32;
+  }
+
   // ---- deadlines -------------------------------------------------------------------------------
   /// Every collective issued after this call must finish within `seconds` (> 0) of starting, or it
   /// throws CollectiveTimeout (the job cannot go on; see fail_job in job_runtime.h). Every rank should
@@ -250,6 +265,7 @@ class Communicator {
 
   mutable Ledger ledger_;
   bool reduce_in_fp32_ = false;
+  bool fp32_accumulation_ = false;
   double timeout_s_ = default_collective_timeout_s();
   std::int64_t step_ = 0;
 };

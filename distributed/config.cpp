@@ -304,6 +304,13 @@ void parse_zero(Section s, ZeroConfig& c) {
   s.read("contiguous_gradients", c.contiguous_gradients);
   s.read("overlap_comm", c.overlap_comm);
   s.read("overlap_param_gather", c.overlap_param_gather);
+  if (s.has("reduce_scatter_with_fp32_accumulation")) {
+    bool on = false;
+    s.read("reduce_scatter_with_fp32_accumulation", on);
+    c.reduce_scatter_with_fp32_accumulation = on;
+  } else {
+    s.find("reduce_scatter_with_fp32_accumulation");  // a null is known too
+  }
   s.check_keys();
 }
 
@@ -429,6 +436,15 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
       fail(src, "communication_data_type",
            fmt::format("\"{}\" with a {} model is not supported; use \"fp32\" or the model dtype", *t,
                        dtype_name(model)));
+  }
+
+  if (z.reduce_scatter_with_fp32_accumulation.value_or(false)) {
+    const bool fp32_wire = c.model_dtype() == DType::f32 || c.communication_data_type.value_or("") == "fp32";
+    if (fp32_wire)
+      fail(src, "zero_optimization.reduce_scatter_with_fp32_accumulation",
+           c.model_dtype() == DType::f32
+               ? "needs a 16-bit wire, but the model is fp32 (enable fp16 or bf16, or leave the key unset)"
+               : "needs a 16-bit wire, but communication_data_type is \"fp32\" (reductions already add in fp32)");
   }
 
   if (const auto& o = c.optimizer) {
@@ -596,7 +612,10 @@ nlohmann::json TrainingConfig::to_json() const {
         {"reduce_scatter", zero_optimization.reduce_scatter},
         {"contiguous_gradients", zero_optimization.contiguous_gradients},
         {"overlap_comm", zero_optimization.overlap_comm},
-        {"overlap_param_gather", zero_optimization.overlap_param_gather}}},
+        {"overlap_param_gather", zero_optimization.overlap_param_gather},
+        {"reduce_scatter_with_fp32_accumulation", zero_optimization.reduce_scatter_with_fp32_accumulation
+                                                       ? json(*zero_optimization.reduce_scatter_with_fp32_accumulation)
+                                                       : json(nullptr)}}},
   };
   if (optimizer) {
     j["optimizer"] = {{"type", optimizer->type},
@@ -684,6 +703,7 @@ ZeroOptions TrainingConfig::zero_options() const {
   zo.allgather_bucket_size = zero_optimization.allgather_bucket_size.value_or(kAutoBucketSize);
   zo.reduce_in_fp32 = communication_data_type.value_or("") == "fp32";
   zo.overlap_param_gather = zero_optimization.overlap_param_gather;
+  zo.reduce_scatter_with_fp32_accumulation = zero_optimization.reduce_scatter_with_fp32_accumulation.value_or(false);
   zo.reduce_scatter = zero_optimization.reduce_scatter;
   zo.overlap_comm = zero_optimization.overlap_comm;
   zo.contiguous_gradients = zero_optimization.contiguous_gradients;

@@ -75,6 +75,12 @@ struct ZeroConfig {
   // Not a DeepSpeed key (Megatron-LM's --overlap-param-gather): issue the parameter all-gathers after
   // the step asynchronously and let the next forward wait per parameter (docs/zero.md).
   bool overlap_param_gather = false;
+  // Megatron-LM's reduce_scatter_with_fp32_accumulation (not a DeepSpeed key): with 16-bit gradient
+  // reductions, an all-to-all whose receiver adds the n contributions in fp32 and rounds once, instead
+  // of the ring's rounding at every hop; the same bytes on the wire (Note [fp32-accumulating
+  // reduce-scatter] in distributed/communicator.cpp). Unset: off. true needs a 16-bit wire (a 16-bit
+  // model without communication_data_type "fp32").
+  std::optional<bool> reduce_scatter_with_fp32_accumulation;
 };
 
 /// "optimizer": {"type": "AdamW" | "Adam", "params": {...}}. The type is matched case-insensitively, as

@@ -32,6 +32,7 @@ struct Posted {
   ReduceOp op = ReduceOp::sum;
   int root = 0;
   bool fp32 = false;         // 16-bit reductions travel in fp32 (reduce_in_fp32() when issued)
+  bool accumulate = false;   // 16-bit all-to-all summed in fp32 (accumulates_in_fp32() when issued)
   double* values = nullptr;  // control: counts[0] doubles, summed / maxed in place
 };
 
@@ -66,14 +67,12 @@ class InProcessWorld {
 struct RingScratch {
   std::vector<float> partial;  // the partial result between hops, in the wire type (any T fits)
   std::vector<float> widened;  // n contributions of one slice widened to fp32 (reduce_in_fp32)
-  std::vector<float> sum;      // the fp32 result before it is rounded (reduce_in_fp32)
+  std::vector<float> sum;      // the fp32 result before it is rounded (reduce_in_fp32, fp32 accumulation)
 
-  void reserve(int n, std::size_t max_slice, bool wide) {
+  void reserve(int n, std::size_t max_slice, bool wide, bool accumulate) {
     partial.resize(max_slice);
-    if (wide) {
-      widened.resize(std::size_t(n) * max_slice);
-      sum.resize(max_slice);
-    }
+    if (wide) widened.resize(std::size_t(n) * max_slice);
+    if (wide || accumulate) sum.resize(max_slice);
   }
 };
 
@@ -104,12 +103,13 @@ const char* kind_name(Kind kind) {
 // Every rank must issue the same collective with the same arguments (but its own buffers).
 bool same_collective(const Posted& a, const Posted& b) {
   return a.kind == b.kind && a.counts == b.counts && a.dtype == b.dtype && a.op == b.op && a.root == b.root &&
-         a.fp32 == b.fp32;
+         a.fp32 == b.fp32 && a.accumulate == b.accumulate;
 }
 
 std::string describe(const Posted& p) {
-  return fmt::format("{} (counts {}, {}, {}, root {}{})", kind_name(p.kind), fmt::join(p.counts, ","),
-                     dtype_name(p.dtype), p.op == ReduceOp::sum ? "sum" : "max", p.root, p.fp32 ? ", fp32 wire" : "");
+  return fmt::format("{} (counts {}, {}, {}, root {}{}{})", kind_name(p.kind), fmt::join(p.counts, ","),
+                     dtype_name(p.dtype), p.op == ReduceOp::sum ? "sum" : "max", p.root, p.fp32 ? ", fp32 wire" : "",
+                     p.accumulate ? ", fp32 accumulation" : "");
 }
 
 // The Ledger::seconds slot of a data collective; -1 for barriers and control scalars (not timed).
@@ -146,7 +146,10 @@ void name_this_thread(const std::string& name) { pthread_setname_np(pthread_self
 //                   i of slice d is d's chain; every rank computes every slice, in the same order;
 //   reduce          the same chains, computed by root only;
 //   with reduce_in_fp32, every contribution is widened to fp32, the chain runs in fp32 and the result
-//   is rounded to the 16-bit type once (MPI widens the whole buffer first: the same values).
+//   is rounded to the 16-bit type once (MPI widens the whole buffer first: the same values);
+//   with fp32 accumulation (16-bit reduce_scatter and all_reduce sums) there is no chain: the owner adds
+//   the widened contributions in rank order and rounds once (Note [fp32-accumulating reduce-scatter]
+//   in communicator.cpp), as MpiCommunicator's all-to-all does with the slices it received.
 // All-gather and broadcast copy bytes. The control scalars (not part of the ring) are summed in rank
 // order 0, 1, ..., n-1; Open MPI's MPI_Allreduce may add them in another order.
 
@@ -175,10 +178,17 @@ std::vector<const T*> slices_of(const std::vector<const void*>& buffers, std::si
 }
 
 // out (len elements of `dtype`) = the reduction of elements [offset, offset + len) of the n ranks'
-// `buffers`, as the ring computes it for the slice of rank `owner`.
+// `buffers`, as the ring computes it for the slice of rank `owner` (or, with `accumulate`, as the
+// fp32-accumulating all-to-all does, for any owner).
 void reduce_slice(const std::vector<const void*>& buffers, std::size_t offset, std::size_t len, int owner,
-                  void* out, DType dtype, ReduceOp op, bool fp32, RingScratch& s) {
+                  void* out, DType dtype, ReduceOp op, bool fp32, bool accumulate, RingScratch& s) {
   if (len == 0) return;
+  if (accumulate && op == ReduceOp::sum && buffers.size() > 1) {
+    std::vector<const void*> parts;
+    for (const void* b : buffers) parts.push_back(static_cast<const char*>(b) + offset * dtype_size(dtype));
+    detail::sum_in_fp32(parts, dtype, s.sum.data(), s.partial.data(), out, len);
+    return;
+  }
   const bool wide = fp32 && dtype != DType::f32 && buffers.size() > 1;
   if (wide) {
     std::vector<const float*> parts;
@@ -417,7 +427,7 @@ void InProcessCommunicator::collective(const Task& task) {
   const std::size_t elements = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
   ZERO_CHECK(elements <= std::size_t(PTRDIFF_MAX) / sizeof(float) / std::size_t(n + 2),
              "{}: {} elements are more than a buffer of this process can hold", kind_name(p.kind), elements);
-  if (reduces) ring_->reserve(n, max_slice, p.fp32 && p.dtype != DType::f32);
+  if (reduces) ring_->reserve(n, max_slice, p.fp32 && p.dtype != DType::f32, p.accumulate);
   if (into_scratch) result_.resize(count * elem);
   if (p.kind == Kind::control) control_result_.resize(count);
 
@@ -437,11 +447,11 @@ void InProcessCommunicator::collective(const Task& task) {
         if (into_scratch)
           for (int d = 0; d < n; ++d)
             reduce_slice(buffers(false), offsets[d], counts[d], d, result_.data() + offsets[d] * elem, p.dtype, p.op,
-                         p.fp32, *ring_);
+                         p.fp32, p.accumulate, *ring_);
         break;
       case Kind::reduce_scatter:
         reduce_slice(buffers(true), offsets[rank_], counts[rank_], rank_, p.recv, p.dtype, ReduceOp::sum, p.fp32,
-                     *ring_);
+                     p.accumulate, *ring_);
         break;
       case Kind::all_gather:
         for (int q = 0; q < n; ++q) {
@@ -488,6 +498,7 @@ std::shared_ptr<Work> InProcessCommunicator::issue_all_reduce(void* buf, std::si
   auto p = posted(Kind::all_reduce, buf, buf, {count}, dtype);
   p->op = op;
   p->fp32 = reduce_in_fp32();  // read at issue (Note [Wire dtype])
+  p->accumulate = op == ReduceOp::sum && accumulates_in_fp32(dtype);
   return enqueue(std::move(p));
 }
 
@@ -495,6 +506,7 @@ std::shared_ptr<Work> InProcessCommunicator::issue_reduce_scatter(const void* se
                                                                   std::span<const std::size_t> counts, DType dtype) {
   auto p = posted(Kind::reduce_scatter, send, recv, {counts.begin(), counts.end()}, dtype);
   p->fp32 = reduce_in_fp32();
+  p->accumulate = accumulates_in_fp32(dtype);
   return enqueue(std::move(p));
 }
 

@@ -209,7 +209,8 @@ std::shared_ptr<Work> MpiCommunicator::issue_all_reduce(void* buf, std::size_t c
                                                         ReduceOp op) {
   // The wire dtype is read at issue (Note [Wire dtype]), so a later set_reduce_in_fp32 cannot race it.
   const bool wide = reduce_in_fp32();
-  return enqueue("all_reduce", [=, this] { all_reduce_impl(buf, count, dtype, op, wide); },
+  const bool accumulate = op == ReduceOp::sum && accumulates_in_fp32(dtype);
+  return enqueue("all_reduce", [=, this] { all_reduce_impl(buf, count, dtype, op, wide, accumulate); },
                  count * dtype_size(dtype));
 }
 
@@ -218,10 +219,12 @@ std::shared_ptr<Work> MpiCommunicator::issue_reduce_scatter(const void* send, vo
                                                             DType dtype) {
   std::vector<std::size_t> owned(counts.begin(), counts.end());
   const bool wide = reduce_in_fp32();
+  const bool accumulate = accumulates_in_fp32(dtype);
   const std::size_t bytes = std::accumulate(owned.begin(), owned.end(), std::size_t{0}) * dtype_size(dtype);
   return enqueue(
       "reduce_scatter",
-      [=, this, counts = std::move(owned)] { reduce_scatter_impl(send, recv, counts, dtype, wide); }, bytes);
+      [=, this, counts = std::move(owned)] { reduce_scatter_impl(send, recv, counts, dtype, wide, accumulate); },
+      bytes);
 }
 
 std::shared_ptr<Work> MpiCommunicator::issue_all_gather(const void* send, void* recv,
@@ -443,6 +446,60 @@ void MpiCommunicator::ring_reduce_scatter_any(const void* send, void* recv, cons
   }
 }
 
+// Note [fp32-accumulating reduce-scatter] (communicator.cpp), over point-to-point messages: for each
+// segment position, rank r posts a receive from every peer for its own slice's segment and a send of
+// slice d's segment to every peer d (starting with its right neighbour, so the n-1 messages of one
+// rank go to n-1 different ranks at once), waits for all of them, then sums the n contributions in
+// rank order. Segments of segment_bytes_ per message bound the scratch to n segments of 16-bit values
+// plus two fp32 segments. `send` is never written; recv may alias this rank's slice of send (a
+// segment of it is read before it is written).
+void MpiCommunicator::alltoall_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                                              const std::vector<std::size_t>& offsets, DType dtype) {
+  const int n = world_size_, r = rank_;
+  const std::size_t elem = dtype_size(dtype), mine = counts[r];
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  if (n == 1) {
+    if (mine > 0 && recv != send) std::memmove(recv, send, mine * elem);
+    return;
+  }
+  const std::size_t max_count = *std::max_element(counts.begin(), counts.end());
+  const std::size_t seg = std::max<std::size_t>(1, segment_bytes_ / elem);
+  const std::size_t seg_floats = std::min(seg, std::max<std::size_t>(mine, 1));
+  char* inbox = reinterpret_cast<char*>(scratch(2, (std::size_t(n) * seg_floats * elem + 3) / 4));
+  float* acc = scratch(0, seg_floats);
+  float* tmp = scratch(1, seg_floats);
+  auto clip = [&](std::size_t count, std::size_t pos) { return pos < count ? std::min(seg, count - pos) : 0; };
+  std::vector<MPI_Request> requests;
+  std::vector<int> peers;
+  std::vector<const void*> parts(static_cast<std::size_t>(n));
+  for (std::size_t pos = 0; pos < max_count; pos += seg) {
+    requests.clear();
+    peers.clear();
+    const std::size_t rn = clip(mine, pos);
+    for (int k = 1; k < n; ++k) {
+      const int from = (r - k + n) % n, to = (r + k) % n;
+      if (rn > 0) {
+        requests.emplace_back();
+        peers.push_back(from);
+        ZERO_MPI_CHECK(MPI_Irecv(inbox + std::size_t(from) * seg_floats * elem, as_int(rn), MPI_UINT16_T, from, 4,
+                                 comm_, &requests.back()));
+      }
+      if (const std::size_t sn = clip(counts[to], pos); sn > 0) {
+        requests.emplace_back();
+        peers.push_back(to);
+        ZERO_MPI_CHECK(MPI_Isend(in + (offsets[to] + pos) * elem, as_int(sn), MPI_UINT16_T, to, 4, comm_,
+                                 &requests.back()));
+      }
+    }
+    if (!requests.empty()) wait_all(int(requests.size()), requests.data(), peers.data());
+    if (rn == 0) continue;
+    for (int q = 0; q < n; ++q)
+      parts[q] = q == r ? in + (offsets[r] + pos) * elem : inbox + std::size_t(q) * seg_floats * elem;
+    detail::sum_in_fp32(parts, dtype, acc, tmp, out + pos * elem, rn);
+  }
+}
+
 // Ring all-gather: rank r first places its own slice, then at step s forwards slice (r-s) to the right
 // and receives slice (r-s-1) from the left, straight into recv; segment-major like the reduce-scatter.
 // No arithmetic, so it moves raw bytes of any element type.
@@ -477,14 +534,17 @@ void MpiCommunicator::ring_all_gather_bytes(const void* send, void* recv,
 // buffer per rank. fp16/bf16 with reduce_in_fp32(): the reduce-scatter runs on an fp32 copy, each rank
 // narrows only its own reduced slice, and the all-gather moves the narrowed slices; otherwise the
 // reduce-scatter runs on the 16-bit buffer itself (Note [Wire dtype]).
-void MpiCommunicator::all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op, bool fp32) {
+void MpiCommunicator::all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op, bool fp32,
+                                      bool accumulate) {
   if (world_size_ == 1 || count == 0) return;
   const auto counts = split_even(count, world_size_);
   const auto offsets = prefix_offsets(counts);
   const std::size_t mine = counts[rank_];
   const std::size_t elem = dtype_size(dtype);
   void* my_slice = static_cast<char*>(buf) + offsets[rank_] * elem;
-  if (dtype == DType::f32 || !fp32) {
+  if (accumulate) {
+    alltoall_reduce_scatter(buf, my_slice, counts, offsets, dtype);
+  } else if (dtype == DType::f32 || !fp32) {
     ring_reduce_scatter_any(buf, my_slice, counts, offsets, op, dtype);
   } else {
     float* wide = scratch(2, count);
@@ -497,9 +557,14 @@ void MpiCommunicator::all_reduce_impl(void* buf, std::size_t count, DType dtype,
 }
 
 void MpiCommunicator::reduce_scatter_impl(const void* send, void* recv,
-                                          const std::vector<std::size_t>& counts, DType dtype, bool fp32) {
+                                          const std::vector<std::size_t>& counts, DType dtype, bool fp32,
+                                          bool accumulate) {
   const auto offsets = prefix_offsets(counts);
   const std::size_t mine = counts[rank_];
+  if (accumulate) {
+    alltoall_reduce_scatter(send, recv, counts, offsets, dtype);
+    return;
+  }
   if (dtype == DType::f32 || !fp32 || world_size_ == 1) {  // one rank: a plain copy
     ring_reduce_scatter_any(send, recv, counts, offsets, ReduceOp::sum, dtype);
     return;

@@ -12,6 +12,8 @@
 //                   partial sum to the right neighbour; per-rank counts; segment-major pipelining.
 //   all_gather      ring: n-1 steps, each forwards the slice received in the previous step.
 //   all_reduce      ring reduce-scatter over an even split + ring all-gather (the "ring all-reduce").
+//   fp16/bf16 reduce_scatter and all_reduce with fp32 accumulation (set_fp32_accumulation): the
+//                   reduce-scatter is a direct all-to-all of the 16-bit slices, summed in fp32 by the owner.
 //   reduce          ring reduce-scatter + each rank sends its reduced slice to root.
 //   broadcast       pipelined chain from root.
 // Waiting ranks poll, then sleep, instead of busy-polling (Note [Waiting without spinning] in the .cpp):
@@ -120,12 +122,17 @@ class MpiCommunicator final : public Communicator {
                            const std::vector<std::size_t>& offsets, ReduceOp op);
   void ring_reduce_scatter_any(const void* send, void* recv, const std::vector<std::size_t>& counts,
                                const std::vector<std::size_t>& offsets, ReduceOp op, DType dtype);
+  // Note [fp32-accumulating reduce-scatter] (communicator.cpp): every rank sends slice d of its 16-bit
+  // `send` to rank d, and sums the n contributions to its own slice in fp32, rounding once.
+  void alltoall_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                               const std::vector<std::size_t>& offsets, DType dtype);
   void ring_all_gather_bytes(const void* send, void* recv, const std::vector<std::size_t>& counts,
                              const std::vector<std::size_t>& offsets, std::size_t elem_size);
-  // fp32: widen 16-bit reductions (reduce_in_fp32() as it was when the call was issued).
-  void all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op, bool fp32);
+  // fp32: widen 16-bit reductions (reduce_in_fp32() as it was when the call was issued); accumulate:
+  // the fp32-accumulating all-to-all instead of the ring (accumulates_in_fp32() at issue).
+  void all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op, bool fp32, bool accumulate);
   void reduce_scatter_impl(const void* send, void* recv, const std::vector<std::size_t>& counts,
-                           DType dtype, bool fp32);
+                           DType dtype, bool fp32, bool accumulate);
   void reduce_impl(void* buf, std::size_t count, DType dtype, int root, bool fp32);
   void broadcast_impl(void* buf, std::size_t count, DType dtype, int root);
   float* scratch(int which, std::size_t elems);

@@ -264,11 +264,65 @@ std::shared_ptr<void> NcclCommunicator::fp32_scratch(std::size_t count) {
   return std::shared_ptr<void>(ptr, [](void* p) { cuda::device_free(p); });
 }
 
+// Note [fp32-accumulating reduce-scatter] (communicator.cpp) on the communication stream: one NCCL group
+// of ncclSend (slice r of `send` to rank r) and ncclRecv (rank r's contribution to this rank's slice,
+// into a 16-bit inbox), then the owner widens its own contribution, adds the others in rank order in
+// fp32 (cuda::accumulate: dst += 1·src in fp32, which is exact scaling and one fp32 rounding, as on the
+// CPU) and narrows once into recv. Returns the device scratch, to be released with the Work.
+std::shared_ptr<void> NcclCommunicator::alltoall_reduce_scatter(const void* send, void* recv,
+                                                                std::span<const std::size_t> counts, DType dtype) {
+  const auto offsets = prefix_offsets(counts);
+  const std::size_t mine = counts[rank_], elem = dtype_size(dtype);
+  const int n = world_size_;
+  // One fp32 block: the accumulator (mine floats), then the inbox (n slices of mine 16-bit elements).
+  const std::size_t inbox_floats = (std::size_t(n) * mine * elem + sizeof(float) - 1) / sizeof(float);
+  auto scratch = fp32_scratch(std::max<std::size_t>(1, mine + inbox_floats));
+  float* acc = static_cast<float*>(scratch.get());
+  char* inbox = reinterpret_cast<char*>(acc + mine);
+  const char* base = static_cast<const char*>(send);
+  const ncclDataType_t type = nccl_type(dtype);
+  cudaStream_t stream = stream_.get();
+  ncclComm_t comm = handle_->comm;
+  nccl_group([&] {
+    for (int k = 1; k < n; ++k) {
+      const int to = (rank_ + k) % n, from = (rank_ - k + n) % n;
+      if (counts[to] > 0) ZERO_NCCL_CHECK(ncclSend(base + offsets[to] * elem, counts[to], type, to, comm, stream));
+      if (mine > 0) ZERO_NCCL_CHECK(ncclRecv(inbox + std::size_t(from) * mine * elem, mine, type, from, comm, stream));
+    }
+  });
+  if (mine == 0) return scratch;
+  cuda::StreamGuard on_comm(stream);
+  auto part = [&](int q) -> const void* {
+    return q == rank_ ? static_cast<const void*>(base + offsets[rank_] * elem) : inbox + std::size_t(q) * mine * elem;
+  };
+  const auto len = static_cast<std::int64_t>(mine);
+  cuda::cast(acc, DType::f32, part(0), dtype, len);
+  for (int q = 1; q < n; ++q) cuda::accumulate(acc, DType::f32, part(q), dtype, 1.0f, len);
+  cuda::cast(recv, dtype, acc, DType::f32, len);
+  return scratch;
+}
+
 std::shared_ptr<Work> NcclCommunicator::issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
   order_after_compute();
   cudaStream_t stream = stream_.get();
   if (count == 0) return finish(nullptr);
   ncclComm_t comm = handle_->comm;
+  if (op == ReduceOp::sum && accumulates_in_fp32(dtype) && world_size_ > 1) {
+    // The fp32-accumulating reduce-scatter over the even split, then every rank's rounded slice to all.
+    std::vector<std::size_t> counts(static_cast<std::size_t>(world_size_), count / world_size_);
+    for (std::size_t r = 0; r < count % world_size_; ++r) counts[r] += 1;
+    const auto offsets = prefix_offsets(counts);
+    char* base = static_cast<char*>(buf);
+    const std::size_t elem = dtype_size(dtype);
+    auto scratch = alltoall_reduce_scatter(buf, base + offsets[rank_] * elem, counts, dtype);
+    nccl_group([&] {
+      for (int r = 0; r < world_size_; ++r)
+        if (counts[r] > 0)
+          ZERO_NCCL_CHECK(ncclBroadcast(base + offsets[r] * elem, base + offsets[r] * elem, counts[r],
+                                        nccl_type(dtype), r, comm, stream));
+    });
+    return finish(std::move(scratch));
+  }
   // A max is exact in any type; only sums need the fp32 detour.
   if (op == ReduceOp::sum && widen(dtype)) {
     auto scratch = fp32_scratch(count);
@@ -296,6 +350,7 @@ std::shared_ptr<Work> NcclCommunicator::issue_reduce_scatter(const void* send, v
   if (total == 0) return finish(nullptr);
   ncclComm_t comm = handle_->comm;
   const std::size_t mine = counts[rank_];
+  if (accumulates_in_fp32(dtype) && world_size_ > 1) return finish(alltoall_reduce_scatter(send, recv, counts, dtype));
 
   std::shared_ptr<void> scratch;
   const void* src = send;
@@ -488,6 +543,10 @@ class HostStagedCommunicator final : public Communicator {
   int rank() const override { return inner_->rank(); }
   int world_size() const override { return inner_->world_size(); }
   // The inner communicator does the reducing, so it must use the same wire dtype.
+  void set_fp32_accumulation(bool on) override {
+    Communicator::set_fp32_accumulation(on);
+    inner_->set_fp32_accumulation(on);
+  }
   void set_reduce_in_fp32(bool on) override {
     Communicator::set_reduce_in_fp32(on);
     inner_->set_reduce_in_fp32(on);

@@ -108,6 +108,10 @@ class NcclCommunicator final : public Communicator {
   // fp32 device scratch of `count` elements on the communication stream, released with its Work.
   std::shared_ptr<void> fp32_scratch(std::size_t count);
   bool widen(DType dtype) const { return dtype != DType::f32 && reduce_in_fp32(); }
+  // The fp32-accumulating 16-bit reduce-scatter (set_fp32_accumulation), enqueued on the communication
+  // stream; returns its device scratch.
+  std::shared_ptr<void> alltoall_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
+                                                DType dtype);
 
   std::shared_ptr<Communicator> bootstrap_;
   NcclOptions options_;

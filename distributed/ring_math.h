@@ -57,6 +57,20 @@ inline void narrow(const float* src, void* dst, DType dtype, std::size_t n) {
   else narrow_as<bfloat16>(src, dst, n);
 }
 
+/// out[0, len) = the n 16-bit contributions parts[0..n) (each len elements of f16/bf16 `dtype`) widened,
+/// added in fp32 in rank order (parts[0] + parts[1] + ... + parts[n-1]) and rounded once (Note
+/// [fp32-accumulating reduce-scatter] in communicator.cpp). acc and tmp: len floats of scratch. out may
+/// alias any part (it is written last).
+inline void sum_in_fp32(const std::vector<const void*>& parts, DType dtype, float* acc, float* tmp, void* out,
+                        std::size_t len) {
+  widen(parts[0], dtype, acc, len);
+  for (std::size_t q = 1; q < parts.size(); ++q) {
+    widen(parts[q], dtype, tmp, len);
+    for (std::size_t i = 0; i < len; ++i) acc[i] += tmp[i];
+  }
+  narrow(acc, out, dtype, len);
+}
+
 /// Bus bytes of a ring all-reduce of `count` fp16/bf16 elements on n ranks that reduces in fp32
 /// (reduce_in_fp32): its reduce-scatter half moves fp32, its all-gather half the narrowed 16-bit slices.
 /// The one collective of the ring whose wire dtype is mixed (Communicator::wire_bus_bytes).

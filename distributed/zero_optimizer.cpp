@@ -147,6 +147,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   plan_ = plan_zero(entries, world_, opts);
   // Note [Wire dtype] (distributed/communicator.cpp): DeepSpeed's communication_data_type.
   comm_->set_reduce_in_fp32(opts.reduce_in_fp32 && opts.dtype != DType::f32);
+  comm_->set_fp32_accumulation(opts.reduce_scatter_with_fp32_accumulation);
 
   // ---- flat parameter buffer; module tensors become views into it ----
   const FlatLayout& layout = plan_.layout;

@@ -1,6 +1,7 @@
 #include "distributed/zero_plan.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/check.h"
 
@@ -9,6 +10,48 @@ namespace zero::dist {
 std::int64_t default_bucket_size(std::int64_t psi) {
   ZERO_CHECK(psi >= 1, "default_bucket_size: the model has {} elements; it needs at least one", psi);
   return std::clamp<std::int64_t>((psi + 7) / 8, 4096, 500'000'000);
+}
+
+// Note [Automatic bucket size]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Three forces set the size of a bucket (docs/zero.md, "Bucket size"):
+//   - memory: stage 2 holds its partition gradient P = padded/N plus up to kMaxLiveBuckets bucket
+//     buffers; for stage 2 to save gradient memory over stage 1 that must stay below the full
+//     gradient: P + 2·bucket < padded, i.e. bucket < padded·(N-1)/(2N);
+//   - overlap: about eight buckets, so the first reduction starts while backward produces the rest
+//     (default_bucket_size: Ψ/8);
+//   - latency: every bucket's ring pays (N-1) message latencies α and moves (N-1)/N of its S bytes at
+//     bandwidth B. At hundreds of ranks the latency term of a Ψ/8 bucket can exceed its bandwidth term
+//     (Megatron-LM sizes buckets max(40M, 1M·dp) parameters for this reason). Keeping (N-1)·α below 10%
+//     of (N-1)/N·S/B needs S >= 10·N·α·B: the bucket grows linearly with N, up to the memory bound.
+// Finally, buckets are cut from the end of the padded buffer, so the one at its start holds what is
+// left over. With Ψ/8 computed from the real element count and padding added on top, that remainder can
+// be a few elements (at N = 5 a 4-element ninth bucket), which still pays a full latency round per
+// collective. A remainder under half a bucket is therefore folded into the others (one bucket fewer,
+// each slightly larger), or, when that would pass the memory bound, the buffer is cut into equal
+// buckets. A size that already leaves no sliver is kept as it is, so plans without one do not change.
+std::int64_t automatic_bucket_size(std::int64_t numel, std::int64_t padded_numel, int world_size, double elem_bytes,
+                                   const LinkModel& link) {
+  ZERO_CHECK(numel >= 1 && padded_numel >= numel, "automatic_bucket_size: {} elements padded to {}", numel,
+             padded_numel);
+  ZERO_CHECK(world_size >= 1, "automatic_bucket_size: world_size must be >= 1, got {}", world_size);
+  ZERO_CHECK(link.bandwidth >= 0 && link.latency >= 0,
+             "automatic_bucket_size: link bandwidth and latency must be >= 0, got {} B/s, {} s", link.bandwidth,
+             link.latency);
+  const std::int64_t padded = padded_numel, n = world_size;
+  // Stage 2's bound: the largest bucket with P + kMaxLiveBuckets·bucket < padded (none at N = 1).
+  const std::int64_t cap = n > 1 ? std::max<std::int64_t>(1, (padded * (n - 1) / n - 1) / kMaxLiveBuckets) : padded;
+  std::int64_t size = default_bucket_size(numel);
+  if (link.bandwidth > 0 && n > 1 && elem_bytes > 0) {
+    const double needed = std::ceil(10.0 * double(n) * link.latency * link.bandwidth / elem_bytes);
+    if (needed > double(size)) size = std::min<std::int64_t>(cap, static_cast<std::int64_t>(std::min(needed, 1e18)));
+  }
+  const std::int64_t buckets = (padded + size - 1) / size;
+  const std::int64_t last = padded - (buckets - 1) * size;
+  if (buckets == 1 || 2 * last >= size) return size;
+  const std::int64_t fewer = (padded + buckets - 2) / (buckets - 1);  // one bucket fewer
+  if (fewer <= cap || fewer <= size) return fewer;
+  return (padded + buckets - 1) / buckets;  // equal buckets, each smaller than `size`
 }
 
 void check_zero_options(const ZeroOptions& o) {
@@ -59,7 +102,12 @@ ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size
              entries.size());
   plan.options = options;
   if (plan.options.reduce_bucket_size == kAutoBucketSize)
-    plan.options.reduce_bucket_size = default_bucket_size(plan.layout.numel());
+    plan.options.reduce_bucket_size =
+        automatic_bucket_size(plan.layout.numel(), plan.layout.padded_numel(), world_size,
+                              plan.options.reduce_in_fp32 && plan.options.dtype != DType::f32
+                                  ? 4.0
+                                  : static_cast<double>(dtype_size(plan.options.dtype)),
+                              plan.options.link);
   if (plan.options.allgather_bucket_size == kAutoBucketSize)
     plan.options.allgather_bucket_size = default_bucket_size(plan.layout.numel());
   plan.buckets = plan.layout.make_buckets(plan.options.reduce_bucket_size);

@@ -49,6 +49,29 @@ inline constexpr int kMaxLiveBuckets = 2;
 /// zero::Error for psi < 1.
 std::int64_t default_bucket_size(std::int64_t psi);
 
+/// A link for the α-β model (ring_time_s): bandwidth in bytes/s per rank's link, latency in seconds per
+/// message. bandwidth 0 means "no model": the automatic bucket size then ignores the link.
+struct LinkModel {
+  double bandwidth = 0;
+  double latency = 0;
+};
+
+/// The bucket size (elements) plan_zero uses when reduce_bucket_size is automatic, for Ψ = `numel` real
+/// elements in a flat buffer padded to `padded_numel` on `world_size` ranks, `elem_bytes` per element
+/// on the wire (Note [Automatic bucket size] in zero_plan.cpp):
+///   1. default_bucket_size(numel);
+///   2. with a link model and N > 1: grown to the size whose modelled latency, (N-1)·α per ring, is at
+///      most 10% of its bandwidth term, (N-1)/N·S/B, i.e. S >= 10·N·α·B bytes — but never past stage 2's
+///      memory bound, P + kMaxLiveBuckets buckets < the full gradient (bucket < padded·(N-1)/(2N));
+///   3. cut so no bucket is a sliver: when the last bucket (the start of the buffer) would hold less
+///      than half a bucket, the buffer is split into one bucket fewer (or, if that would pass the bound
+///      of 2., into equal buckets).
+/// Without a link model the result equals default_bucket_size(numel) whenever the last bucket is at
+/// least half a bucket. Throws zero::Error for numel < 1, padded_numel < numel, world_size < 1 or a
+/// negative link parameter.
+std::int64_t automatic_bucket_size(std::int64_t numel, std::int64_t padded_numel, int world_size, double elem_bytes,
+                                   const LinkModel& link = {});
+
 /// DeepSpeed's "zero_optimization" section plus the top-level keys ZeRO needs. Bucket sizes are in
 /// ELEMENTS of the model dtype; kAutoBucketSize (the default) picks default_bucket_size(Ψ), any other
 /// value is used as given.
@@ -61,10 +84,17 @@ struct ZeroOptions {
   // rounded once (twice the bytes). false (the default, communication_data_type = the model dtype):
   // 16-bit partial sums, rounded at every hop (Note [Wire dtype] in distributed/communicator.cpp).
   bool reduce_in_fp32 = false;
+  // Megatron-LM's reduce_scatter_with_fp32_accumulation: 16-bit reductions (not fp32 ones, and not with
+  // reduce_in_fp32) go as an all-to-all whose receiver adds in fp32 and rounds once; same wire bytes
+  // (Note [fp32-accumulating reduce-scatter] in distributed/communicator.cpp).
+  bool reduce_scatter_with_fp32_accumulation = false;
   // After the step, issue the parameter all-gathers asynchronously, in flat (= forward) order; each
   // parameter's first use in the next forward waits for its own chunk only (Note [Overlapped
   // all-gather] in parameter_gather.cpp). Bitwise the same results.
   bool overlap_param_gather = false;
+  // The link automatic bucket sizes are grown for (automatic_bucket_size); bandwidth 0 (the default):
+  // none. zero_explain sets it from --bandwidth / --latency.
+  LinkModel link;
   bool reduce_scatter = true;           // false: all-reduce each bucket and keep your slice (1.5× traffic)
   bool overlap_comm = false;            // issue bucket collectives asynchronously, wait at the end of backward
   bool contiguous_gradients = true;     // accepted for config compatibility; always on (see docs/zero.md)
@@ -136,8 +166,9 @@ struct ZeroPlan {
   StepTraffic traffic() const;
 };
 
-/// Plans `options` for parameters `entries` (named_parameters() order) on `world_size` ranks. Bucket
-/// sizes left at kAutoBucketSize resolve to default_bucket_size(Ψ). Throws zero::Error from
+/// Plans `options` for parameters `entries` (named_parameters() order) on `world_size` ranks. A
+/// reduce_bucket_size left at kAutoBucketSize resolves to automatic_bucket_size (with options.link), an
+/// allgather_bucket_size to default_bucket_size(Ψ). Throws zero::Error from
 /// check_zero_options, for world_size < 1, and for parameters with no element at all.
 ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size, const ZeroOptions& options);
 

@@ -174,6 +174,7 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
       {"/zero_optimization/reduce_bucket_size", "--reduce-bucket-size"},
       {"/zero_optimization/overlap_comm", "--overlap-comm"},
       {"/zero_optimization/overlap_param_gather", "--overlap-param-gather"},
+      {"/zero_optimization/reduce_scatter_with_fp32_accumulation", "--reduce-scatter-with-fp32-accumulation"},
   };
   const nlohmann::json a = mine.flatten(), b = saved.flatten();
   for (const auto& [key, value] : a.items()) {

@@ -408,11 +408,12 @@ int run(const Setup& setup, dist::Communicator& comm) {
     const auto buckets = layout.make_buckets(used.reduce_bucket_size).size();
     fmt::print("device: {}{}\n", device_name(device), matmul_note(device, matmul_precision(device, zo.dtype, a.tf32)));
     fmt::print("zero: stage {}, {} ({}), reduce_scatter {}, overlap_comm {}, overlap_param_gather {}, {} bucket(s) "
-               "of <= {} elements{}, reductions in {} on the wire\n",
+               "of <= {} elements{}, reductions in {} on the wire{}\n",
                zo.stage, dtype_name(zo.dtype), comm.backend_name(), zo.reduce_scatter, zo.overlap_comm,
                zo.overlap_param_gather, buckets, used.reduce_bucket_size,
                tc.zero_optimization.reduce_bucket_size ? "" : " (automatic)",
-               dtype_name(comm.reduce_in_fp32() ? DType::f32 : zo.dtype));
+               dtype_name(comm.reduce_in_fp32() ? DType::f32 : zo.dtype),
+               comm.accumulates_in_fp32(zo.dtype) ? " (all-to-all, summed in fp32)" : "");
     if (zo.stage == 2 && tc.zero_optimization.reduce_bucket_size && buckets == 1)
       fmt::print(stderr,
                  "warning: reduce_bucket_size {} covers the whole model ({} elements): stage 2 then holds a full-size "

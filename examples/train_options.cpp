@@ -59,6 +59,9 @@ void add_options(CLI::App& app, Args& a) {
                  "dtype gradient reductions travel in: fp32, fp16 or bf16 (default: the model dtype; fp32 is more "
                  "accurate for a 16-bit model, at twice the bytes)")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  app.add_flag("--reduce-scatter-with-fp32-accumulation", a.reduce_scatter_with_fp32_accumulation,
+               "16-bit reductions: send each rank its slice directly (all-to-all) and add the contributions in fp32, "
+               "rounding once, instead of rounding at every hop of the ring; the same bytes");
   app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -288,6 +291,8 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
   if (given.has("--overlap-comm")) cfg.zero_optimization.overlap_comm = a.overlap_comm;
   if (given.has("--overlap-param-gather")) cfg.zero_optimization.overlap_param_gather = a.overlap_param_gather;
   if (given.has("--communication-data-type")) cfg.communication_data_type = a.communication_data_type;
+  if (given.has("--reduce-scatter-with-fp32-accumulation"))
+    cfg.zero_optimization.reduce_scatter_with_fp32_accumulation = a.reduce_scatter_with_fp32_accumulation;
   if (given.has("--clip") || !has_base) cfg.gradient_clipping = a.clip;
   const bool base_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
   const bool given_accum = given.has("--grad-accum");
@@ -309,6 +314,10 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
     cfg.fp16.raise_error_at_min_scale = a.min_scale_skip_limit > 0;
     if (a.min_scale_skip_limit > 0) cfg.fp16.min_scale_skip_limit = a.min_scale_skip_limit;
   }
+  if (given.has("--reduce-scatter-with-fp32-accumulation") && a.reduce_scatter_with_fp32_accumulation)
+    ZERO_CHECK(cfg.model_dtype() != DType::f32 && cfg.communication_data_type.value_or("") != "fp32",
+               "--reduce-scatter-with-fp32-accumulation needs a 16-bit wire (--dtype fp16 or bf16, without "
+               "--communication-data-type fp32)");
   cfg.resolve_batch(world_size);
   cfg.validate();
   return cfg;

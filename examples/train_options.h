@@ -36,6 +36,7 @@ struct Args {
   bool overlap_comm = false;
   bool overlap_param_gather = false;
   std::string communication_data_type;  // "" = the config's (default: the model dtype)
+  bool reduce_scatter_with_fp32_accumulation = false;
   // Device and communicator.
   std::string device = "cpu";  // cpu | cuda
   std::string comm = "auto";   // auto | mpi | nccl | host-staged

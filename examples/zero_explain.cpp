@@ -42,7 +42,7 @@ struct Args {
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
   int world_size = 1, zero_stage = 0, grad_accum = 1;
   double reduce_bucket_size = 0;
-  bool overlap_comm = false;
+  bool overlap_comm = false, fp32_accumulation = false;
   double bandwidth = 0, latency = 0;
   std::vector<double> params;
 };
@@ -87,9 +87,37 @@ dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
   }
   if (app.count("--overlap-comm")) tc.zero_optimization.overlap_comm = a.overlap_comm;
   if (app.count("--communication-data-type")) tc.communication_data_type = a.communication_data_type;
+  if (app.count("--reduce-scatter-with-fp32-accumulation"))
+    tc.zero_optimization.reduce_scatter_with_fp32_accumulation = a.fp32_accumulation;
   if (app.count("--grad-accum")) tc.gradient_accumulation_steps = a.grad_accum;
   tc.validate();
-  return tc.zero_options();
+  dist::ZeroOptions zo = tc.zero_options();
+  // Note [Automatic bucket size]: with a link model, automatic buckets grow with N.
+  zo.link = {a.bandwidth, a.latency};
+  return zo;
+}
+
+// One bucket's reduction in the alpha-beta model: its collective, bus bytes, and the latency and
+// bandwidth terms of ring_time_s.
+struct BucketTime {
+  Collective collective;
+  double bus_bytes = 0, latency_s = 0, bandwidth_s = 0;
+};
+BucketTime bucket_time(const dist::ZeroPlan& plan, const dist::Bucket& b, double bandwidth, double latency) {
+  const dist::ZeroOptions& o = plan.options;
+  const int n = plan.layout.world_size();
+  BucketTime t;
+  t.collective = o.stage == 0 || !o.reduce_scatter ? Collective::all_reduce : Collective::reduce_scatter;
+  const double elems = static_cast<double>(b.size()), model = static_cast<double>(dtype_size(o.dtype));
+  const bool wide = o.reduce_in_fp32 && o.dtype != DType::f32;
+  // Note [Wire dtype]: a widened all-reduce moves fp32 in its reduce-scatter half, 16 bits in its gather.
+  if (t.collective == Collective::all_reduce && wide)
+    t.bus_bytes = (n - 1.0) / n * elems * (4.0 + model);
+  else
+    t.bus_bytes = dist::Ledger::bus_bytes(t.collective, elems * (wide ? 4.0 : model), n);
+  t.latency_s = dist::ring_time_s(t.collective, 0.0, n, bandwidth, latency);
+  t.bandwidth_s = t.bus_bytes / bandwidth;
+  return t;
 }
 
 // Parameter indices in the order backward makes their gradients final (Note [Hook order]): one
@@ -273,6 +301,7 @@ int run(const Args& a, const CLI::App& app) {
     j["dtype"] = std::string(dtype_name(zo.dtype));
     j["reduce_scatter"] = zo.reduce_scatter;
     j["reduce_in_fp32"] = zo.reduce_in_fp32;
+    j["reduce_scatter_with_fp32_accumulation"] = zo.reduce_scatter_with_fp32_accumulation;
     j["overlap_comm"] = zo.overlap_comm;
     j["gradient_accumulation_steps"] = zo.gradient_accumulation_steps;
     j["reduce_bucket_size"] = plan.options.reduce_bucket_size;
@@ -319,6 +348,12 @@ int run(const Args& a, const CLI::App& app) {
                          {"counts", b.counts},
                          {"params", names},
                          {"ready_after_hooks", ready_after[k]}});
+      if (timed && N > 1) {
+        const BucketTime t = bucket_time(plan, b, a.bandwidth, a.latency);
+        buckets.back()["modelled_latency_s"] = t.latency_s;
+        buckets.back()["modelled_bandwidth_s"] = t.bandwidth_s;
+        buckets.back()["bus_bytes"] = t.bus_bytes;
+      }
     }
     j["buckets"] = buckets;
     json hooks = json::array();
@@ -357,6 +392,10 @@ int run(const Args& a, const CLI::App& app) {
         "allgather_bucket_size {}\n\n",
         zo.stage, dtype_name(zo.dtype), N, zo.reduce_scatter, zo.overlap_comm, zo.gradient_accumulation_steps,
         plan.options.reduce_bucket_size, plan.options.allgather_bucket_size);
+    if (zo.reduce_scatter_with_fp32_accumulation && zo.dtype != DType::f32 && !zo.reduce_in_fp32)
+      fmt::print("reductions: {} slices sent straight to their owner (all-to-all) and summed there in fp32, rounded "
+                 "once; the same bytes as the ring\n\n",
+                 dtype_name(zo.dtype));
 
     fmt::print("== flat layout: {} elements + {} padding = {} (a multiple of 2N = {}) ==\n", L.numel(), L.padding(),
                L.padded_numel(), L.alignment());
@@ -399,6 +438,14 @@ int run(const Args& a, const CLI::App& app) {
                                                    L.params()[b.params.back()].name, b.params.size());
       fmt::print("bucket {}: [{}, {}) {} elements; {}; per-rank counts [{}]; ready after hook {} of {}\n", b.index,
                  b.begin, b.end, b.size(), covers, counts, ready_after[k], order.size());
+      if (timed && N > 1) {
+        const BucketTime t = bucket_time(plan, b, a.bandwidth, a.latency);
+        fmt::print("          modelled {}: latency {} + bandwidth {} (latency {:.1f}% of bandwidth), bus bandwidth "
+                   "{:.3g} B/s\n",
+                   dist::collective_name(t.collective), human_seconds(t.latency_s), human_seconds(t.bandwidth_s),
+                   t.bandwidth_s > 0 ? 100.0 * t.latency_s / t.bandwidth_s : 0.0,
+                   t.bus_bytes / (t.latency_s + t.bandwidth_s));
+      }
     }
     if (zo.stage == 2)
       fmt::print("stage-2 bucket pool: {} buffer(s) of {} elements{}\n", plan.pool_buffers, plan.pool_buffer_numel,
@@ -441,8 +488,8 @@ int run(const Args& a, const CLI::App& app) {
         // A model of P parameters as one tensor: padding and bucket edges matter little at scale.
         const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
         fmt::print("Psi = {:.4g} ({} of {} weights):\n", P, human_bytes(b * P), dtype_name(zo.dtype));
-        fmt::print("  {:>5}  {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10} {:>13}\n", "N", "mem stage 0", "stage 1",
-                   "stage 2", "comm s0", "s1", "s2", "s1/2 no-rs");
+        fmt::print("  {:>5}  {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10} {:>13} {:>12}\n", "N", "mem stage 0",
+                   "stage 1", "stage 2", "comm s0", "s1", "s2", "s1/2 no-rs", "s2 Psi/8 bk");
         for (int n = 1; n <= 1024; n *= 2) {
           std::string mem, comm;
           for (int stage = 0; stage <= 2; ++stage) {
@@ -459,6 +506,13 @@ int run(const Args& a, const CLI::App& app) {
           no_rs.reduce_scatter = false;
           comm += fmt::format(
               " {:>13}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, no_rs), a.bandwidth, a.latency)));
+          // Stage 2 with the buckets of before Note [Automatic bucket size] grew them with N: Psi/8.
+          dist::ZeroOptions fixed = zo;
+          fixed.stage = 2;
+          fixed.reduce_scatter = true;
+          fixed.link = {};
+          comm += fmt::format(
+              " {:>12}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, fixed), a.bandwidth, a.latency)));
           fmt::print("  {:>5} {}  {}\n", n, mem, comm);
         }
       }
@@ -486,6 +540,8 @@ int main(int argc, char** argv) {
   app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
   app.add_option("--communication-data-type", a.communication_data_type,
                  "dtype of reductions on the wire: fp32, fp16 or bf16 (default: the model dtype)");
+  app.add_flag("--reduce-scatter-with-fp32-accumulation", a.fp32_accumulation,
+               "16-bit reductions as an all-to-all summed in fp32 at the owner (the same bytes as the ring)");
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
   app.add_option("--latency", a.latency, "per-message latency in seconds for the time model")->capture_default_str();

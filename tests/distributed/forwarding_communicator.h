@@ -33,6 +33,10 @@ class ForwardingCommunicator : public Communicator {
     Communicator::set_reduce_in_fp32(on);
     inner_->set_reduce_in_fp32(on);
   }
+  void set_fp32_accumulation(bool on) override {
+    Communicator::set_fp32_accumulation(on);
+    inner_->set_fp32_accumulation(on);
+  }
 
  protected:
   /// Called with the Work of every reduction and all-gather; returns what the caller receives.

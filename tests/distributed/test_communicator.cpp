@@ -526,13 +526,14 @@ struct RoundingResults {
 };
 
 template <typename T>
-RoundingResults<T> run_rounding_collectives(Communicator& comm, DType dtype, bool fp32_wire) {
+RoundingResults<T> run_rounding_collectives(Communicator& comm, DType dtype, bool fp32_wire, bool accumulate) {
   const int n = comm.world_size(), rank = comm.rank();
   std::vector<std::size_t> counts(n);
   for (int r = 0; r < n; ++r) counts[r] = r == 1 ? 0 : 1000 + 37 * std::size_t(r);
   std::vector<T> source(std::max<std::size_t>(sum_of(counts), 10007));
   for (std::size_t i = 0; i < source.size(); ++i) source[i] = T(rounding_input(rank, i));
   comm.set_reduce_in_fp32(fp32_wire);
+  comm.set_fp32_accumulation(accumulate);
   RoundingResults<T> out;
   out.scattered.resize(counts[rank]);
   comm.reduce_scatter(source.data(), out.scattered.data(), counts, dtype);
@@ -541,6 +542,7 @@ RoundingResults<T> run_rounding_collectives(Communicator& comm, DType dtype, boo
   out.reduced.assign(source.begin(), source.begin() + 5003);
   comm.reduce(out.reduced.data(), out.reduced.size(), dtype, n - 1);
   comm.set_reduce_in_fp32(false);
+  comm.set_fp32_accumulation(false);
   return out;
 }
 
@@ -553,15 +555,15 @@ std::size_t bits_differ(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 template <typename T>
-void check_inprocess_equals_mpi(Communicator& mpi, DType dtype, bool fp32_wire) {
-  const RoundingResults<T> over_mpi = run_rounding_collectives<T>(mpi, dtype, fp32_wire);
+void check_inprocess_equals_mpi(Communicator& mpi, DType dtype, bool fp32_wire, bool accumulate = false) {
+  const RoundingResults<T> over_mpi = run_rounding_collectives<T>(mpi, dtype, fp32_wire, accumulate);
   RoundingResults<T> in_process;
   run_ranks(mpi.world_size(), [&](std::shared_ptr<Communicator> comm) {
-    RoundingResults<T> mine = run_rounding_collectives<T>(*comm, dtype, fp32_wire);  // every rank takes part
+    RoundingResults<T> mine = run_rounding_collectives<T>(*comm, dtype, fp32_wire, accumulate);  // every rank
     if (comm->rank() == mpi.rank()) in_process = std::move(mine);
   });
-  const std::string what = fmt::format("{}, fp32 wire {}, rank {} of {}", dtype_name(dtype), fp32_wire, mpi.rank(),
-                                       mpi.world_size());
+  const std::string what = fmt::format("{}, fp32 wire {}, fp32 accumulation {}, rank {} of {}", dtype_name(dtype),
+                                       fp32_wire, accumulate, mpi.rank(), mpi.world_size());
   EXPECT_EQ(bits_differ(in_process.scattered, over_mpi.scattered), 0u) << what << ": reduce_scatter";
   EXPECT_EQ(bits_differ(in_process.all_reduced, over_mpi.all_reduced), 0u) << what << ": all_reduce";
   EXPECT_EQ(bits_differ(in_process.reduced, over_mpi.reduced), 0u) << what << ": reduce";
@@ -584,6 +586,9 @@ TEST(InProcessWorld, BitwiseEqualToMpi) {
     check_inprocess_equals_mpi<half>(*mpi, DType::f16, fp32_wire);
     check_inprocess_equals_mpi<bfloat16>(*mpi, DType::bf16, fp32_wire);
   }
+  // Note [fp32-accumulating reduce-scatter]: the all-to-all over MPI messages against the in-process sums.
+  check_inprocess_equals_mpi<half>(*mpi, DType::f16, false, true);
+  check_inprocess_equals_mpi<bfloat16>(*mpi, DType::bf16, false, true);
 }
 
 // ---- errors --------------------------------------------------------------------------------------

@@ -212,6 +212,124 @@ TEST(InProcessCommunicator, ReduceToEveryRoot) {
   });
 }
 
+// ---- fp32 accumulation (Note [fp32-accumulating reduce-scatter] in distributed/communicator.cpp) ---------
+
+// Element i of a 16-bit sum with fp32 accumulation: every rank's value widened, added in fp32 in rank order
+// 0, 1, ..., n-1, rounded to T once. The same for every owner.
+template <typename T>
+T rank_order_reference(int n, std::size_t i) {
+  float acc = float(input<T>(0, i));
+  for (int r = 1; r < n; ++r) acc += float(input<T>(r, i));
+  return T(acc);
+}
+
+template <typename T>
+void check_fp32_accumulation(Communicator& comm, DType dtype) {
+  const int n = comm.world_size(), rank = comm.rank();
+  comm.set_fp32_accumulation(true);
+  std::vector<std::size_t> counts(n);
+  for (int r = 0; r < n; ++r) counts[r] = r == 1 ? 0 : 1000 + 37 * std::size_t(r);  // uneven, one empty
+  const auto offsets = offsets_of(counts);
+  std::vector<T> send(std::accumulate(counts.begin(), counts.end(), std::size_t{0}));
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = input<T>(rank, i);
+  std::vector<T> recv(counts[rank]);
+  comm.reduce_scatter(send.data(), recv.data(), counts, dtype);
+  std::size_t wrong_rs = 0, wrong_ar = 0, differs_from_ring = 0;
+  for (std::size_t j = 0; j < counts[rank]; ++j)
+    if (!same_bits(recv[j], rank_order_reference<T>(n, offsets[rank] + j))) ++wrong_rs;
+  const std::size_t count = 4099;
+  std::vector<T> buf(count);
+  for (std::size_t i = 0; i < count; ++i) buf[i] = input<T>(rank, i);
+  comm.all_reduce(buf.data(), count, dtype);
+  const auto owner = even_owners(count, n);
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!same_bits(buf[i], rank_order_reference<T>(n, i))) ++wrong_ar;
+    if (!same_bits(buf[i], ring_reference<T>(n, owner[i], i, false, ReduceOp::sum))) ++differs_from_ring;
+  }
+  const std::string what = where(comm) + ", " + std::string(dtype_name(dtype));
+  EXPECT_EQ(wrong_rs, 0u) << what << ": reduce_scatter";
+  EXPECT_EQ(wrong_ar, 0u) << what << ": all_reduce";
+  if (n >= 3) {
+    EXPECT_GT(differs_from_ring, count / 100) << what << ": the inputs do not tell one rounding from the ring's";
+  }
+  // The ledger: the same 16-bit bytes as the ring.
+  comm.ledger().reset();
+  comm.reduce_scatter(send.data(), recv.data(), counts, dtype);
+  EXPECT_DOUBLE_EQ(comm.ledger()[Collective::reduce_scatter], (n - 1.0) / n * double(send.size()) * sizeof(T)) << what;
+  comm.set_fp32_accumulation(false);
+}
+
+TEST(InProcessCommunicator, Fp32AccumulationSumsInRankOrderAndRoundsOnce) {
+  for_each_world([](Communicator& comm) {
+    check_fp32_accumulation<half>(comm, DType::f16);
+    check_fp32_accumulation<bfloat16>(comm, DType::bf16);
+  });
+}
+
+// Reduction error against an fp64 sum of the same bf16 contributions (bench/bench_reduction_error.cpp
+// prints the table): values whose magnitudes span 2^-20 .. 2^-4 and half of whose sums cancel. With fp32
+// accumulation every exact-in-fp32 sum is rounded once, so no element is off by more than bf16's unit
+// roundoff 2^-8 whatever N is; the ring rounds N-1 times and, where a sum cancels, loses far more, more
+// so as N grows.
+TEST(InProcessCommunicator, Fp32AccumulationErrorDoesNotGrowWithN) {
+  const std::size_t count = 1 << 14;
+  // An 8-bit integer with a sign, times 2^(e_i + k) with e_i set by the element and k in 0..7 by the rank:
+  // exact in bf16, and any sum of 16 of them is exact in fp32 (< 2^20 units of 2^e_i).
+  auto value = [](int rank, std::size_t i) {
+    const std::uint64_t h = (std::uint64_t(i) * 2654435761u + std::uint64_t(rank) * 97u + 7) * 0x9E3779B97F4A7C15ull;
+    const float mantissa = float((h >> 20) % 255 + 1) * ((h >> 40) & 1 ? -1.0f : 1.0f);
+    return std::ldexp(mantissa, -28 + int(i % 9) + int((h >> 50) % 8));
+  };
+  double ring_max[17] = {}, alltoall_max[17] = {}, alltoall_rms[17] = {};
+  for (int n : {2, 4, 8, 16}) {
+    std::vector<double> ring(count), alltoall(count);
+    run_ranks(n, [&](std::shared_ptr<Communicator> comm) {
+      const int rank = comm->rank();
+      const std::vector<std::size_t> counts(std::size_t(n), count / std::size_t(n));
+      std::vector<bfloat16> send(count), recv(count / std::size_t(n));
+      for (std::size_t i = 0; i < count; ++i) send[i] = bfloat16(value(rank, i));
+      for (bool accumulate : {false, true}) {
+        comm->set_fp32_accumulation(accumulate);
+        comm->reduce_scatter(send.data(), recv.data(), counts, DType::bf16);
+        for (std::size_t j = 0; j < recv.size(); ++j) (accumulate ? alltoall : ring)[rank * recv.size() + j] = float(recv[j]);
+      }
+      comm->set_fp32_accumulation(false);
+    });
+    double sum_sq = 0;
+    std::size_t nonzero = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      double ref = 0;
+      for (int r = 0; r < n; ++r) ref += double(float(bfloat16(value(r, i))));  // exact
+      if (ref == 0) continue;
+      const double a = std::abs(alltoall[i] - ref) / std::abs(ref), b = std::abs(ring[i] - ref) / std::abs(ref);
+      alltoall_max[n] = std::max(alltoall_max[n], a);
+      ring_max[n] = std::max(ring_max[n], b);
+      sum_sq += a * a;
+      ++nonzero;
+    }
+    alltoall_rms[n] = std::sqrt(sum_sq / double(nonzero));
+    EXPECT_LE(alltoall_max[n], std::ldexp(1.0, -8)) << n << " ranks: one rounding to bf16";
+    if (n > 2) {  // two contributions: the ring's one hop is the same single rounding
+      EXPECT_GT(ring_max[n], 4 * alltoall_max[n]) << n << " ranks: the ring's per-hop rounding should show";
+    }
+  }
+  EXPECT_GT(ring_max[16], 4 * ring_max[2]) << "the ring's error grows with N";
+  EXPECT_LT(alltoall_rms[16], 1.5 * alltoall_rms[2]) << "fp32 accumulation: the error does not grow with N";
+}
+
+// fp32 buffers, and 16-bit ones already widened by reduce_in_fp32, keep their ring: the option is for
+// 16-bit wires only.
+TEST(InProcessCommunicator, Fp32AccumulationLeavesFp32WiresAlone) {
+  for_each_world([](Communicator& comm) {
+    comm.set_fp32_accumulation(true);
+    EXPECT_FALSE(comm.accumulates_in_fp32(DType::f32));
+    EXPECT_TRUE(comm.accumulates_in_fp32(DType::bf16));
+    check_all_reduce<float>(comm, DType::f32, false);
+    check_all_reduce<bfloat16>(comm, DType::bf16, true);  // sets and clears reduce_in_fp32 itself
+    comm.set_fp32_accumulation(false);
+  });
+}
+
 // With exact values (small multiples of 1/2) the ring's order does not matter: a closed form.
 TEST(InProcessCommunicator, ExactSumsEqualTheClosedForm) {
   for_each_world([](Communicator& comm) {
