@@ -43,7 +43,7 @@ perf report -i "$report" --no-children --sort symbol -g none -n --percent-limit 
     # is charged to the wake-up, finish_task_switch).
     if (sym ~ /randn|TextData|_dl_|do_lookup|strcmp|strlen|finish_task_switch|pci_/) f = "start-up (init, data, MPI_Init)"
     else if (kind == "[k]") f = "kernel (page faults, interrupts)"
-    else if (sym ~ /gebp|gemm_pack|general_matrix_matrix|parallelize_gemm|ProductBlocking|gemm_rows|cpu::gemm/) f = "GEMM (linear layers, LM head)"
+    else if (sym ~ /gebp|gemm_pack|general_matrix_matrix|parallelize_gemm|ProductBlocking|gemm_rows|CpuBackend::gemm/) f = "GEMM (linear layers, LM head)"
     else if (sym ~ /attention|cpu::\(anonymous namespace\)::pack|HeadScratch|__expf|expf@plt/) f = "attention (fused, causal)"
     else if (sym ~ /layernorm/) f = "LayerNorm"
     else if (sym ~ /gelu/) f = "GELU"

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/backend.h"
 #include "core/check.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
@@ -267,7 +268,7 @@ std::shared_ptr<void> NcclCommunicator::fp32_scratch(std::size_t count) {
 // Note [fp32-accumulating reduce-scatter] (communicator.cpp) on the communication stream: one NCCL group
 // of ncclSend (slice r of `send` to rank r) and ncclRecv (rank r's contribution to this rank's slice,
 // into a 16-bit inbox), then the owner widens its own contribution, adds the others in rank order in
-// fp32 (cuda::accumulate: dst += 1·src in fp32, which is exact scaling and one fp32 rounding, as on the
+// fp32 (Backend::accumulate: dst += src in fp32, one fp32 rounding per addition, as on the
 // CPU) and narrows once into recv. Returns the device scratch, to be released with the Work.
 std::shared_ptr<void> NcclCommunicator::alltoall_reduce_scatter(const void* send, void* recv,
                                                                 std::span<const std::size_t> counts, DType dtype) {
@@ -297,7 +298,7 @@ std::shared_ptr<void> NcclCommunicator::alltoall_reduce_scatter(const void* send
   };
   const auto len = static_cast<std::int64_t>(mine);
   cuda::cast(acc, DType::f32, part(0), dtype, len);
-  for (int q = 1; q < n; ++q) cuda::accumulate(acc, DType::f32, part(q), dtype, 1.0f, len);
+  for (int q = 1; q < n; ++q) backend(Device::cuda).accumulate(acc, DType::f32, part(q), dtype, len);
   cuda::cast(recv, dtype, acc, DType::f32, len);
   return scratch;
 }

@@ -453,8 +453,8 @@ struct Worst {
 // about lr sign(g), so a gradient that is zero up to rounding moves a parameter by +-lr on one side and
 // not the other. So the tests feed every implementation the same gradient values (up to a stated relative
 // error rel_g: the rounding of the clip coefficient, a 16-bit gradient) and compare each with exact AdamW
-// on those values, in double, with the f32 scalars the implementations form (optim::adamw_update,
-// cuda::adamw_scalars: the same on every side). A near-zero gradient then moves every side alike. Per
+// on those values, in double, with the f32 scalars the implementations form (optim::adamw_scalars: the
+// same on every side). A near-zero gradient then moves every side alike. Per
 // element and step, with c1 = 1 - b1 and c2 = 1 - b2 (exact in f32, Sterbenz's lemma), first order in u:
 //   m' = b1 m + c1 g        e_m' = b1 e_m + c1 |g| rel_g + 3u (b1 |m| + c1 |g|)         (3 roundings)
 //   v' = b2 v + c2 g g      e_v' = b2 e_v + 2 c2 g^2 rel_g + 4u v'                        (4; terms >= 0)
