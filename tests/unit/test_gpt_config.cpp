@@ -2,7 +2,8 @@
 // checkpoint records and every program reads. The references are literal JSON objects written here
 // (the fields, an older checkpoint's config) and the models the configs build; the CLI test checks that
 // sample_gpt rebuilds an RMSNorm model from its checkpoint alone, against the sample train_gpt printed
-// from the model in its memory.
+// from the model in its memory, and that train_gpt resumes it with no model flags, against a run that was
+// never interrupted.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_util.h"
@@ -139,6 +141,49 @@ TEST(GPTConfigCli, RMSNormCheckpointSamplesWithoutModelFlags) {
       testing::run_command(bin + "/sample_gpt --checkpoint " + (dir / "ck").string() + " --tokens 60 --seed 3");
   ASSERT_EQ(s.exit_code, 0) << s.output;
   EXPECT_EQ(s.output, expected + "\n");
+  fs::remove_all(dir);
+}
+
+// The training lines of a --log-file ({"step": n, "loss": x, ...}; evaluations are lines of their own):
+// step -> loss.
+std::vector<std::pair<int, double>> logged_losses(const std::filesystem::path& log) {
+  std::vector<std::pair<int, double>> out;
+  std::ifstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line);
+    if (!j.contains("loss")) continue;
+    out.emplace_back(j.at("step").get<int>(), j.at("loss").get<double>());
+  }
+  return out;
+}
+
+// A checkpoint of an RMSNorm model resumes with no model flags, and the resumed steps are bitwise those
+// of a run that was never interrupted (the warm-up's learning rate does not depend on --steps).
+TEST(GPTConfigCli, RMSNormCheckpointResumesWithoutModelFlags) {
+  namespace fs = std::filesystem;
+  const fs::path dir = testing::make_test_dir("zero_gpt_config_resume");
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "Now is the winter of our discontent " + std::to_string(i) + "\n";
+  std::ofstream(dir / "text.txt") << text;
+  const std::string train = testing::bin_dir() + "/train_gpt --data " + (dir / "text.txt").string() +
+                            " --batch 8 --eval-every 0 --eval-iters 1 --threads 1 --sample 0 --warmup 100";
+  const std::string model = " --n-layer 1 --n-head 2 --n-embd 16 --block 16 --norm rmsnorm";
+  const testing::CommandResult whole =
+      testing::run_command(train + model + " --steps 6 --log-file " + (dir / "whole.jsonl").string());
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const testing::CommandResult first =
+      testing::run_command(train + model + " --steps 3 --save-dir " + (dir / "ck").string());
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const testing::CommandResult resumed = testing::run_command(
+      train + " --steps 6 --resume " + (dir / "ck").string() + " --log-file " + (dir / "resumed.jsonl").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto want = logged_losses(dir / "whole.jsonl"), got = logged_losses(dir / "resumed.jsonl");
+  ASSERT_EQ(want.size(), 6u);
+  ASSERT_EQ(got.size(), 3u) << resumed.output;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].first, want[i + 3].first);
+    EXPECT_EQ(got[i].second, want[i + 3].second) << "step " << got[i].first;
+  }
   fs::remove_all(dir);
 }
 
