@@ -286,8 +286,9 @@ int run(const Setup& setup, dist::Communicator& comm) {
   model.to(device);  // before the optimizer builds its flat buffers (on the same device)
 
   dist::ZeroOptions zo = tc.zero_options();
-  zo.adam = optim::AdamWOptions{a.lr, a.beta1, a.beta2, 1e-8f};
-  zo.weight_decay = a.weight_decay;
+  const examples::OptimizerSettings optimizer = examples::resolve_optimizer(a, given, tc);
+  zo.adam = optimizer.adam;
+  zo.weight_decay = optimizer.weight_decay;
   dist::ZeroOptimizer opt(model.named_parameters(), std::shared_ptr<dist::Communicator>(&comm, [](auto*) {}), zo);
   std::int64_t first_step = 0;
   if (resume) {
@@ -431,7 +432,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
     std::fflush(stdout);
   }
 
-  const optim::LrSchedule schedule{a.lr, a.min_lr, a.warmup, a.steps};
+  const optim::LrSchedule& schedule = optimizer.schedule;
   const std::int64_t steps_run = a.steps - first_step;  // in this process
   const std::int64_t warmup_steps = std::max<std::int64_t>(0, std::min<std::int64_t>(5, steps_run - 1));
   double train_seconds = 0.0, window_seconds = 0.0;

@@ -323,4 +323,27 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
   return cfg;
 }
 
+OptimizerSettings resolve_optimizer(Args& a, const Given& given, const dist::TrainingConfig& tc) {
+  auto take = [&](const char* flag, auto& value, double key) {
+    if (!given.has(flag)) value = static_cast<std::remove_reference_t<decltype(value)>>(key);
+  };
+  if (tc.optimizer) {
+    take("--lr", a.lr, tc.optimizer->lr);
+    take("--beta1", a.beta1, tc.optimizer->beta1);
+    take("--beta2", a.beta2, tc.optimizer->beta2);
+    take("--weight-decay", a.weight_decay, tc.optimizer->weight_decay);
+  }
+  std::int64_t total_steps = a.steps;
+  if (tc.scheduler) {
+    take("--warmup", a.warmup, static_cast<double>(tc.scheduler->warmup_num_steps));
+    take("--min-lr", a.min_lr, a.lr * tc.scheduler->cos_min_ratio);
+    total_steps = tc.scheduler->total_num_steps;
+  }
+  ZERO_CHECK(a.min_lr <= a.lr, "the final learning rate {} (--min-lr, or the scheduler's cos_min_ratio x lr) exceeds "
+             "the peak learning rate {} (--lr, or the optimizer's lr)", a.min_lr, a.lr);
+  const float eps = tc.optimizer ? static_cast<float>(tc.optimizer->eps) : 1e-8f;
+  return {optim::AdamWOptions{a.lr, a.beta1, a.beta2, eps}, a.weight_decay,
+          optim::LrSchedule{a.lr, a.min_lr, a.warmup, total_steps}};
+}
+
 }  // namespace zero::examples

@@ -1,6 +1,6 @@
 // train_gpt's settings: its command-line flags (Args), which of them were given (Given), the checks
 // every flag gets before any work (validate), the probe of every output path, and the DeepSpeed-style
-// config the flags override (make_config). examples/train_gpt.cpp uses them; the flags and their
+// config the flags override (make_config, resolve_optimizer). examples/train_gpt.cpp uses them; the flags and their
 // defaults are in README.md.
 #pragma once
 
@@ -14,6 +14,8 @@
 #include <utility>
 
 #include "distributed/config.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
 
 namespace zero::examples {
 
@@ -91,5 +93,21 @@ void probe_output_paths(const Args& a);
 /// the command-line overrides; resolved for `world_size` (a resumed config's micro-batch is derived
 /// again, so the world size may change). Throws zero::Error naming the flag or key.
 dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed);
+
+/// The optimizer and learning-rate schedule of a run.
+struct OptimizerSettings {
+  optim::AdamWOptions adam;  // peak lr, betas, eps
+  float weight_decay;        // matrices only (nn decay groups)
+  optim::LrSchedule schedule;
+};
+
+/// The config's "optimizer" and "scheduler" sections folded into the flags they correspond to: --lr,
+/// --beta1, --beta2, --weight-decay (optimizer.params lr, betas, weight_decay) and --warmup, --min-lr
+/// (scheduler.params warmup_num_steps, cos_min_ratio × lr). A flag given on the command line overrides
+/// the key; a key present overrides the flag's default. The values chosen are written back into `a`,
+/// which a checkpoint records. The schedule ends at scheduler.params.total_num_steps when the config has
+/// a scheduler, else at --steps; eps is optimizer.params.eps, else 1e-8. Throws zero::Error when the
+/// resulting min_lr exceeds lr.
+OptimizerSettings resolve_optimizer(Args& a, const Given& given, const dist::TrainingConfig& tc);
 
 }  // namespace zero::examples

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -179,6 +180,57 @@ TEST_F(TrainGptCli, TinyRunWritesMetrics) {
   const Result one = run_train_gpt("--data " + path("text.txt") + " --steps 1 --block 8 --batch 2 --n-layer 1 "
                                    "--n-head 2 --n-embd 8 --eval-iters 1 --sample 0 --threads 1");
   EXPECT_NE(one.output.find(" 1 step, 1 thread/rank\n"), std::string::npos) << one.output;
+}
+
+// The config's "optimizer" and "scheduler" sections are the flags they correspond to: a run configured
+// by the file logs, step for step, the same learning rates and losses as a run given the same values as
+// flags (an independent path: no config), and a flag given on the command line overrides its key.
+TEST_F(TrainGptCli, ConfigOptimizerAndSchedulerAreTheirFlags) {
+  std::ofstream(dir_ / "opt.json") << R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.02, "betas": [0.8, 0.95],
+                                            "eps": 1e-8, "weight_decay": 0.05}},
+                                          "scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2,
+                                            "total_num_steps": 5, "cos_min_ratio": 0.5}}})";
+  const std::string common = "--data " + path("text.txt") +
+                             " --block 8 --batch 2 --n-layer 1 --n-head 2 --n-embd 8 --eval-every 0"
+                             " --eval-iters 1 --sample 0 --threads 1 --log-file ";
+  // step -> (lr, loss) of a --log-file's training lines.
+  auto logged = [](const fs::path& log) {
+    std::map<int, std::pair<double, double>> out;
+    std::ifstream in(log);
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("\"loss\":") == std::string::npos) continue;
+      auto number = [&](const std::string& key) {
+        return std::stod(line.substr(line.find("\"" + key + "\":") + key.size() + 3));
+      };
+      out[static_cast<int>(number("step"))] = {number("lr"), number("loss")};
+    }
+    return out;
+  };
+  const Result by_config = run_train_gpt(common + path("config.jsonl") + " --steps 6 --config " + path("opt.json"));
+  ASSERT_EQ(by_config.exit_code, 0) << by_config.output;
+  const auto c = logged(dir_ / "config.jsonl");
+  ASSERT_EQ(c.size(), 6u) << by_config.output;
+  // Closed form: linear warm-up to 0.02 over 2 steps, cosine to 0.5 x 0.02 at step index 5, floor after
+  // (a ratio of 0.5 keeps the floor exactly the float 0.01 that --min-lr 0.01 gives below).
+  const double floor = 0.01, span = 0.01;
+  const double want_lr[6] = {0.01, 0.02, 0.02, floor + 0.5 * (1 + std::cos(M_PI / 3)) * span,
+                             floor + 0.5 * (1 + std::cos(2 * M_PI / 3)) * span, floor};
+  for (int step = 1; step <= 6; ++step) EXPECT_NEAR(c.at(step).first, want_lr[step - 1], 1e-8) << "step " << step;
+  // The same settings as flags (the schedule then ends at --steps 5): the same losses, bit for bit.
+  const Result by_flags = run_train_gpt(common + path("flags.jsonl") +
+                                        " --steps 5 --lr 0.02 --beta1 0.8 --beta2 0.95 --weight-decay 0.05"
+                                        " --warmup 2 --min-lr 0.01");
+  ASSERT_EQ(by_flags.exit_code, 0) << by_flags.output;
+  const auto f = logged(dir_ / "flags.jsonl");
+  ASSERT_EQ(f.size(), 5u) << by_flags.output;
+  for (int step = 1; step <= 5; ++step) EXPECT_EQ(c.at(step), f.at(step)) << "step " << step;
+  // --lr given overrides the optimizer's lr, and the floor follows it (cos_min_ratio x lr).
+  const Result flag_wins =
+      run_train_gpt(common + path("flag.jsonl") + " --steps 6 --config " + path("opt.json") + " --lr 0.04");
+  ASSERT_EQ(flag_wins.exit_code, 0) << flag_wins.output;
+  const auto w = logged(dir_ / "flag.jsonl");
+  EXPECT_NEAR(w.at(2).first, 0.04, 1e-8);
+  EXPECT_NEAR(w.at(6).first, 0.02, 1e-9);
 }
 
 // ---- every flag, by the rules of the config keys ----------------------------------------------------
