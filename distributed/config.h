@@ -62,13 +62,13 @@ struct Bf16Config {
 struct ZeroConfig {
   int stage = 0;                                     // 0 (plain data parallel), 1 or 2; 3 is rejected
   // IPG bucket and all-gather chunk, elements. Unset (nullopt, or null in the file): the automatic size
-  // default_bucket_size(Ψ) of distributed/zero_optimizer.h, which keeps stage 2's gradient memory below
+  // default_bucket_size(Ψ) of distributed/zero_plan.h, which keeps stage 2's gradient memory below
   // stage 1's; DeepSpeed's fixed default is 5e8 (docs/zero.md, "Bucket size"). A value given is used
   // as is: reduce_bucket_size > 0, allgather_bucket_size > 0 and even (DeepSpeed's rules).
   std::optional<std::int64_t> reduce_bucket_size;
   std::optional<std::int64_t> allgather_bucket_size;
   bool reduce_scatter = true;                        // false: all-reduce the bucket, keep your slice (1.5x traffic)
-  bool contiguous_gradients = true;                  // stage 2: copy reduced slices into one partition buffer
+  bool contiguous_gradients = true;                  // accepted and ignored: always on (docs/zero.md)
   // DeepSpeed's default is None, which it resolves to true only for stage 3 (config.py,
   // overlap_comm_valid); stages 0-2 therefore default to false there too.
   bool overlap_comm = false;

@@ -1,6 +1,7 @@
-// The model's command-line flags: one flag per field of nn::GPTConfig (nn/gpt.h), written once for the
-// programs that build a GPT from flags (zero_explain; train_gpt's model flags have the same names and
-// defaults). A new config field gets its flag here.
+// The model's command-line flags: one flag per field of nn::GPTConfig (nn/gpt.h), for zero_explain.
+// train_gpt does not use this header: its model flags, with the same names and defaults, are in its own
+// Args (examples/train_options.h, .cpp). A new config field gets its flag in both (the full list of
+// files: docs/adding_a_layer.md).
 #pragma once
 
 #include <CLI/CLI.hpp>

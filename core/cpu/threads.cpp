@@ -14,7 +14,7 @@ namespace zero::cpu {
 // done. When another process keeps a core busy, the thread that shares that core gets about half of it
 // (the scheduler alternates the two in slices of milliseconds), and every parallel region of a step
 // waits for it: on 2 cores with one `yes` running, 2 threads trained at half the speed of 1 thread
-// (docs/performance.md, "A busy machine"). A static team cannot hand the late thread's rows to the
+// (docs/performance.md, "Threads and a shared machine"). A static team cannot hand the late thread's rows to the
 // others, and a kernel must not return before every thread it started is done; so the team size adapts
 // instead, from one measurement. The large GEMMs (the biggest parallel regions of a step) record when
 // each thread finished; a thread's rate is its rows over its time since the region started. When the
