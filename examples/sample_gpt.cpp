@@ -16,6 +16,7 @@
 
 #include "core/safetensors.h"
 #include "distributed/checkpoint.h"
+#include "examples/cli_errors.h"
 #include "examples/gpt_sampling.h"
 
 namespace {
@@ -85,12 +86,14 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", a.tokens, "characters to generate")->capture_default_str();
   app.add_option("--temperature", a.temperature, "divide the logits by this (> 0)")->capture_default_str();
   app.add_option("--top-k", a.top_k, "sample among the k likeliest characters (0 = all)")->capture_default_str();
-  app.add_option("--seed", a.seed, "the training run's --seed gives its end-of-run sample")->capture_default_str();
+  app.add_option("--seed", a.seed, "the training run's --seed gives its end-of-run sample")
+      ->check(examples::kNonNegativeInteger)
+      ->capture_default_str();
   app.add_option("--logits", a.logits, "write the prompt's logits [1, T, V] to this safetensors file and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return examples::parse_error_exit(app, e);
   }
   try {
     return run(a);

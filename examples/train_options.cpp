@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "core/check.h"
+#include "examples/cli_errors.h"
 
 namespace zero::examples {
 
@@ -37,7 +38,7 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--beta2", a.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--clip", a.clip, "max global gradient norm (0 = off)")->capture_default_str();
   app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegativeInteger)
       ->capture_default_str();
   app.add_option("--eval-every", a.eval_every, "validate every N steps (0 = only at the end)")->capture_default_str();
   app.add_option("--eval-iters", a.eval_iters, "validation batches per evaluation")->capture_default_str();
@@ -211,7 +212,7 @@ void validate(const Args& a, const Given& given) {
   ZERO_CHECK(a.eval_iters > 0, "--eval-iters must be positive, got {}", a.eval_iters);
   ZERO_CHECK(a.log_every > 0, "--log-every must be positive, got {}", a.log_every);
   ZERO_CHECK(a.sample >= 0, "--sample must be >= 0, got {}", a.sample);
-  ZERO_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = all cores), got {}", a.threads);
+  ZERO_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = up to cores / ranks, fewer while cores are busy), got {}", a.threads);
   ZERO_CHECK(std::isfinite(a.lr) && a.lr > 0, "--lr must be positive, got {}", a.lr);
   ZERO_CHECK(a.min_lr >= 0 && a.min_lr <= a.lr, "--min-lr must be in [0, --lr = {}], got {}", a.lr, a.min_lr);
   ZERO_CHECK(std::isfinite(a.weight_decay) && a.weight_decay >= 0, "--weight-decay must be >= 0, got {}",

@@ -26,6 +26,7 @@
 #include "autograd/autograd.h"
 #include "distributed/config.h"
 #include "distributed/zero_plan.h"
+#include "examples/cli_errors.h"
 #include "examples/model_options.h"
 #include "examples/text_data.h"
 #include "nn/gpt.h"
@@ -551,7 +552,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return examples::parse_error_exit(app, e);
   }
   try {
     return run(a, app);

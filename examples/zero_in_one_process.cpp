@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/cli_errors.h"
 #include "core/check.h"
 #include "core/cpu/kernels.h"
 #include "distributed/inprocess_communicator.h"
@@ -169,7 +170,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return examples::parse_error_exit(app, e);
   }
   try {
     return run(a);

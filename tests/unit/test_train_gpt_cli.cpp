@@ -321,6 +321,22 @@ TEST_F(TrainGptCli, ParseErrorsAreOneLineWithExitCode2) {
   EXPECT_NE(help.output.find("--collective-timeout"), std::string::npos);
 }
 
+// The other programs report their command-line errors the same way (examples/cli_errors.h), and an
+// unsigned --seed refuses a negative value instead of wrapping it.
+TEST_F(TrainGptCli, EveryProgramsParseErrorsAreOneLineWithExitCode2) {
+  const std::string bin = zero::testing::bin_dir() + "/";
+  for (const std::string command :
+       {"zero_explain --no-such-flag", "zero_explain --n-layer", "sample_gpt --checkpoint x --seed -1",
+        "zero_in_one_process --no-such-flag", "train_gpt --seed -1"}) {
+    const Result r = run_command(bin + command);
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.output;
+    EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("(see --help)"), std::string::npos) << command << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << command << ": " << r.output;
+  }
+  EXPECT_NE(run_command(bin + "sample_gpt --seed -1").output.find("non-negative integer"), std::string::npos);
+}
+
 TEST_F(TrainGptCli, SourceLocationOnlyWithVerbose) {
   const Result quiet = run_train_gpt("--data " + path("text.txt") + " --steps 0");
   const Result verbose = run_train_gpt("--data " + path("text.txt") + " --steps 0 --verbose");
