@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -335,6 +336,8 @@ OptimizerSettings resolve_optimizer(Args& a, const Given& given, const dist::Tra
     take("--weight-decay", a.weight_decay, tc.optimizer->weight_decay);
   }
   std::int64_t total_steps = a.steps;
+  // The flags' floor (--min-lr's default) never exceeds a smaller peak that the optimizer section sets.
+  if (tc.optimizer && !tc.scheduler && !given.has("--min-lr")) a.min_lr = std::min(a.min_lr, a.lr);
   if (tc.scheduler) {
     take("--warmup", a.warmup, static_cast<double>(tc.scheduler->warmup_num_steps));
     take("--min-lr", a.min_lr, a.lr * tc.scheduler->cos_min_ratio);

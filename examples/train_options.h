@@ -1,7 +1,7 @@
 // train_gpt's settings: its command-line flags (Args), which of them were given (Given), the checks
 // every flag gets before any work (validate), the probe of every output path, and the DeepSpeed-style
-// config the flags override (make_config, resolve_optimizer). examples/train_gpt.cpp uses them; the flags and their
-// defaults are in README.md.
+// config the flags override (make_config, resolve_optimizer). examples/train_gpt.cpp uses them; the
+// flags and their defaults are in README.md.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -105,9 +105,10 @@ struct OptimizerSettings {
 /// --beta1, --beta2, --weight-decay (optimizer.params lr, betas, weight_decay) and --warmup, --min-lr
 /// (scheduler.params warmup_num_steps, cos_min_ratio × lr). A flag given on the command line overrides
 /// the key; a key present overrides the flag's default. The values chosen are written back into `a`,
-/// which a checkpoint records. The schedule ends at scheduler.params.total_num_steps when the config has
-/// a scheduler, else at --steps; eps is optimizer.params.eps, else 1e-8. Throws zero::Error when the
-/// resulting min_lr exceeds lr.
+/// which a checkpoint records; without a scheduler, --min-lr's default is lowered to an optimizer lr
+/// below it. The schedule ends at scheduler.params.total_num_steps when the config has a scheduler,
+/// else at --steps; eps is optimizer.params.eps, else 1e-8. Throws zero::Error when the resulting
+/// min_lr exceeds lr.
 OptimizerSettings resolve_optimizer(Args& a, const Given& given, const dist::TrainingConfig& tc);
 
 }  // namespace zero::examples
