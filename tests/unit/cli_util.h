@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <regex>
 #include <string>
 
 namespace zero::testing {
@@ -28,6 +29,13 @@ inline CommandResult run_command(const std::string& cmd) {
   while (fgets(buf.data(), buf.size(), pipe) != nullptr) out += buf.data();
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out};
+}
+
+/// `out` without the " (file:line)" that ends an error line in Debug builds (core/check.h: a Debug build
+/// always says where an error was raised), so a test can compare a message exactly in any build.
+inline std::string without_source_locations(const std::string& out) {
+  static const std::regex location(R"( \([^() \n]+\.(cpp|h|cu):[0-9]+\)\n)");
+  return std::regex_replace(out, location, "\n");
 }
 
 /// A fresh directory under the system's temp dir, named after this process and the running test.
