@@ -16,6 +16,7 @@
 #include <iterator>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "core/check.h"
 #include "core/safetensors.h"
@@ -417,9 +418,11 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
 // directory first: rank 0 creates DIR/.lock with O_CREAT | O_EXCL (atomic: of two jobs exactly one
 // creates it), holding the job's identity (host, pid of rank 0, start time, command), before any
 // work; a second job then stops at start-up naming the lock and its owner. A lock whose owner is gone
-// (same host, no process with that pid: a job that was killed) is taken over with a warning; one
-// from another host cannot be checked from here, and the message says to delete it if that job is
-// gone. (Two jobs taking over the same stale lock in the same instant can both succeed: the
+// (same host, no process or a zombie with that pid: a job that was killed) is taken over with a
+// warning; one from another host cannot be checked from here, and the message says to delete it if
+// that job is gone. An owner still alive is watched for a few seconds first (kOwnerExitWait), so a job
+// relaunched after a crash does not stop on the lock of its predecessor's last, still exiting, rank.
+// (Two jobs taking over the same stale lock in the same instant can both succeed: the
 // check-then-replace is not atomic. Starting two jobs on one directory at once is what the lock
 // exists to stop, not a race it settles.) The lock goes at normal exit and on every error that
 // unwinds (fail_job exits after the stack is unwound); a crash leaves it, stale, for the next job.
@@ -450,17 +453,27 @@ std::string describe_owner(const std::string& text) {
   }
 }
 
-// True when the lock's owner is known to be gone: on this host, and no process has its pid.
+// True when the lock's owner is known to be gone: on this host, and its pid is no process or a zombie
+// (a killed rank whose parent has not reaped it yet).
 bool owner_gone(const std::string& text) {
   try {
     const auto j = nlohmann::json::parse(text);
     if (j.at("host").get<std::string>() != this_host()) return false;
     const auto pid = static_cast<pid_t>(j.at("pid").get<long>());
-    return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+    if (pid <= 0) return false;
+    if (::kill(pid, 0) != 0) return errno == ESRCH;
+    // /proc/PID/stat: "pid (comm) S ...": the state letter follows the last ')'.
+    const std::string stat = slurp_text(fmt::format("/proc/{}/stat", pid));
+    const auto close = stat.rfind(')');
+    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z';
   } catch (const std::exception&) {
     return false;
   }
 }
+
+// How long a lock whose owner is still alive is watched before the job gives up: a relaunch
+// (scripts/launch.sh) may start while the killed job's last rank is still exiting.
+constexpr auto kOwnerExitWait = std::chrono::seconds(5);
 
 }  // namespace
 
@@ -485,7 +498,14 @@ SaveDirLock::SaveDirLock(const std::string& save_dir, const std::string& command
       return;
     }
     ZERO_CHECK(errno == EEXIST, "--save-dir '{}': cannot create the lock '{}': {}", save_dir, path_, std::strerror(errno));
-    const std::string owner = slurp_text(path_);
+    std::string owner = slurp_text(path_);
+    for (const auto until = std::chrono::steady_clock::now() + kOwnerExitWait;
+         !owner_gone(owner) && std::chrono::steady_clock::now() < until;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      owner = slurp_text(path_);
+      if (owner.empty() && !fs::exists(path_)) break;  // released meanwhile: create it again
+    }
+    if (!fs::exists(path_)) continue;
     if (attempt == 0 && owner_gone(owner)) {
       warning_ = fmt::format("warning: --save-dir '{}': taking over the lock '{}' of {}, a process that is gone", save_dir,
                              path_, describe_owner(owner));
