@@ -17,6 +17,7 @@ thread_local bool g_grad_mode = true;
 std::atomic<std::uint64_t> g_next_sequence_nr{0};
 std::atomic<int> g_next_hook_id{0};
 thread_local const char* g_scope = nullptr;  // Note [Traced scopes]
+thread_local std::uint32_t g_record_context = 0;  // Note [Record context]
 
 // Labels live as long as the process: graph nodes keep pointers to them.
 const char* intern(const std::string& label) {
@@ -146,6 +147,7 @@ void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output,
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
   node->sequence_nr_ = g_next_sequence_nr++;
   node->scope_ = g_scope;
+  node->context_ = g_record_context;
   node->next_.reserve(inputs.size());
   for (const auto& t : inputs) {
     node->next_.push_back(gradient_edge(t));
@@ -153,6 +155,9 @@ void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output,
   }
   meta_of(output).grad_fn = std::move(node);
 }
+
+void set_record_context(std::uint32_t context) { g_record_context = context; }
+std::uint32_t record_context() { return g_record_context; }
 
 int register_post_accumulate_grad_hook(Tensor& param, HookFn hook) {
   ZERO_CHECK(param.is_leaf() && param.requires_grad(), "post-accumulate-grad hooks need a leaf that requires grad");
@@ -178,7 +183,7 @@ void remove_parameter_use_hook(Tensor& param, int id) {
   std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
 }
 
-void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) {
+void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph, const BeforeNodeFn& before_node) {
   auto root_node = gradient_edge(root);
   ZERO_CHECK(root_node != nullptr, "backward() on a tensor that does not require grad");
   Tensor seed = grad_output;
@@ -222,6 +227,7 @@ void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph) 
     Tensor g = std::move(buffers[node.get()]);
     buffers.erase(node.get());
     std::vector<Tensor> grads;
+    if (g.defined() && node->context_ != 0 && before_node) before_node(node->context_);
     if (g.defined()) grads = node->apply(g);  // no incoming gradient: nothing to compute or accumulate
     if (!retain_graph) node->release();
     for (std::size_t i = 0; i < node->next_.size(); ++i) {

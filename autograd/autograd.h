@@ -39,6 +39,7 @@ class Node {
   std::vector<Shape> input_shapes_;          // one per input: the shape apply() must return for it
   std::uint64_t sequence_nr_ = 0;
   const char* scope_ = nullptr;  // the ScopeGuard label active when it was recorded (tracing only)
+  std::uint32_t context_ = 0;    // record_context() when it was recorded (Note [Record context])
 };
 
 // HookFn, UseHookFn and AutogradMeta, the state a tensor carries, are in core/autograd_interface.h.
@@ -121,9 +122,30 @@ inline void run_parameter_use_hooks(const Tensor& param) {
   for (const auto& [id, hook] : hooks) hook(param);
 }
 
+// Note [Record context]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A backward closure reads what its op saved in the forward; when that is a parameter whose memory is
+// freed between uses (ZeRO stage 3, Note [Storage that is freed and refilled] in core/storage.h), the
+// memory must be refilled before the closure runs. The engine cannot see inside closures, so the code
+// that frees the memory labels the graph instead: it sets a context number (this thread) while
+// parameters it manages are in use, record() stores it in every node, and backward() calls
+// `before_node(context)` before running a node with a non-zero context, so the owner of the memory
+// can refill what was in use when the node was recorded. PyTorch's saved-tensor hooks serve the same
+// purpose one tensor at a time; a number per node is enough here because a layer's parameters are
+// refilled together.
+
+/// The context number record() stores in new nodes (this thread; 0, the default, means none).
+void set_record_context(std::uint32_t context);
+std::uint32_t record_context();
+
+/// Called by backward() before a node recorded under a non-zero context runs (Note [Record context]).
+using BeforeNodeFn = std::function<void(std::uint32_t context)>;
+
 /// Runs the backward pass from `root` with seed gradient `grad_output` (shape of root; default: ones
-/// for a one-element root). Frees saved tensors unless retain_graph. Throws zero::Error if root does
-/// not require grad or the seed's shape differs.
-void backward(const Tensor& root, const Tensor& grad_output = Tensor(), bool retain_graph = false);
+/// for a one-element root). Frees saved tensors unless retain_graph. Calls `before_node` (if set)
+/// before each node with a non-zero context. Throws zero::Error if root does not require grad or the
+/// seed's shape differs, and whatever before_node throws.
+void backward(const Tensor& root, const Tensor& grad_output = Tensor(), bool retain_graph = false,
+              const BeforeNodeFn& before_node = {});
 
 }  // namespace zero::autograd

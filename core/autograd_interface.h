@@ -33,6 +33,17 @@ class Node;  // a graph node (autograd/autograd.h)
 using HookFn = std::function<void(Tensor& param)>;
 using UseHookFn = std::function<void(const Tensor& param)>;
 
+/// The f32 copy a layer computes with for an f16/bf16 parameter, and what it was made from (Note
+/// [Compute copies] in autograd/ops.h).
+struct ComputeCopy {
+  std::weak_ptr<Storage> storage;  // the parameter's storage when `value` was made
+  std::int64_t offset = 0;
+  std::uint64_t version = 0;
+  DType dtype = DType::f32;
+  Shape shape;
+  Tensor value;  // f32, contiguous, not tracked by autograd
+};
+
 /// Hangs off TensorImpl::autograd, made the first time autograd state is set.
 struct AutogradMeta {
   bool requires_grad = false;
@@ -41,6 +52,7 @@ struct AutogradMeta {
   std::weak_ptr<Node> grad_accumulator;  // leaves: their AccumulateGrad node, made on first use
   std::vector<std::pair<int, HookFn>> post_accumulate_grad_hooks;
   std::vector<std::pair<int, UseHookFn>> parameter_use_hooks;
+  ComputeCopy compute_copy;  // parameters of f16/bf16 models: their f32 compute copy
 };
 
 /// `t`'s autograd state, made on first use.

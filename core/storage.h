@@ -26,7 +26,11 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() const { return data_; }
+  /// Throws zero::Error when the memory is freed (Note [Storage that is freed and refilled]).
+  void* data() const {
+    if (freed_) throw_freed();
+    return data_;
+  }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   /// A counter bumped by every write that goes through Tensor (copy_, fill_) and, by hand, by code that
@@ -35,7 +39,22 @@ class Storage {
   std::uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
 
+  // Note [Storage that is freed and refilled]
+  // ZeRO stage 3 keeps a parameter's full values only while a layer needs them: the memory of a
+  // gathered parameter is returned between uses, but every tensor viewing it (the parameter itself,
+  // what autograd saved of it for backward) keeps pointing at the same Storage, which is refilled before
+  // the next use (PyTorch FSDP does the same with storage().resize_(0)). Reading a freed storage through
+  // a Tensor throws zero::Error instead of touching freed memory.
+
+  /// Returns the memory to the allocator; nbytes() keeps its value. A no-op when already freed.
+  void free_memory();
+  /// Allocates nbytes() again (the contents are undefined until written). A no-op unless freed.
+  void allocate_memory();
+  bool freed() const { return freed_; }
+
  private:
+  [[noreturn]] static void throw_freed();
+  bool freed_ = false;
   std::uint64_t version_ = 0;
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;

@@ -103,6 +103,7 @@ class Tensor {
     ZERO_CHECK(dtype_of<T>() == dtype(), "data<{}>() on a {} tensor", dtype_name(dtype_of<T>()), dtype_name(dtype()));
     return static_cast<T*>(raw_data());
   }
+  /// Throws zero::Error when the storage was freed (Note [Storage that is freed and refilled]).
   void* raw_data() const {
     return static_cast<char*>(impl_->storage->data()) + impl_->offset * static_cast<std::int64_t>(dtype_size(dtype()));
   }

@@ -78,9 +78,9 @@ const std::map<std::string, std::vector<std::string>>& ignored_keys() {
       {"zero_optimization",
        {"allgather_partitions", "use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "elastic_checkpoint",
         "ignore_unused_parameters", "round_robin_gradients", "offload_optimizer", "offload_param", "cpu_offload",
-        "cpu_offload_param", "cpu_offload_use_pin_memory", "sub_group_size", "stage3_prefetch_bucket_size",
-        "stage3_param_persistence_threshold", "stage3_model_persistence_threshold", "stage3_max_live_parameters",
-        "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+        "cpu_offload_param", "cpu_offload_use_pin_memory", "sub_group_size",
+        "stage3_param_persistence_threshold", "stage3_model_persistence_threshold", "stage3_max_reuse_distance",
+        "stage3_gather_16bit_weights_on_model_save",
         "stage3_gather_fp16_weights_on_model_save", "stage3_module_granularity_threshold",
         "stage3_use_all_reduce_for_fetch_params", "memory_efficient_linear", "pipeline_loading_checkpoint",
         "override_module_apply", "log_trace_cache_warnings"}},
@@ -304,6 +304,8 @@ void parse_zero(Section s, ZeroConfig& c) {
   s.read("contiguous_gradients", c.contiguous_gradients);
   s.read("overlap_comm", c.overlap_comm);
   s.read("overlap_param_gather", c.overlap_param_gather);
+  s.read("stage3_prefetch_bucket_size", c.stage3_prefetch_bucket_size);
+  s.read("stage3_max_live_parameters", c.stage3_max_live_parameters);
   if (s.has("reduce_scatter_with_fp32_accumulation")) {
     bool on = false;
     s.read("reduce_scatter_with_fp32_accumulation", on);
@@ -420,8 +422,14 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
     fail(src, "bf16.enabled", "fp16.enabled and bf16.enabled are both true; enable at most one");
 
   const ZeroConfig& z = c.zero_optimization;
-  if (z.stage < 0 || z.stage > 2)
-    fail(src, "zero_optimization.stage", fmt::format("stage {} is not supported (stages 0, 1, 2)", z.stage));
+  if (z.stage < 0 || z.stage > 3)
+    fail(src, "zero_optimization.stage", fmt::format("stage {} is not supported (stages 0, 1, 2, 3)", z.stage));
+  if (z.stage3_prefetch_bucket_size < 0)
+    fail(src, "zero_optimization.stage3_prefetch_bucket_size",
+         fmt::format("must be >= 0 elements (0: no prefetch), got {}", z.stage3_prefetch_bucket_size));
+  if (z.stage3_max_live_parameters < 1)
+    fail(src, "zero_optimization.stage3_max_live_parameters",
+         fmt::format("must be >= 1 element, got {}", z.stage3_max_live_parameters));
   if (z.reduce_bucket_size && *z.reduce_bucket_size <= 0)
     fail(src, "zero_optimization.reduce_bucket_size",
          fmt::format("must be > 0 elements, got {}", *z.reduce_bucket_size));
@@ -613,6 +621,8 @@ nlohmann::json TrainingConfig::to_json() const {
         {"contiguous_gradients", zero_optimization.contiguous_gradients},
         {"overlap_comm", zero_optimization.overlap_comm},
         {"overlap_param_gather", zero_optimization.overlap_param_gather},
+        {"stage3_prefetch_bucket_size", zero_optimization.stage3_prefetch_bucket_size},
+        {"stage3_max_live_parameters", zero_optimization.stage3_max_live_parameters},
         {"reduce_scatter_with_fp32_accumulation", zero_optimization.reduce_scatter_with_fp32_accumulation
                                                        ? json(*zero_optimization.reduce_scatter_with_fp32_accumulation)
                                                        : json(nullptr)}}},
@@ -703,6 +713,8 @@ ZeroOptions TrainingConfig::zero_options() const {
   zo.allgather_bucket_size = zero_optimization.allgather_bucket_size.value_or(kAutoBucketSize);
   zo.reduce_in_fp32 = communication_data_type.value_or("") == "fp32";
   zo.overlap_param_gather = zero_optimization.overlap_param_gather;
+  zo.stage3_prefetch_bucket_size = zero_optimization.stage3_prefetch_bucket_size;
+  zo.stage3_max_live_parameters = zero_optimization.stage3_max_live_parameters;
   zo.reduce_scatter_with_fp32_accumulation = zero_optimization.reduce_scatter_with_fp32_accumulation.value_or(false);
   zo.reduce_scatter = zero_optimization.reduce_scatter;
   zo.overlap_comm = zero_optimization.overlap_comm;

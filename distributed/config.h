@@ -60,7 +60,7 @@ struct Bf16Config {
 
 /// "zero_optimization". Bucket sizes count elements, not bytes.
 struct ZeroConfig {
-  int stage = 0;                                     // 0 (plain data parallel), 1 or 2; 3 is rejected
+  int stage = 0;                                     // 0 (plain data parallel), 1, 2 or 3
   // IPG bucket and all-gather chunk, elements. Unset (nullopt, or null in the file): the automatic size
   // default_bucket_size(Ψ) of distributed/zero_plan.h, which keeps stage 2's gradient memory below
   // stage 1's; DeepSpeed's fixed default is 5e8 (docs/zero.md, "Bucket size"). A value given is used
@@ -81,6 +81,11 @@ struct ZeroConfig {
   // reduce-scatter] in distributed/communicator.cpp). Unset: off. true needs a 16-bit wire (a 16-bit
   // model without communication_data_type "fp32").
   std::optional<bool> reduce_scatter_with_fp32_accumulation;
+  // Stage 3, DeepSpeed's keys and defaults, in elements (docs/zero.md, "Stage 3"): the elements of
+  // the gather units fetched ahead of the one in use (0: no prefetch), and the most gathered elements
+  // alive at once (at least the largest unit).
+  std::int64_t stage3_prefetch_bucket_size = 50'000'000;
+  std::int64_t stage3_max_live_parameters = 1'000'000'000;
 };
 
 /// "optimizer": {"type": "AdamW" | "Adam", "params": {...}}. The type is matched case-insensitively, as

@@ -104,7 +104,7 @@ double GradientReducer::pool_bytes() const {
 }
 
 Tensor GradientReducer::gradient() const {
-  if (plan_.options.stage == 2) return accumulated_;
+  if (plan_.options.stage >= 2) return accumulated_;
   return flat_range(accumulated_, plan_.region_begin(rank_), plan_.region_size());
 }
 
@@ -180,7 +180,7 @@ void GradientReducer::on_gradient(std::size_t i, Tensor& param) {
              p.name);
   delivered_[i] = 1;
   if (trace::active()) trace::instant("hook", "hook", trace::kComputeThread, {{"param", p.name}});
-  const bool stage2 = plan_.options.stage == 2;
+  const bool stage2 = plan_.options.stage >= 2;  // stage 3 reduces as stage 2 does
   if (p.numel == 0) {
     if (stage2) param.set_grad(Tensor());
     return;
@@ -219,7 +219,7 @@ void GradientReducer::issue_ready_buckets() {
 void GradientReducer::issue_bucket(int k) {
   const Bucket& b = plan_.buckets[static_cast<std::size_t>(k)];
   const DType dt = plan_.options.dtype;
-  const int buffer = plan_.options.stage == 2 ? take_free_buffer() : -1;
+  const int buffer = plan_.options.stage >= 2 ? take_free_buffer() : -1;
   const Tensor bucket = buffer >= 0 ? fill_pool_buffer(k, buffer) : flat_range(accumulated_, b.begin, b.size());
   // Average by pre-dividing: every rank scales its contribution by 1/N, the collective sums.
   if (world_ > 1) optim::scale_grad_(bucket, 1.0f / static_cast<float>(world_));

@@ -13,7 +13,7 @@
 //            ─► deliver (when the collective has finished): stage 2 adds this rank's slice into its
 //               partition gradient and frees the buffer; stages 0/1 reduced in place, nothing to do.
 //
-// Stage 2 reduces every micro-step; stages 0/1 only in the backward that ends an accumulation
+// Stage 3 reduces exactly as stage 2 ("stage 2" below means both). Stage 2 reduces every micro-step; stages 0/1 only in the backward that ends an accumulation
 // (until then autograd just keeps summing into the flat gradient). With overlap_comm the collectives
 // run while backward goes on, and end_backward() waits for them; without it each one blocks.
 // gradient() is then the averaged gradient of the range this rank steps (ZeroPlan::region_begin).

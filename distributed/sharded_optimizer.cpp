@@ -5,20 +5,22 @@
 
 namespace zero::dist {
 
-ShardedOptimizer::ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor flat_params)
+ShardedOptimizer::ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor region_params)
     : plan_(plan),
-      flat_params_(std::move(flat_params)),
+      region_params_(std::move(region_params)),
       region_begin_(plan.region_begin(rank)),
       region_size_(plan.region_size()),
       slices_(plan.region_slices(rank)),
       param_steps_(plan.layout.params().size(), 0) {
-  const Device device = flat_params_.device();
-  const Tensor region = flat_range(flat_params_, region_begin_, region_size_);
+  ZERO_CHECK(region_params_.numel() == region_size_ && region_params_.is_contiguous(),
+             "ShardedOptimizer: the range's parameters have {} elements, the plan's range {}", region_params_.numel(),
+             region_size_);
+  const Device device = region_params_.device();
   if (plan_.options.dtype == DType::f32) {
-    master_ = region;  // the model's own fp32 values: AdamW updates them in place
+    master_ = region_params_;  // the model's own fp32 values: AdamW updates them in place
   } else {
     master_ = Tensor::empty({region_size_}, DType::f32, device);
-    master_.copy_(region);  // exact: every f16/bf16 value is an f32 value
+    master_.copy_(region_params_);  // exact: every f16/bf16 value is an f32 value
   }
   exp_avg_ = Tensor::zeros({region_size_}, DType::f32, device);
   exp_avg_sq_ = Tensor::zeros({region_size_}, DType::f32, device);
@@ -43,16 +45,16 @@ void ShardedOptimizer::step(const Tensor& grad, float grad_factor, const std::ve
     const std::int64_t j = s.flat_offset - region_begin_;
     optim::adamw_update(master_.device(), master_.data<float>() + j, element_ptr(grad, j), o.dtype, grad_factor,
                         exp_avg_.data<float>() + j, exp_avg_sq_.data<float>() + j,
-                        separate_master ? element_ptr(flat_params_, s.flat_offset) : nullptr, o.dtype, s.length,
+                        separate_master ? element_ptr(region_params_, j) : nullptr, o.dtype, s.length,
                         s.decay ? with_decay : no_decay, param_steps_[s.param]);
   }
-  // The flat buffer changed: layers must convert their 16-bit parameters again (Note [Compute copies]).
-  flat_params_.storage()->bump_version();
+  // The parameters changed: layers must convert their 16-bit parameters again (Note [Compute copies]).
+  region_params_.storage()->bump_version();
 }
 
 void ShardedOptimizer::write_master_to_params() {
-  if (plan_.options.dtype != DType::f32) flat_range(flat_params_, region_begin_, region_size_).copy_(master_);
-  flat_params_.storage()->bump_version();  // Note [Compute copies]
+  if (plan_.options.dtype != DType::f32) region_params_.copy_(master_);
+  region_params_.storage()->bump_version();  // Note [Compute copies]
 }
 
 void ShardedOptimizer::reset_param_steps(std::int64_t steps) {

@@ -1,5 +1,5 @@
 // ShardedOptimizer: AdamW with fp32 master weights over one contiguous range of the flat parameter
-// buffer: the whole buffer at stage 0, this rank's partition [r·P, (r+1)·P) at stages 1/2 (the ZeRO
+// buffer: the whole buffer at stage 0, this rank's partition [r·P, (r+1)·P) at stages 1-3 (the ZeRO
 // paper's P_os: each rank keeps optimizer state for 1/N of the parameters). It knows nothing of ranks
 // or communication: it is handed this rank's averaged gradient of the range and updates the range.
 //
@@ -11,8 +11,10 @@
 // The update is optim::adamw_update (the one AdamW of optim/, on the buffers' device) per
 // parameter slice of the range, with that parameter's weight-decay flag and its own step count
 // (Note [Unused parameters] in zero_optimizer.cpp); for a 16-bit model it also rounds the updated
-// master back into the flat buffer, so after step() this rank's range of the model is current and the
-// other ranks' ranges wait for the all-gather (distributed/parameter_gather.h).
+// master back into the model-dtype parameters of the range (a range of the flat buffer at stages 0-2,
+// the rank's parameter shard at stage 3), so after step() this rank's range of the model is current
+// and the other ranks' ranges wait for the all-gather (distributed/parameter_gather.h) or, at stage 3,
+// for the next gather of each unit (distributed/partitioned_parameters.h).
 #pragma once
 
 #include <cstdint>
@@ -24,16 +26,17 @@ namespace zero::dist {
 
 class ShardedOptimizer {
  public:
-  /// The state for what rank `rank` steps under `plan`: master initialised from `flat_params`
-  /// ([padded_numel], model dtype, on the device every buffer is allocated on), m and v zero.
-  ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor flat_params);
+  /// The state for what rank `rank` steps under `plan`: master initialised from `region_params`
+  /// ([region_size] model dtype, contiguous, on the device every buffer is allocated on: the model's
+  /// values of the range, which step() updates), m and v zero.
+  ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor region_params);
 
   /// One AdamW step of the range. grad: [region_size] model dtype, this rank's averaged gradient, still
   /// multiplied by the loss scale; grad_factor: what to multiply it by first (1/loss scale times the clip
   /// coefficient); stepped[i]: whether layout parameter i is updated at all (parameters no rank produced
   /// a gradient for are not: no decay, no moment decay, no step count). lr: this step's learning rate.
   void step(const Tensor& grad, float grad_factor, const std::vector<char>& stepped, float lr);
-  /// Rounds the master into this rank's range of the flat buffer (f16/bf16; for f32 they are the same
+  /// Rounds the master into the range's model-dtype parameters (f16/bf16; for f32 they are the same
   /// memory), as step() does: after a checkpoint load wrote the master.
   void write_master_to_params();
 
@@ -42,7 +45,7 @@ class ShardedOptimizer {
   const Tensor& master() const { return master_; }
   const Tensor& exp_avg() const { return exp_avg_; }
   const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
-  /// Bytes of master (none for f32: the flat buffer is the master) + m + v.
+  /// Bytes of master (none for f32: the model's parameters are the master) + m + v.
   double bytes() const;
 
   /// Per layout parameter: the AdamW steps that updated it (its bias-correction count).
@@ -55,7 +58,7 @@ class ShardedOptimizer {
 
  private:
   const ZeroPlan& plan_;
-  Tensor flat_params_;
+  Tensor region_params_;  // [region_size] model dtype: the model's values of the range
   std::int64_t region_begin_ = 0;
   std::int64_t region_size_ = 0;
   std::vector<ParamSlice> slices_;  // the parameter pieces inside the range, in flat order

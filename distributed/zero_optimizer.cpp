@@ -84,8 +84,9 @@ namespace {
 // gradient back (a copy taken here when earlier micro-steps accumulated something, else zeros).
 class BackwardRestorePoint {
  public:
-  BackwardRestorePoint(GradientReducer& reducer, Tensor& backup, bool has_accumulated)
-      : reducer_(reducer), backup_(backup), copy_(has_accumulated) {
+  BackwardRestorePoint(GradientReducer& reducer, PartitionedParameters* partitioned, Tensor& backup,
+                       bool has_accumulated)
+      : reducer_(reducer), partitioned_(partitioned), backup_(backup), copy_(has_accumulated) {
     if (!copy_) return;
     const Tensor& acc = reducer_.accumulated();
     if (!backup_.defined()) backup_ = Tensor::empty({acc.numel()}, acc.dtype(), acc.device());
@@ -94,6 +95,7 @@ class BackwardRestorePoint {
   ~BackwardRestorePoint() {
     if (committed_) return;
     reducer_.abandon_backward();
+    if (partitioned_ != nullptr) partitioned_->release_all();
     try {
       Tensor acc = reducer_.accumulated();
       if (copy_)
@@ -110,6 +112,7 @@ class BackwardRestorePoint {
 
  private:
   GradientReducer& reducer_;
+  PartitionedParameters* partitioned_;  // stage 3: its gathered units are freed too
   Tensor& backup_;
   bool copy_;
   bool committed_ = false;
@@ -164,7 +167,17 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   flat_params_.storage()->bump_version();  // written behind the tensors' back (Note [Compute copies])
 
   reducer_ = std::make_unique<GradientReducer>(plan_, rank_, comm_, params_, device);
-  optimizer_ = std::make_unique<ShardedOptimizer>(plan_, rank_, flat_params_);
+  if (plan_.options.stage == 3) {
+    // This rank keeps its partition only; the parameters become views of their units' buffers, which
+    // hold values only while a layer uses them. The hooks go on after the reducer's.
+    Tensor shard = flat_range(flat_params_, layout.partition_begin(rank_), layout.partition_size()).clone();
+    partitioned_ = std::make_unique<PartitionedParameters>(plan_, rank_, comm_, shard, params_);
+    flat_params_ = Tensor();
+    optimizer_ = std::make_unique<ShardedOptimizer>(plan_, rank_, shard);
+    return;
+  }
+  optimizer_ = std::make_unique<ShardedOptimizer>(plan_, rank_,
+                                                  flat_range(flat_params_, plan_.region_begin(rank_), plan_.region_size()));
   gather_ = std::make_unique<ParameterGather>(plan_, rank_, comm_, flat_params_, params_);
 }
 
@@ -179,7 +192,12 @@ float ZeroOptimizer::loss_scale() const { return scaler_.scale(); }
 
 MemoryBreakdown ZeroOptimizer::memory() const {
   MemoryBreakdown m;
-  m.params = static_cast<double>(flat_params_.nbytes());
+  if (partitioned_) {
+    m.params = static_cast<double>(partitioned_->shard().nbytes());
+    m.gathered = static_cast<double>(partitioned_->max_live_elements()) * static_cast<double>(dtype_size(plan_.options.dtype));
+  } else {
+    m.params = static_cast<double>(flat_params_.nbytes());
+  }
   m.grads = static_cast<double>(reducer_->accumulated().nbytes());
   m.optimizer_states = optimizer_->bytes();
   m.buckets = reducer_->pool_bytes();
@@ -187,7 +205,14 @@ MemoryBreakdown ZeroOptimizer::memory() const {
   return m;
 }
 
-void ZeroOptimizer::wait_for_params() { gather_->wait_in_flight(); }
+void ZeroOptimizer::wait_for_params() {
+  if (gather_) gather_->wait_in_flight();
+}
+
+void ZeroOptimizer::gather_parameters() {
+  wait_for_params();
+  if (partitioned_) partitioned_->gather_all();
+}
 
 // ---- backward ----------------------------------------------------------------------------------------
 
@@ -199,21 +224,28 @@ void ZeroOptimizer::backward(const Tensor& loss) {
              micro_step_ + 1, gas, gas);
   ZERO_CHECK(loss.defined() && loss.numel() == 1, "ZeRO: backward() needs a one-element loss tensor");
   ZERO_CHECK(is_floating(loss.dtype()), "ZeRO: the loss must be a float tensor, got {}", dtype_name(loss.dtype()));
-  gather_->complete();  // the last step's parameters must be in place (Note [Overlapped all-gather])
+  if (gather_) gather_->complete();  // the last step's parameters must be in place (Note [Overlapped all-gather])
   // The scale is fixed for a whole accumulation: step() unscales with the scale backward used, not the
   // one the scaler moves to afterwards (DeepSpeed unscales with the post-update scale).
   if (micro_step_ == 0) {
     backward_scale_ = scaler_.scale();
     comm_->set_step(step_count_ + skipped_steps_ + 1);
   }
-  BackwardRestorePoint restore(*reducer_, grad_backup_, micro_step_ > 0);
-  reducer_->begin_backward(plan_.options.stage == 2 || micro_step_ + 1 == gas);
+  BackwardRestorePoint restore(*reducer_, partitioned_.get(), grad_backup_, micro_step_ > 0);
+  reducer_->begin_backward(plan_.options.stage >= 2 || micro_step_ + 1 == gas);
   // Seeding backward with scale/GAS is the same as backward of loss·scale/GAS, without a graph node.
   const Tensor seed =
       Tensor::full(loss.shape(), backward_scale_ / static_cast<float>(gas), loss.dtype(), loss.device());
   trace::Span span("backward", "backward");
-  autograd::backward(loss, seed);  // the reducer's hooks fill and issue buckets as gradients become final
-  reducer_->end_backward();        // the remaining buckets, then wait for every reduction
+  if (partitioned_) {
+    // Stage 3: each node's unit is gathered before it runs (Note [Record context] in autograd.h).
+    partitioned_->begin_backward();
+    autograd::backward(loss, seed, false, [this](std::uint32_t c) { partitioned_->before_node(c); });
+  } else {
+    autograd::backward(loss, seed);  // the reducer's hooks fill and issue buckets as gradients become final
+  }
+  reducer_->end_backward();  // the remaining buckets, then wait for every reduction
+  if (partitioned_) partitioned_->end_backward();
   restore.commit();
   ++micro_step_;
 }
@@ -222,11 +254,11 @@ void ZeroOptimizer::backward(const Tensor& loss) {
 
 bool ZeroOptimizer::step() {
   // Note [Exception safety]: the previous step's all-gather failed; completing it finishes that step.
-  if (gather_->failed() && micro_step_ == 0) {
+  if (gather_ && gather_->failed() && micro_step_ == 0) {
     gather_->complete();
     return true;
   }
-  gather_->complete();  // Note [Overlapped all-gather]: a no-op unless gathers are in flight
+  if (gather_) gather_->complete();  // Note [Overlapped all-gather]: a no-op unless gathers are in flight
   const int gas = plan_.options.gradient_accumulation_steps;
   ZERO_CHECK(micro_step_ == gas,
              "ZeRO: step() after {} backward() calls; gradient_accumulation_steps = {} needs {} backward() calls "
@@ -236,7 +268,8 @@ bool ZeroOptimizer::step() {
   switch (plan_.options.stage) {
     case 0: return step_stage_0();
     case 1: return step_stage_1();
-    default: return step_stage_2();
+    case 2: return step_stage_2();
+    default: return step_stage_3();
   }
 }
 
@@ -275,6 +308,21 @@ bool ZeroOptimizer::step_stage_1() {
 //           ownership] in gradient_reducer.cpp).
 // From here on the step is stage 1's: norm of the partitions, update of mine, all-gather.
 bool ZeroOptimizer::step_stage_2() { return step_stage_1(); }
+
+// Stage 3, optimizer states, gradients and parameters partitioned (P_os+g+p).
+//   reduce: done, as at stage 2; the units the backward gathered are freed again.
+bool ZeroOptimizer::step_stage_3() {
+  const Tensor grad = reducer_->gradient();  // [P]: this rank's partition of the gradient
+  // norm: each rank's partial sum of squares, summed over ranks.
+  const StepDecision d = agree_on_step(grad, /*norm_is_global=*/false);
+  if (!d.finite) return skip_step(grad);
+  // update: AdamW on this rank's shard, which is all of the parameters it keeps.
+  update(grad, d);
+  // gather: nothing now. Units a forward gathered since backward hold old values: free them; the next
+  // forward gathers each unit when it reads it (Note [Gathering on use] in partitioned_parameters.cpp).
+  partitioned_->release_all();
+  return true;
+}
 
 ZeroOptimizer::StepDecision ZeroOptimizer::agree_on_step(const Tensor& grad, bool norm_is_global) {
   // One pass for the norm: fp64 sum of squares, non-finite iff an element is (Note [Non-finite
@@ -370,7 +418,8 @@ void ZeroOptimizer::set_param_steps(std::vector<std::int64_t> steps) {
 
 void ZeroOptimizer::sync_params_from_master() {
   optimizer_->write_master_to_params();
-  if (plan_.options.stage != 0) gather_->all_gather_and_wait();
+  if (partitioned_) partitioned_->release_all();
+  if (gather_ && plan_.options.stage != 0) gather_->all_gather_and_wait();
 }
 
 }  // namespace zero::dist

@@ -1,20 +1,21 @@
-// ZeroOptimizer: data-parallel AdamW with ZeRO stages 0, 1 and 2 (Rajbhandari et al., "ZeRO: Memory
+// ZeroOptimizer: data-parallel AdamW with ZeRO stages 0 to 3 (Rajbhandari et al., "ZeRO: Memory
 // Optimizations Toward Training Trillion Parameter Models", SC20, arXiv 1910.02054), on top of one
 // Communicator. A walk-through of one step, with the memory and traffic formulas, is docs/zero.md.
 //
-// It is the composition of three parts, each in its own file, built from one ZeroPlan (zero_plan.h):
-//   GradientReducer   (gradient_reducer.h)   hooks → buckets → reduction → this rank's averaged gradient
-//   ShardedOptimizer  (sharded_optimizer.h)  fp32 master + Adam m, v over the range this rank steps
-//   ParameterGather   (parameter_gather.h)   all-gather of the updated partitions, blocking or overlapped
+// It is the composition of four parts, each in its own file, built from one ZeroPlan (zero_plan.h):
+//   GradientReducer        (gradient_reducer.h)        hooks → buckets → reduction → this rank's averaged gradient
+//   ShardedOptimizer       (sharded_optimizer.h)       fp32 master + Adam m, v over the range this rank steps
+//   ParameterGather        (parameter_gather.h)        stages 1/2: all-gather of the updated partitions
+//   PartitionedParameters  (partitioned_parameters.h)  stage 3: each unit gathered while a layer uses it
 // and the stages differ only in how those parts are set up and called:
 //
-//   stage  gradient kept            reduced                       optimizer state   after the update
-//   0      whole flat gradient      all-reduce, at the GAS end    everything        nothing to gather
-//   1      whole flat gradient      reduce-scatter, at the GAS end  my partition    all-gather
-//   2      my partition only        reduce-scatter, every micro-step  my partition  all-gather
+//   stage  parameters kept  gradient kept        reduced                           optimizer state  after the update
+//   0      all              whole flat gradient  all-reduce, at the GAS end        everything       nothing to gather
+//   1      all              whole flat gradient  reduce-scatter, at the GAS end    my partition     all-gather
+//   2      all              my partition only    reduce-scatter, every micro-step  my partition     all-gather
+//   3      my partition     my partition only    reduce-scatter, every micro-step  my partition     nothing: units are
+//                                                                                                    gathered on use
 //   (reduce_scatter=false replaces the reduce-scatter by an all-reduce of which each rank keeps its slice)
-//
-// Stage 3 (parameters partitioned) is not implemented: the constructor throws.
 //
 // Usage (every rank runs the same program on its own micro-batches):
 //
@@ -26,7 +27,9 @@
 //
 // The constructor moves every trainable parameter into one flat buffer (FlatLayout) in the model dtype
 // and re-points the module's tensors at views of it (Tensor::set_data), so the model computes from the
-// flat buffer; it also broadcasts rank 0's values so every rank starts from the same weights. The
+// flat buffer; it also broadcasts rank 0's values so every rank starts from the same weights. At stage
+// 3 it keeps only this rank's partition of that buffer (the shard) and re-points the tensors at views
+// of their gather unit's buffer, which holds values only while a layer uses it. The
 // object must outlive every backward of the model and cannot be copied or moved (its parts' hooks
 // point at them).
 #pragma once
@@ -39,6 +42,7 @@
 #include "distributed/flat_layout.h"
 #include "distributed/gradient_reducer.h"
 #include "distributed/parameter_gather.h"
+#include "distributed/partitioned_parameters.h"
 #include "distributed/sharded_optimizer.h"
 #include "distributed/zero_plan.h"
 #include "nn/module.h"
@@ -52,7 +56,7 @@ class ZeroOptimizer {
   /// Collective: every rank must construct it with the same parameter list and options.
   /// Parameters on cuda keep every buffer on the device (Note [ZeRO on cuda] in the .cpp); `comm` must
   /// then take device buffers (NcclCommunicator or make_host_staged, distributed/nccl_communicator.h).
-  /// Throws zero::Error for stage 3 or outside 0..2, a non-float dtype, a bucket size < 1,
+  /// Throws zero::Error for a stage outside 0..3, a non-float dtype, a bucket size < 1,
   /// gradient_accumulation_steps < 1, negative clipping / weight decay, a null communicator, no
   /// trainable parameter, a parameter listed twice, a non-leaf parameter, parameters on different
   /// devices, and for the loss-scaler and AdamW option checks.
@@ -93,6 +97,13 @@ class ZeroOptimizer {
   /// all-gather (the next step() or backward() then redoes it). A no-op when nothing is in flight.
   void wait_for_params();
 
+  /// wait_for_params(), and at stage 3 an all-gather of every unit: afterwards the module's parameters
+  /// hold the last step's values, until the next backward() or step() frees them again (DeepSpeed's
+  /// GatheredParameters), whatever stage3_max_live_parameters says. For code that reads parameters
+  /// outside a forward: a comparison across ranks, a state_dict(). Collective at stage 3. Rethrows a
+  /// failed all-gather.
+  void gather_parameters();
+
   /// Learning rate for the next step(). Throws zero::Error if lr < 0.
   void set_lr(float lr);
   float lr() const { return lr_; }
@@ -108,20 +119,24 @@ class ZeroOptimizer {
   const FlatLayout& layout() const { return plan_.layout; }
   const ZeroOptions& options() const { return plan_.options; }
   /// The flat model-dtype parameter buffer ([padded_numel]); module parameters are views into it.
-  /// With overlap_param_gather, call wait_for_params() before reading it.
+  /// With overlap_param_gather, call wait_for_params() before reading it. Undefined at stage 3, where
+  /// no rank holds it: see partitioned().
   const Tensor& flat_params() const { return flat_params_; }
+  /// Stage 3's parameters (the shard, the gathers, the live count); null at stages 0-2.
+  const PartitionedParameters* partitioned() const { return partitioned_.get(); }
   /// Sizes, buckets and formulas of this configuration (bucket sizes resolved).
   const ZeroPlan& plan() const { return plan_; }
-  /// Persistent buffers of this rank, in bytes, measured from what is allocated: params = flat buffer;
-  /// grads = full flat gradient (stages 0/1) or the partition gradient (stage 2); optimizer_states =
-  /// fp32 master (none for f32: the flat buffer is the master) + m + v, for everything (stage 0) or the
-  /// partition (1/2); buckets = the stage-2 bucket pool (stages 0/1 reduce in place and hold none);
-  /// recovery = the restore point's copy (allocated by the first backward with GAS > 1).
+  /// Persistent buffers of this rank, in bytes, measured from what is allocated: params = flat buffer
+  /// (stage 3: the shard); grads = full flat gradient (stages 0/1) or the partition gradient (2/3);
+  /// optimizer_states = fp32 master (none for f32: the model's parameters are the master) + m + v,
+  /// for everything (stage 0) or the partition (1-3); buckets = the stage-2/3 bucket pool (stages 0/1
+  /// reduce in place and hold none); recovery = the restore point's copy (allocated by the first
+  /// backward with GAS > 1); gathered = stage 3's most gathered parameter bytes alive at once so far.
   MemoryBreakdown memory() const;
 
   // ---- what a checkpoint reads and restores (distributed/checkpoint.h) ----
   /// The flat range this rank steps and keeps fp32 state for: [0, padded_numel) at stage 0, its
-  /// partition [r·P, (r+1)·P) at stages 1/2. Elements.
+  /// partition [r·P, (r+1)·P) at stages 1-3. Elements.
   std::int64_t region_begin() const { return optimizer_->region_begin(); }
   std::int64_t region_size() const { return optimizer_->region_size(); }
   /// fp32 [region_size] buffers on the parameters' device: the master weights (for f32 the flat
@@ -135,7 +150,8 @@ class ZeroOptimizer {
   /// counts or between backward() and step().
   void restore_counters(std::int64_t steps, std::int64_t skipped_steps, const optim::LossScaler::State* scaler);
   /// Rounds the master region into the model-dtype flat buffer (f16/bf16; f32 shares it) and
-  /// all-gathers it (stages 1/2), as the end of step() does. Collective.
+  /// all-gathers it (stages 1/2), as the end of step() does (stage 3: into the shard, and every gathered
+  /// unit is freed). Collective.
   void sync_params_from_master();
   /// Per-parameter AdamW step counts, parallel to layout().params(): the steps that updated it, used
   /// for its bias correction. A parameter that no rank produced a gradient for during a whole
@@ -151,6 +167,7 @@ class ZeroOptimizer {
   bool step_stage_0();
   bool step_stage_1();
   bool step_stage_2();
+  bool step_stage_3();
 
   /// What every rank agrees on before an update (Note [Unused parameters], Note [Non-finite gradients]).
   struct StepDecision {
@@ -168,10 +185,11 @@ class ZeroOptimizer {
   int rank_ = 0;
   int world_ = 1;
   std::vector<Tensor> params_;  // the module's trainable parameters, parallel to plan_.layout.params()
-  Tensor flat_params_;          // [padded] model dtype; params_ are views of it
+  Tensor flat_params_;          // [padded] model dtype; params_ are views of it (undefined at stage 3)
   std::unique_ptr<GradientReducer> reducer_;
   std::unique_ptr<ShardedOptimizer> optimizer_;
-  std::unique_ptr<ParameterGather> gather_;
+  std::unique_ptr<ParameterGather> gather_;                // stages 1/2 (null at 0 and 3)
+  std::unique_ptr<PartitionedParameters> partitioned_;    // stage 3 only
 
   optim::LossScaler scaler_;
   float backward_scale_ = 1.0f;  // the scale this accumulation's backward calls used

@@ -55,8 +55,11 @@ std::int64_t automatic_bucket_size(std::int64_t numel, std::int64_t padded_numel
 }
 
 void check_zero_options(const ZeroOptions& o) {
-  ZERO_CHECK(o.stage != 3, "ZeRO stage 3 (partitioned parameters) is not implemented; use stage 0, 1 or 2");
-  ZERO_CHECK(o.stage >= 0 && o.stage <= 2, "ZeRO stage must be 0, 1 or 2, got {}", o.stage);
+  ZERO_CHECK(o.stage >= 0 && o.stage <= 3, "ZeRO stage must be 0, 1, 2 or 3, got {}", o.stage);
+  ZERO_CHECK(o.stage3_prefetch_bucket_size >= 0, "ZeRO: stage3_prefetch_bucket_size must be >= 0 elements, got {}",
+             o.stage3_prefetch_bucket_size);
+  ZERO_CHECK(o.stage3_max_live_parameters >= 1, "ZeRO: stage3_max_live_parameters must be >= 1 element, got {}",
+             o.stage3_max_live_parameters);
   ZERO_CHECK(is_floating(o.dtype), "ZeRO: model dtype must be f32, f16 or bf16, got {}", dtype_name(o.dtype));
   ZERO_CHECK(o.reduce_bucket_size >= 1 || o.reduce_bucket_size == kAutoBucketSize,
              "ZeRO: reduce_bucket_size must be >= 1 element, got {}", o.reduce_bucket_size);
@@ -75,15 +78,15 @@ void check_zero_options(const ZeroOptions& o) {
 }
 
 MemoryBreakdown expected_memory(int stage, DType dtype, double psi, int world_size) {
-  ZERO_CHECK(stage >= 0 && stage <= 2, "expected_memory: stage must be 0, 1 or 2, got {}", stage);
+  ZERO_CHECK(stage >= 0 && stage <= 3, "expected_memory: stage must be 0, 1, 2 or 3, got {}", stage);
   ZERO_CHECK(is_floating(dtype), "expected_memory: dtype must be f32, f16 or bf16, got {}", dtype_name(dtype));
   ZERO_CHECK(world_size >= 1, "expected_memory: world_size must be >= 1, got {}", world_size);
   const double b = static_cast<double>(dtype_size(dtype));
   const double k = dtype == DType::f32 ? 8.0 : 12.0;  // (fp32 master) + m + v, bytes per parameter
   const double n = world_size;
   MemoryBreakdown m;
-  m.params = b * psi;
-  m.grads = stage == 2 ? b * psi / n : b * psi;
+  m.params = stage == 3 ? b * psi / n : b * psi;
+  m.grads = stage >= 2 ? b * psi / n : b * psi;
   m.optimizer_states = stage == 0 ? k * psi : k * psi / n;
   return m;
 }
@@ -92,6 +95,50 @@ double StepTraffic::total() const {
   double sum = 0;
   for (double b : bytes) sum += b;
   return sum;
+}
+
+// Note [Gather units]
+// ~~~~~~~~~~~~~~~~~~~
+// Stage 3 gathers parameters a layer at a time: before a layer reads its first parameter the whole
+// unit is all-gathered, and it is freed when the forward moves on to another unit (or, in backward,
+// when its gradients have been handed to the reducer). A unit is a module subtree, found from the
+// dotted parameter names: the owning module's path up to and including its first all-digit part
+// ("h.3" for every parameter of a transformer block in a ModuleList-style "h"), else the path's first
+// part ("wte", "ln_f"); parameters of the root module itself form the unit "". Consecutive parameters
+// with the same unit name form one unit. That is the granularity PyTorch FSDP users wrap with a
+// transformer-block policy; DeepSpeed gathers each leaf module. Because named_parameters() order is
+// also flat order, a unit is one contiguous range [begin, end) of the flat buffer, so gathering it is
+// one all-gather whose rank r contributes the part of the range in its partition.
+// Traffic: GPT reads every unit once per forward, except the tied token embedding, which the LM head
+// reads again at the end; it is then still gathered when backward starts and stays so until its
+// gradient is final, so each unit is gathered twice per micro-step in all, 2Ψ, and with the gradient
+// reduce-scatter 3Ψ (the ZeRO paper's 1.5x of data parallelism, §7.2.2).
+std::vector<GatherUnit> make_gather_units(const FlatLayout& layout) {
+  auto unit_name = [](const std::string& name) {
+    const std::size_t last = name.rfind('.');
+    if (last == std::string::npos) return std::string();  // a parameter of the root module
+    const std::string module = name.substr(0, last);
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t dot = module.find('.', start);
+      const std::string part = module.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        return module.substr(0, dot);
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    return module.substr(0, module.find('.'));
+  };
+  std::vector<GatherUnit> units;
+  const std::vector<ParamRange>& params = layout.params();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string name = unit_name(params[i].name);
+    if (units.empty() || units.back().name != name)
+      units.push_back({name, params[i].offset, params[i].offset, i, i});
+    units.back().end = params[i].end();
+    units.back().end_param = i + 1;
+  }
+  return units;
 }
 
 ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size, const ZeroOptions& options) {
@@ -112,8 +159,17 @@ ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size
     plan.options.allgather_bucket_size = default_bucket_size(plan.layout.numel());
   plan.buckets = plan.layout.make_buckets(plan.options.reduce_bucket_size);
   plan.pool_buffer_numel = std::min(plan.options.reduce_bucket_size, plan.layout.padded_numel());
-  if (options.stage == 2)
+  if (options.stage >= 2)
     plan.pool_buffers = std::min(options.overlap_comm ? kMaxLiveBuckets : 1, static_cast<int>(plan.buckets.size()));
+  if (options.stage == 3) {
+    plan.units = make_gather_units(plan.layout);
+    const auto largest = std::max_element(plan.units.begin(), plan.units.end(),
+                                          [](const GatherUnit& a, const GatherUnit& b) { return a.size() < b.size(); });
+    ZERO_CHECK(largest->size() <= options.stage3_max_live_parameters,
+               "ZeRO: stage3_max_live_parameters = {} elements is less than gather unit '{}' ({} elements); "
+               "it must hold the largest unit",
+               options.stage3_max_live_parameters, largest->name, largest->size());
+  }
   return plan;
 }
 
@@ -133,8 +189,13 @@ std::vector<ParamSlice> ZeroPlan::region_slices(int rank) const {
 MemoryBreakdown ZeroPlan::memory() const {
   MemoryBreakdown m =
       expected_memory(options.stage, options.dtype, static_cast<double>(layout.padded_numel()), layout.world_size());
-  m.buckets = static_cast<double>(dtype_size(options.dtype)) * static_cast<double>(pool_buffers) *
-              static_cast<double>(pool_buffer_numel);
+  const double b = static_cast<double>(dtype_size(options.dtype));
+  m.buckets = b * static_cast<double>(pool_buffers) * static_cast<double>(pool_buffer_numel);
+  if (options.stage == 3) {
+    std::int64_t all = 0;
+    for (const GatherUnit& u : units) all += u.size();
+    m.gathered = b * static_cast<double>(std::min(all, options.stage3_max_live_parameters));
+  }
   return m;
 }
 
@@ -153,7 +214,7 @@ StepTraffic ZeroPlan::traffic() const {
   };
   // Gradient reductions: once per step at the accumulation boundary (stages 0/1), every micro-step
   // (stage 2). Stage 0 and reduce_scatter = false all-reduce each bucket; otherwise it is reduce-scattered.
-  const std::int64_t reductions = options.stage == 2 ? options.gradient_accumulation_steps : 1;
+  const std::int64_t reductions = options.stage >= 2 ? options.gradient_accumulation_steps : 1;
   const bool all_reduce = options.stage == 0 || !options.reduce_scatter;
   for (const Bucket& k : buckets) {
     const double count = static_cast<double>(k.size());
@@ -164,8 +225,13 @@ StepTraffic ZeroPlan::traffic() const {
       add(Collective::reduce_scatter, Ledger::bus_bytes(Collective::reduce_scatter, (wide ? 4.0 : b) * count, n),
           reductions);
   }
+  // Stage 3: every unit, before its forward and before its backward, every micro-step (Note [Gather
+  // units]).
+  for (const GatherUnit& u : units)
+    add(Collective::all_gather, Ledger::bus_bytes(Collective::all_gather, b * static_cast<double>(u.size()), n),
+        2 * options.gradient_accumulation_steps);
   // Parameters after the step (stages 1/2): all-gather chunks of allgather_bucket_size from the start.
-  if (options.stage != 0) {
+  if (options.stage == 1 || options.stage == 2) {
     const std::int64_t padded = layout.padded_numel(), chunk = options.allgather_bucket_size;
     for (std::int64_t begin = 0; begin < padded; begin += chunk)
       add(Collective::all_gather,

@@ -1,7 +1,8 @@
 // ZeroPlan: the one source of sizes of a ZeRO configuration. From the options and the parameter list
 // alone (no tensors, no ranks talking, no training) it validates the options, lays out the flat buffer,
 // cuts the buckets, and works out what each rank keeps and sends:
-//   - the region a rank steps: everything at stage 0, its partition [r·P, (r+1)·P) at stages 1/2;
+//   - the region a rank steps: everything at stage 0, its partition [r·P, (r+1)·P) at stages 1/2/3;
+//   - stage 3: the gather units, the groups of parameters gathered together (Note [Gather units]);
 //   - memory per rank: the flat parameter buffer, the gradient storage (the whole flat gradient at
 //     stages 0/1, the partition at stage 2), fp32 master (16-bit models only) + Adam m + v over the
 //     region, and the stage-2 bucket pool (Note [ZeRO-2 gradient ownership] in gradient_reducer.cpp);
@@ -12,12 +13,14 @@
 //
 // The ZeRO paper (Rajbhandari et al., SC20, §3 and Fig. 1) gives per-rank model-state memory for Ψ
 // parameters on N ranks with mixed-precision Adam (b = 2 bytes per 16-bit element, K = 12):
-//   stage 0  (b + b + K)Ψ = 16Ψ,   stage 1  2bΨ + KΨ/N = 4Ψ + 12Ψ/N,   stage 2  bΨ + (b + K)Ψ/N = 2Ψ + 14Ψ/N.
+//   stage 0  (b + b + K)Ψ = 16Ψ,   stage 1  2bΨ + KΨ/N = 4Ψ + 12Ψ/N,   stage 2  bΨ + (b + K)Ψ/N = 2Ψ + 14Ψ/N,
+//   stage 3  (b + b + K)Ψ/N = 16Ψ/N.
 // expected_memory() is that formula; ZeroPlan::memory() is the same formula over the padded buffer plus
 // the bucket pool, so the two differ only by padding and buckets.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "distributed/communicator.h"
@@ -76,7 +79,7 @@ std::int64_t automatic_bucket_size(std::int64_t numel, std::int64_t padded_numel
 /// ELEMENTS of the model dtype; kAutoBucketSize (the default) picks default_bucket_size(Ψ), any other
 /// value is used as given.
 struct ZeroOptions {
-  int stage = 0;             // 0, 1 or 2 (3 throws); DeepSpeed's default is 0
+  int stage = 0;             // 0, 1, 2 or 3; DeepSpeed's default is 0
   DType dtype = DType::f32;  // model dtype: f32, f16 or bf16
   std::int64_t reduce_bucket_size = kAutoBucketSize;
   std::int64_t allgather_bucket_size = kAutoBucketSize;
@@ -104,9 +107,15 @@ struct ZeroOptions {
   optim::AdamWOptions adam;
   float weight_decay = 0.0f;  // AdamW decay, for parameters whose decay flag is set
   NonfiniteGrads nonfinite_grads = NonfiniteGrads::error;  // f32/bf16 only (Note [Non-finite gradients])
+  // Stage 3 (DeepSpeed's keys, in elements; Note [Gathering on use] in partitioned_parameters.cpp):
+  // the elements of the units gathered ahead of the one in use (0: no prefetch), and the most
+  // gathered elements alive at once, in flight included (at least the largest gather unit).
+  std::int64_t stage3_prefetch_bucket_size = 50'000'000;
+  std::int64_t stage3_max_live_parameters = 1'000'000'000;
 };
 
-/// Throws zero::Error naming the first invalid option: stage 3 (not implemented) or outside 0..2, a
+/// Throws zero::Error naming the first invalid option: a stage outside 0..3, a negative
+/// stage3_prefetch_bucket_size or a stage3_max_live_parameters < 1, a
 /// non-float dtype, a bucket size < 1 (other than kAutoBucketSize), gradient_accumulation_steps < 1,
 /// negative clipping or weight decay, AdamW eps < 0 or a beta outside [0, 1), lr < 0. The loss-scaler
 /// options are checked by optim::LossScaler.
@@ -119,14 +128,16 @@ struct MemoryBreakdown {
   double optimizer_states = 0;  // fp32 master + AdamW m + v
   double buckets = 0;           // IPG bucket buffers (stage 2), reported apart from the model states
   double recovery = 0;          // restore point of a failed backward (GAS > 1 only; Note [Exception safety])
+  double gathered = 0;          // stage 3: gathered parameters alive at once (at most; not a model state)
   /// params + grads + optimizer_states (the ZeRO paper's "model states"; buckets excluded).
   double model_states() const { return params + grads + optimizer_states; }
 };
 
 /// The ZeRO paper's per-rank model-state memory for Ψ parameters on N ranks with AdamW (§3, Fig. 1):
-/// params bΨ, grads bΨ (stage 0/1) or bΨ/N (stage 2), optimizer states KΨ (stage 0) or KΨ/N (1/2),
+/// params bΨ (stages 0-2) or bΨ/N (stage 3), grads bΨ (stage 0/1) or bΨ/N (stages 2/3), optimizer
+/// states KΨ (stage 0) or KΨ/N (1-3),
 /// where b = bytes per model-dtype element and K = 12 for f16/bf16 (fp32 master + m + v) or 8 for f32
-/// (the flat buffer is the master, so only m + v). Throws zero::Error for a stage outside 0..2, a
+/// (the flat buffer is the master, so only m + v). Throws zero::Error for a stage outside 0..3, a
 /// non-float dtype or N < 1.
 MemoryBreakdown expected_memory(int stage, DType dtype, double psi, int world_size);
 
@@ -139,6 +150,20 @@ struct StepTraffic {
   double total() const;
 };
 
+/// Stage 3: parameters gathered together, a contiguous range of the flat buffer (Note [Gather units]).
+struct GatherUnit {
+  std::string name;                 // the module path they share: "wte", "h.3", "ln_f" ("" = the root)
+  std::int64_t begin = 0, end = 0;  // flat elements
+  std::size_t first_param = 0, end_param = 0;  // layout parameters [first_param, end_param)
+  std::int64_t size() const { return end - begin; }
+};
+
+/// The gather units of `layout`: consecutive parameters whose names share a unit name (the owning
+/// module's dotted path up to and including its first all-digit part, as "h.3" for
+/// "h.3.attn.c_attn.weight", else its first part, as "wte" for "wte.weight"; "" for parameters of the
+/// root module). Note [Gather units] in zero_plan.cpp.
+std::vector<GatherUnit> make_gather_units(const FlatLayout& layout);
+
 struct ZeroPlan {
   FlatLayout layout;
   ZeroOptions options;          // bucket sizes resolved (never kAutoBucketSize)
@@ -149,20 +174,26 @@ struct ZeroPlan {
   int pool_buffers = 0;
   /// Elements of one pool buffer: min(reduce_bucket_size, padded_numel).
   std::int64_t pool_buffer_numel = 0;
+  /// Stage 3: the gather units in flat order (empty at stages 0-2).
+  std::vector<GatherUnit> units;
 
   /// Where the flat range rank `rank` steps (and keeps fp32 state for) begins: 0 at stage 0, its
-  /// partition's start r·P at stages 1/2. Elements.
+  /// partition's start r·P at stages 1-3. Elements.
   std::int64_t region_begin(int rank) const;
-  /// Elements of that range: padded_numel at stage 0, P at stages 1/2.
+  /// Elements of that range: padded_numel at stage 0, P at stages 1-3.
   std::int64_t region_size() const;
   /// The parameter slices inside that range, in flat order (each with its weight-decay flag).
   std::vector<ParamSlice> region_slices(int rank) const;
 
   /// Persistent bytes of one rank (the same on every rank), as ZeroOptimizer::memory() reports them:
-  /// expected_memory() over the padded buffer, plus the bucket pool.
+  /// expected_memory() over the padded buffer, plus the bucket pool; at stage 3 also the most gathered
+  /// parameter bytes alive at once (min(stage3_max_live_parameters, every unit) elements).
   MemoryBreakdown memory() const;
   /// Bytes per optimizer step of one rank, as its communicator's ledger counts them (control scalars
-  /// excluded), for a step that is not skipped (an fp16 overflow skips the all-gather).
+  /// excluded), for a step that is not skipped (an fp16 overflow skips the all-gather). Stage 3: two
+  /// all-gathers of every unit per micro-step (before its forward and before its backward), which is
+  /// what a model that uses each unit once per forward, and a live bound that holds every unit the
+  /// backward needs, moves.
   StepTraffic traffic() const;
 };
 

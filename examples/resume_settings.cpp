@@ -175,6 +175,8 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
       {"/zero_optimization/overlap_comm", "--overlap-comm"},
       {"/zero_optimization/overlap_param_gather", "--overlap-param-gather"},
       {"/zero_optimization/reduce_scatter_with_fp32_accumulation", "--reduce-scatter-with-fp32-accumulation"},
+      {"/zero_optimization/stage3_prefetch_bucket_size", "--stage3-prefetch-bucket-size"},
+      {"/zero_optimization/stage3_max_live_parameters", "--stage3-max-live-parameters"},
   };
   const nlohmann::json a = mine.flatten(), b = saved.flatten();
   for (const auto& [key, value] : a.items()) {

@@ -50,7 +50,7 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--trace-steps", a.trace_steps, "with --trace: record only steps A:B (from 1, inclusive)");
   app.add_option("--sample", a.sample, "characters to generate at the end (0 = none)")->capture_default_str();
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
-  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0 (data parallel), 1 or 2")->capture_default_str();
+  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0 (data parallel), 1, 2 or 3")->capture_default_str();
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 (dynamic loss scaling) or bf16")->capture_default_str();
   app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
   app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
@@ -64,6 +64,10 @@ void add_options(CLI::App& app, Args& a) {
   app.add_flag("--reduce-scatter-with-fp32-accumulation", a.reduce_scatter_with_fp32_accumulation,
                "16-bit reductions: send each rank its slice directly (all-to-all) and add the contributions in fp32, "
                "rounding once, instead of rounding at every hop of the ring; the same bytes");
+  app.add_option("--stage3-prefetch-bucket-size", a.stage3_prefetch_bucket_size,
+                 "stage 3: elements of the layers gathered ahead of the one computing (0 = no prefetch; default 5e7)");
+  app.add_option("--stage3-max-live-parameters", a.stage3_max_live_parameters,
+                 "stage 3: the most gathered parameter elements alive at once (default 1e9)");
   app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -234,8 +238,17 @@ void validate(const Args& a, const Given& given) {
     ZERO_CHECK(a.reduce_bucket_size > 0 && a.reduce_bucket_size <= 9.0e15 &&
                    std::floor(a.reduce_bucket_size) == a.reduce_bucket_size,
                "--reduce-bucket-size must be a whole number of elements > 0, got {}", a.reduce_bucket_size);
-  ZERO_CHECK(a.zero_stage >= 0 && a.zero_stage <= 2, "--zero-stage must be 0, 1 or 2 (stage 3 is not supported), got {}",
-             a.zero_stage);
+  ZERO_CHECK(a.zero_stage >= 0 && a.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got {}", a.zero_stage);
+  if (given.has("--stage3-prefetch-bucket-size"))
+    ZERO_CHECK(a.stage3_prefetch_bucket_size >= 0 && a.stage3_prefetch_bucket_size <= 9.0e15 &&
+                   std::floor(a.stage3_prefetch_bucket_size) == a.stage3_prefetch_bucket_size,
+               "--stage3-prefetch-bucket-size must be a whole number of elements >= 0, got {}",
+               a.stage3_prefetch_bucket_size);
+  if (given.has("--stage3-max-live-parameters"))
+    ZERO_CHECK(a.stage3_max_live_parameters >= 1 && a.stage3_max_live_parameters <= 9.0e15 &&
+                   std::floor(a.stage3_max_live_parameters) == a.stage3_max_live_parameters,
+               "--stage3-max-live-parameters must be a whole number of elements >= 1, got {}",
+               a.stage3_max_live_parameters);
   ZERO_CHECK(a.trace_steps.empty() || !a.trace.empty(), "--trace-steps needs --trace PATH");
   trace_range(a);
   ZERO_CHECK(a.save_every >= 0, "--save-every must be >= 0 (0 = only at the end), got {}", a.save_every);
@@ -295,6 +308,10 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
   if (given.has("--communication-data-type")) cfg.communication_data_type = a.communication_data_type;
   if (given.has("--reduce-scatter-with-fp32-accumulation"))
     cfg.zero_optimization.reduce_scatter_with_fp32_accumulation = a.reduce_scatter_with_fp32_accumulation;
+  if (given.has("--stage3-prefetch-bucket-size"))
+    cfg.zero_optimization.stage3_prefetch_bucket_size = static_cast<std::int64_t>(a.stage3_prefetch_bucket_size);
+  if (given.has("--stage3-max-live-parameters"))
+    cfg.zero_optimization.stage3_max_live_parameters = static_cast<std::int64_t>(a.stage3_max_live_parameters);
   if (given.has("--clip") || !has_base) cfg.gradient_clipping = a.clip;
   const bool base_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
   const bool given_accum = given.has("--grad-accum");

@@ -39,6 +39,8 @@ struct Args {
   bool overlap_param_gather = false;
   std::string communication_data_type;  // "" = the config's (default: the model dtype)
   bool reduce_scatter_with_fp32_accumulation = false;
+  double stage3_prefetch_bucket_size = 0;  // doubles so 5e7 is accepted, as in the JSON config
+  double stage3_max_live_parameters = 0;
   // Device and communicator.
   std::string device = "cpu";  // cpu | cuda
   std::string comm = "auto";   // auto | mpi | nccl | host-staged

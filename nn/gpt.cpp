@@ -115,15 +115,20 @@ Tensor GPT::forward(const Tensor& idx) const {
   Tensor x;
   {
     autograd::ScopeGuard scope("embedding");
-    x = drop->forward(add(wte->forward(idx), wpe->forward(pos)));  // [B,T,C] + [T,C]
+    const Tensor tok = wte->forward(idx);  // [B,T,C]
+    const Tensor at = wpe->forward(pos);   // [T,C]
+    x = drop->forward(add(tok, at));
   }
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     autograd::ScopeGuard scope(autograd::tracing() ? "block " + std::to_string(i) : std::string());
     x = blocks[i]->forward(x);
   }
-  // LM head tied to the token embedding: logits = lnf(x) @ wte^T.
+  // LM head tied to the token embedding: logits = lnf(x) @ wte^T. The final norm runs before the
+  // weight is read: at ZeRO stage 3 reading another layer's parameters frees the ones read before
+  // (Note [Gathering on use] in distributed/partitioned_parameters.cpp).
   autograd::ScopeGuard scope("head");
-  return linear(lnf->forward(x), wte->gemm_weight(), Tensor());
+  const Tensor h = lnf->forward(x);
+  return linear(h, wte->gemm_weight(), Tensor());
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) const {

@@ -68,7 +68,7 @@ class Module {
   /// have run.
   Tensor compute(const Tensor& p) const {
     autograd::run_parameter_use_hooks(p);
-    return p.dtype() == DType::f32 ? p : to_f32_cached(p, compute_copies_[p.impl()]);
+    return p.dtype() == DType::f32 ? p : to_f32_cached(p, autograd::meta_of(p).compute_copy);
   }
   /// The tensor a GEMM (linear, matmul) reads for parameter `p`: `p` itself where the device's GEMMs
   /// take its dtype (f16/bf16 on cuda: tensor cores, no f32 copy; Note [Tensor cores for 16-bit
@@ -80,7 +80,6 @@ class Module {
   }
 
  private:
-  mutable std::unordered_map<const TensorImpl*, ComputeCopy> compute_copies_;
   void collect(const std::string& prefix, std::vector<NamedParameter>& out) const;
 
   std::vector<NamedParameter> params_;

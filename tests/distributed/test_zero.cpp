@@ -17,6 +17,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "autograd/autograd.h"
@@ -348,6 +349,7 @@ Task tiny_task() {
 }
 
 struct RunResult {
+  std::vector<float> losses;               // per micro-step: this rank's loss
   std::vector<std::string> names;
   std::vector<std::vector<float>> params;  // every named parameter (frozen included), as float
   std::vector<double> norms;               // per step: unscaled pre-clip global norm
@@ -389,12 +391,16 @@ RunResult run_zero(const Task& task, const ZeroOptions& o, int steps, std::int64
   RunResult res;
   for (int s = 0; s < steps; ++s) {
     if (skip && skip(s)) continue;
-    for (int g = 0; g < o.gradient_accumulation_steps; ++g)
-      opt.backward(task.loss(*model, s, (static_cast<std::int64_t>(g) * n + rank) * b, b));
+    for (int g = 0; g < o.gradient_accumulation_steps; ++g) {
+      const Tensor loss = task.loss(*model, s, (static_cast<std::int64_t>(g) * n + rank) * b, b);
+      res.losses.push_back(loss.item());
+      opt.backward(loss);
+    }
     res.applied.push_back(opt.step());
     res.norms.push_back(opt.last_grad_norm());
     res.scales.push_back(opt.loss_scale());
   }
+  opt.gather_parameters();  // stage 3: the parameters hold values only while gathered
   RunResult snap = snapshot(*model);
   res.names = snap.names;
   res.params = snap.params;
@@ -1009,6 +1015,160 @@ ZERO_DIST_TEST(ZeroErrors, GradientComputedTwiceInOneBackward) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("computed twice"), std::string::npos) << e.what();
   }
+}
+
+// =====================================================================================================
+// Stage 3: parameters partitioned, gathered on use
+// =====================================================================================================
+
+// Stage 3 keeps the flat layout, buckets and partitions of stage 2 and changes only where parameters
+// live, so every loss, norm and parameter must be bitwise those of stage 2.
+ZERO_DIST_TEST(ZeroStage3, BitwiseEqualToStage2) {
+  const Task task = gpt_task();
+  for (DType dt : {DType::f32, DType::f16, DType::bf16})
+    for (int gas : {1, 3})
+      for (bool overlap : {false, true}) {
+        ZeroOptions o = dt == DType::f16 ? fp16_options(2) : base_options();
+        o.stage = 2;
+        o.dtype = dt;
+        o.gradient_accumulation_steps = gas;
+        o.overlap_comm = overlap;
+        const RunResult two = run_zero(task, o, 3, 2);
+        o.stage = 3;
+        for (std::int64_t prefetch : {std::int64_t{0}, std::int64_t{1'000'000}}) {
+          o.stage3_prefetch_bucket_size = prefetch;
+          const RunResult three = run_zero(task, o, 3, 2);
+          const std::string what = describe(o) + ", " + std::string(dtype_name(dt)) + ", prefetch " +
+                                   std::to_string(prefetch);
+          EXPECT_EQ(three.losses, two.losses) << what;
+          EXPECT_EQ(three.norms, two.norms) << what;
+          EXPECT_EQ(three.params, two.params) << what;
+          EXPECT_EQ(three.applied, two.applied) << what;
+        }
+      }
+}
+
+ZERO_DIST_TEST(ZeroStage3, TiedParameterAndToyLayoutMatchOneProcess) {
+  // The toy has every edge shape and a parameter used twice; stage 3 against plain AdamW.
+  const Task task = toy_task();
+  const int n = world_size();
+  ZeroOptions o = base_options();
+  o.stage = 3;
+  const RunResult ref = run_reference(task, o, 3, n * 2);
+  const RunResult z = run_zero(task, o, 3, 2);
+  expect_params_close(z, ref, kRtol, describe(o));
+  expect_norms_close(z, ref, 1e-6, describe(o));
+}
+
+// stage3_max_live_parameters bounds the gathered elements alive at once, prefetches included, even
+// with a prefetch budget that would fetch the whole model; the results do not change.
+ZERO_DIST_TEST(ZeroStage3, LiveGatheredParametersNeverExceedTheBound) {
+  const Task task = gpt_task();
+  auto comm = test_world();
+  const int n = comm->world_size(), rank = comm->rank();
+  ZeroOptions o = base_options();
+  o.stage = 3;
+  o.stage3_prefetch_bucket_size = 1'000'000;
+  auto probe = task.make();
+  const ZeroPlan plan = plan_zero(
+      [&] {
+        std::vector<FlatLayout::Entry> e;
+        for (const auto& p : probe->named_parameters()) e.push_back({p.name, p.tensor.shape(), p.decay});
+        return e;
+      }(),
+      n, o);
+  std::int64_t largest = 0, all = 0;
+  for (const GatherUnit& u : plan.units) {
+    largest = std::max(largest, u.size());
+    all += u.size();
+  }
+  ASSERT_GE(plan.units.size(), 4u);  // wte, wpe, h.0, h.1, ln_f
+  std::vector<float> unbounded_losses;
+  for (std::int64_t bound : {all, largest + largest / 2, largest}) {
+    o.stage3_max_live_parameters = bound;
+    auto model = task.make();
+    ZeroOptimizer opt(model->named_parameters(), comm, o);
+    std::vector<float> losses;
+    for (int s = 0; s < 3; ++s) {
+      const Tensor loss = task.loss(*model, s, rank * 2, 2);
+      losses.push_back(loss.item());
+      opt.backward(loss);
+      opt.step();
+    }
+    const PartitionedParameters* pp = opt.partitioned();
+    ASSERT_NE(pp, nullptr);
+    EXPECT_LE(pp->max_live_elements(), bound) << "bound " << bound;
+    EXPECT_GE(pp->max_live_elements(), largest) << "bound " << bound;
+    EXPECT_EQ(pp->live_elements(), 0) << "something stayed gathered after the step";
+    if (bound == all)
+      unbounded_losses = losses;
+    else
+      EXPECT_EQ(losses, unbounded_losses) << "bound " << bound;
+  }
+  o.stage3_max_live_parameters = largest - 1;
+  auto model = task.make();
+  try {
+    ZeroOptimizer opt(model->named_parameters(), comm, o);
+    ADD_FAILURE() << "no error for a bound below the largest unit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stage3_max_live_parameters"), std::string::npos) << e.what();
+  }
+}
+
+// The ZeRO paper's 1.5x (§7.2.2): per step one reduce-scatter of the gradient and two all-gathers of
+// the parameters, against stage 0's all-reduce; and model states of 16Ψ/N.
+ZERO_DIST_TEST(ZeroStage3, TrafficIsOneAndAHalfTimesTheBaselineAndMemorySixteenPsiOverN) {
+  const Task task = gpt_task();
+  auto comm = test_world();
+  const int n = comm->world_size(), rank = comm->rank();
+  auto one_step = [&](int stage) {
+    ZeroOptions o = base_options();
+    o.stage = stage;
+    o.dtype = DType::bf16;
+    auto model = task.make();
+    ZeroOptimizer opt(model->named_parameters(), comm, o);
+    comm->ledger().reset();
+    opt.backward(task.loss(*model, 0, rank * 2, 2));
+    opt.step();
+    return std::make_tuple(comm->ledger(), opt.layout().numel(), opt.layout().padded_numel(), opt.memory());
+  };
+  const auto [l0, psi, padded, m0] = one_step(0);
+  const auto [l3, psi3, padded3, m3] = one_step(3);
+  const double f = static_cast<double>(n - 1) / n, b = 2.0;
+  auto near = [](double a, double e) { return std::abs(a - e) <= 1e-9 * std::max(1.0, std::abs(e)); };
+  EXPECT_TRUE(near(l3[Collective::reduce_scatter], f * b * static_cast<double>(padded))) << l3.to_json().dump();
+  // Every unit twice (the tied embedding: twice in the forward, none in the backward).
+  EXPECT_TRUE(near(l3[Collective::all_gather], 2 * f * b * static_cast<double>(psi))) << l3.to_json().dump();
+  EXPECT_EQ(l3[Collective::all_reduce], 0.0);
+  if (n > 1) {
+    EXPECT_NEAR(l3.total() / l0.total(), 1.5, 1.5 * static_cast<double>(padded - psi) / static_cast<double>(psi));
+  }
+  // Model states: (2 + 2 + 12)Ψ/N, each part measured from the buffers.
+  const double per_rank = static_cast<double>(padded) / n;
+  EXPECT_EQ(m3.params, 2 * per_rank);
+  EXPECT_EQ(m3.grads, 2 * per_rank);
+  EXPECT_EQ(m3.optimizer_states, 12 * per_rank);
+  EXPECT_NEAR(expected_memory(3, DType::bf16, static_cast<double>(psi), n).model_states(),
+              16.0 * static_cast<double>(psi) / n, 1e-9 * static_cast<double>(psi));
+  EXPECT_GT(m3.gathered, 0.0);
+  EXPECT_LE(m3.gathered, b * static_cast<double>(psi));
+}
+
+ZERO_DIST_TEST(ZeroStage3, ReadingAParameterOutsideItsGatherIsAClearError) {
+  const Task task = gpt_task();
+  auto model = task.make();
+  ZeroOptions o = base_options();
+  o.stage = 3;
+  ZeroOptimizer opt(model->named_parameters(), test_world(), o);
+  const Tensor w = model->named_parameters().front().tensor;
+  try {
+    (void)w.to_vector();
+    ADD_FAILURE() << "read a freed parameter";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("storage is freed"), std::string::npos) << e.what();
+  }
+  opt.gather_parameters();
+  EXPECT_EQ(w.to_vector().size(), static_cast<std::size_t>(w.numel()));
 }
 
 }  // namespace

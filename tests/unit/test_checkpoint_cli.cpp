@@ -204,6 +204,42 @@ TEST_F(CheckpointCli, ReshardAcrossWorldSizesAndStages) {
   }
 }
 
+// Stage 3 against stage 2 (bitwise: the same reductions and updates, parameters kept elsewhere), its
+// own resume (bitwise), and checkpoints crossing stage 3 both ways at other world sizes (1e-5).
+TEST_F(CheckpointCli, Stage3EqualsStage2AndReshardsBothWays) {
+  const std::string flags = "--steps 12 ";
+  ASSERT_EQ(train(flags + "--zero-stage 3 --save-every 6 --save-dir " + p("ck3") + " --log-file " + p("s3.jsonl"), 4)
+                .exit_code,
+            0);
+  ASSERT_EQ(train(flags + "--zero-stage 2 --save-every 6 --save-dir " + p("ck2") + " --log-file " + p("s2.jsonl"), 4)
+                .exit_code,
+            0);
+  const auto s3 = read_log(p("s3.jsonl")), s2 = read_log(p("s2.jsonl"));
+  expect_bitwise(s2, s3, 0, 12);
+  const Result same = train(flags + "--zero-stage 3 --resume " + p("ck3/step_00000006") + " --log-file " + p("r3.jsonl"), 4);
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  expect_bitwise(s3, read_log(p("r3.jsonl")), 6, 12);
+  struct Case {
+    int np, stage;
+    const char* from;
+  };
+  for (const Case c : {Case{2, 2, "ck3"}, Case{1, 0, "ck3"}, Case{3, 3, "ck2"}}) {
+    const std::string log = fmt::format("x{}_{}.jsonl", c.np, c.from);
+    const Result r = train(flags + fmt::format("--zero-stage {} --resume {} --log-file {}", c.stage,
+                                               p(std::string(c.from) + "/step_00000006"), p(log)),
+                           c.np);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto resumed = read_log(p(log));
+    ASSERT_EQ(resumed.size(), 6u);
+    double worst = 0.0;
+    for (const auto& [s, j] : resumed) {
+      const double want = s2.at(s)["loss"].get<double>(), got = j["loss"].get<double>();
+      worst = std::max(worst, std::abs(got - want) / std::abs(want));
+    }
+    EXPECT_LT(worst, 1e-5) << c.from << " -> " << c.np << " ranks stage " << c.stage;
+  }
+}
+
 // kill -9 at random instants of a run that saves every step; --resume of the save dir must always find
 // the newest complete checkpoint and finish with the uninterrupted run's log.
 TEST_F(CheckpointCli, KillNineAtRandomInstantsThenResume) {
