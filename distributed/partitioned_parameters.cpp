@@ -34,7 +34,11 @@ namespace zero::dist {
 // gather that does not fit first frees units other than the one it gathers, least recently used first
 // (gathered ones before in-flight ones, which are waited for); since the bound holds the largest unit
 // (plan_zero checks it), this always makes room. Every decision depends only on the order of uses,
-// never on timing, so every rank issues the same all-gathers in the same order. Evicting a unit that
+// never on timing, so ranks that run the same forward issue the same all-gathers in the same order.
+// Ranks must therefore read the same units in the same order: a layer that runs on some ranks only
+// (a parameter merely unused on some ranks is fine when its unit is read) makes the ranks' gathers
+// differ, and the collective timeout then ends the job with an error (Note [No hang] in
+// job_runtime.cpp) — DeepSpeed's ZeRO-3 has the same rule. Evicting a unit that
 // is needed again costs a second gather of it, not a wrong result. DeepSpeed's
 // stage3_param_persistence_threshold (small parameters kept gathered) is not implemented: every
 // parameter is partitioned.
@@ -77,6 +81,7 @@ PartitionedParameters::~PartitionedParameters() {
 // ---- the three events: a forward use, a backward node, a final gradient --------------------------------
 
 void PartitionedParameters::on_use(std::size_t u) {
+  if (held_) return;  // gather_all(): everything is gathered and stays so
   if (autograd::grad_mode_enabled() && (recording_.empty() || recording_.back() != u)) recording_.push_back(u);
   if (u != current_)
     switch_to(u);
@@ -113,6 +118,7 @@ void PartitionedParameters::switch_to(std::size_t u) {
 // ---- backward boundaries -------------------------------------------------------------------------------
 
 void PartitionedParameters::begin_backward() {
+  held_ = false;
   if (!recording_.empty()) forward_order_.swap(recording_);
   recording_.clear();
   for (Unit& unit : units_) unit.final_grads = 0;
@@ -131,6 +137,7 @@ void PartitionedParameters::end_backward() {
 }
 
 void PartitionedParameters::release_all() noexcept {
+  held_ = false;
   in_backward_ = false;
   recording_.clear();
   position_ = 0;
@@ -151,6 +158,8 @@ void PartitionedParameters::gather_all() {
     if (units_[u].state == State::freed) issue(u);
   for (std::size_t u = 0; u < units_.size(); ++u) wait(u);
   current_ = kNone;
+  autograd::set_record_context(0);  // nothing recorded now needs a gather before it runs
+  held_ = true;
 }
 
 // ---- one unit's gather and release ---------------------------------------------------------------------

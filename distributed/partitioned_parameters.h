@@ -52,9 +52,10 @@ class PartitionedParameters {
   /// load) or a backward failed. Never throws (a failed gather was reported to whoever waited on it).
   void release_all() noexcept;
 
-  /// All-gathers every unit that is not gathered, whatever the live bound, so the module's parameters
-  /// hold their values until the next end_backward() or release_all() (DeepSpeed's GatheredParameters):
-  /// for code that reads parameters outside a forward. Collective. Rethrows a failed gather.
+  /// All-gathers every unit that is not gathered, whatever the live bound, and keeps them all until the
+  /// next begin_backward() or release_all() (DeepSpeed's GatheredParameters): in between, forwards
+  /// gather and free nothing, so one rank alone may run them (sampling on rank 0), and code may read
+  /// parameters outside a forward. Collective. Rethrows a failed gather.
   void gather_all();
 
   /// This rank's shard, [P] model dtype.
@@ -98,6 +99,7 @@ class PartitionedParameters {
   static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
   std::size_t current_ = kNone;  // the unit in use (forward) or last gathered (backward)
   bool in_backward_ = false;
+  bool held_ = false;  // gather_all(): every unit stays gathered
   // Note [Gathering on use]: the order units were needed in, last forward (with grad) and last backward.
   std::vector<std::size_t> forward_order_, backward_order_, recording_;
   std::size_t position_ = 0;  // where in the expected order the unit in use sits

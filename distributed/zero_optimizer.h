@@ -98,9 +98,10 @@ class ZeroOptimizer {
   void wait_for_params();
 
   /// wait_for_params(), and at stage 3 an all-gather of every unit: afterwards the module's parameters
-  /// hold the last step's values, until the next backward() or step() frees them again (DeepSpeed's
-  /// GatheredParameters), whatever stage3_max_live_parameters says. For code that reads parameters
-  /// outside a forward: a comparison across ranks, a state_dict(). Collective at stage 3. Rethrows a
+  /// hold the last step's values, and forwards neither gather nor free anything, until the next
+  /// backward() or step() (DeepSpeed's GatheredParameters), whatever stage3_max_live_parameters says.
+  /// For code that reads parameters outside a forward (a comparison across ranks, a state_dict()) and
+  /// for forwards that not every rank runs (sampling on rank 0). Collective at stage 3. Rethrows a
   /// failed all-gather.
   void gather_parameters();
 

@@ -597,6 +597,8 @@ int run(const Setup& setup, dist::Communicator& comm) {
                  opt.loss_scale(), opt.skipped_steps());
   }
 
+  // Stage 3: every rank gathers the whole model, so rank 0 can sample alone.
+  if (a.sample > 0) opt.gather_parameters();
   if (a.sample > 0 && lead) {
     model.eval();
     const std::string text = examples::sample(model, data.itos, examples::default_context(data.itos), a.sample, 1.0f,
