@@ -52,6 +52,22 @@ class ConfigFileTest : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
+TEST(ConfigStage3, DeepSpeedKeysReachTheOptimizerAndRoundTrip) {
+  // DeepSpeed configs write these as floats (5e7, 1e9): whole numbers are accepted.
+  auto c = TrainingConfig::from_json(json::parse(
+      R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e4, "stage3_max_live_parameters": 1e6}})"));
+  EXPECT_TRUE(c.warnings.empty());
+  const dist::ZeroOptions zo = c.zero_options();
+  EXPECT_EQ(zo.stage, 3);
+  EXPECT_EQ(zo.stage3_prefetch_bucket_size, 50'000);
+  EXPECT_EQ(zo.stage3_max_live_parameters, 1'000'000);
+  EXPECT_EQ(TrainingConfig::from_json(c.to_json()).zero_options().stage3_max_live_parameters, 1'000'000);
+  // Unset: DeepSpeed's defaults.
+  const dist::ZeroOptions d = TrainingConfig::from_json(json::object()).zero_options();
+  EXPECT_EQ(d.stage3_prefetch_bucket_size, 50'000'000);
+  EXPECT_EQ(d.stage3_max_live_parameters, 1'000'000'000);
+}
+
 TEST(ConfigWire, CommunicationDataTypeAndOverlapParamGather) {
   auto c = TrainingConfig::from_json(json::parse(
       R"({"fp16": {"enabled": true}, "communication_data_type": "fp32",
@@ -224,8 +240,12 @@ TEST(ConfigInvalid, EachInvalidValueNamesItsKey) {
     const char* says;  // a further piece of the message
   };
   const Case cases[] = {
-      {R"({"zero_optimization": {"stage": 3}})", "zero_optimization.stage",
-       "stage 3 is not supported (stages 0, 1, 2)"},
+      {R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage",
+       "stage 4 is not supported (stages 0, 1, 2, 3)"},
+      {R"({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 0}})",
+       "zero_optimization.stage3_max_live_parameters", ">= 1 element"},
+      {R"({"zero_optimization": {"stage3_prefetch_bucket_size": -1}})", "zero_optimization.stage3_prefetch_bucket_size",
+       ">= 0 elements"},
       {R"({"collective_timeout_s": 0})", "collective_timeout_s", "seconds > 0"},
       {R"({"collective_timeout_s": -1.5})", "collective_timeout_s", "seconds > 0"},
       {R"({"collective_timeout_s": "300"})", "collective_timeout_s", "expected a number"},
@@ -301,7 +321,7 @@ TEST(ConfigKeys, IgnoredDeepSpeedKeysWarnOnceWithTheirPath) {
     "tensorboard": {"enabled": true, "anything": "goes"},
     "fp16": {"enabled": false, "auto_cast": false},
     "bf16": {"enabled": false, "immediate_grad_update": true},
-    "zero_optimization": {"stage": 2, "stage3_prefetch_bucket_size": 1000, "offload_optimizer": {"device": "cpu"}},
+    "zero_optimization": {"stage": 2, "stage3_param_persistence_threshold": 1e5, "offload_optimizer": {"device": "cpu"}},
     "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 5, "last_batch_iteration": -1}}
   })"));
   EXPECT_EQ(c.zero_optimization.stage, 2);
@@ -310,7 +330,7 @@ TEST(ConfigKeys, IgnoredDeepSpeedKeysWarnOnceWithTheirPath) {
   };
   EXPECT_THAT(c.warnings, ::testing::UnorderedElementsAre(
                               ignored("steps_per_print"), ignored("tensorboard"), ignored("fp16.auto_cast"),
-                              ignored("bf16.immediate_grad_update"), ignored("zero_optimization.stage3_prefetch_bucket_size"),
+                              ignored("bf16.immediate_grad_update"), ignored("zero_optimization.stage3_param_persistence_threshold"),
                               ignored("zero_optimization.offload_optimizer"), ignored("scheduler.params.last_batch_iteration")));
 }
 
@@ -415,8 +435,8 @@ TEST(ConfigValidate, RechecksAfterOverrides) {
   EXPECT_EQ(c.train_batch_size, 16);
 
   TrainingConfig stage = c;
-  stage.zero_optimization.stage = 3;  // --zero-stage 3
-  EXPECT_THAT(error_of([&] { stage.validate(); }), HasSubstr("stage 3 is not supported (stages 0, 1, 2)"));
+  stage.zero_optimization.stage = 4;  // --zero-stage 4
+  EXPECT_THAT(error_of([&] { stage.validate(); }), HasSubstr("stage 4 is not supported (stages 0, 1, 2, 3)"));
 
   TrainingConfig gas = c;
   gas.gradient_accumulation_steps = 4;  // --grad-accum 4 after resolution: train_batch_size no longer fits
@@ -502,10 +522,10 @@ TEST_F(ConfigFileTest, MalformedFile) {
 }
 
 TEST_F(ConfigFileTest, InvalidValueNamesKeyAndFile) {
-  const std::string path = write("stage3.json", R"({"zero_optimization": {"stage": 3}})");
+  const std::string path = write("stage4.json", R"({"zero_optimization": {"stage": 4}})");
   const std::string msg = error_of([&] { TrainingConfig::from_file(path); });
   EXPECT_EQ(msg,
-            "invalid config key 'zero_optimization.stage' in " + path + ": stage 3 is not supported (stages 0, 1, 2)");
+            "invalid config key 'zero_optimization.stage' in " + path + ": stage 4 is not supported (stages 0, 1, 2, 3)");
 }
 
 TEST_F(ConfigFileTest, DuplicateKeyIsAnError) {

@@ -50,7 +50,7 @@ TEST(ZeroInOneProcess, FourRanksTrainLikeOne) {
 }
 
 TEST(ZeroInOneProcess, BadFlagsAreOneLine) {
-  for (const char* flags : {"--ranks 0", "--ranks 4 --batch 10", "--stage 3", "--steps 0"}) {
+  for (const char* flags : {"--ranks 0", "--ranks 4 --batch 10", "--stage 4", "--steps 0"}) {
     const CommandResult r = run_command(example() + " " + flags);
     EXPECT_EQ(r.exit_code, 1) << flags;
     EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << flags << ": " << r.output;
