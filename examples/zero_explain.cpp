@@ -76,6 +76,14 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
+// A flag's count of elements: a whole number >= `least` (and <= 9e15, exact in a double). Throws
+// zero::Error naming the flag otherwise.
+std::int64_t whole_elements(double value, double least, const char* flag) {
+  ZERO_CHECK(value >= least && value <= 9.0e15 && std::floor(value) == value,
+             "{} must be a whole number of elements >= {}, got {}", flag, least, value);
+  return static_cast<std::int64_t>(value);
+}
+
 // The ZeRO options train_gpt would run with: the --config file (or defaults), then the flags given.
 dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
   dist::TrainingConfig tc =
@@ -93,20 +101,12 @@ dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
   if (app.count("--reduce-scatter-with-fp32-accumulation"))
     tc.zero_optimization.reduce_scatter_with_fp32_accumulation = a.fp32_accumulation;
   if (app.count("--grad-accum")) tc.gradient_accumulation_steps = a.grad_accum;
-  if (app.count("--stage3-prefetch-bucket-size")) {
-    ZERO_CHECK(a.stage3_prefetch_bucket_size >= 0 && a.stage3_prefetch_bucket_size <= 9.0e15 &&
-                   std::floor(a.stage3_prefetch_bucket_size) == a.stage3_prefetch_bucket_size,
-               "--stage3-prefetch-bucket-size must be a whole number of elements >= 0, got {}",
-               a.stage3_prefetch_bucket_size);
-    tc.zero_optimization.stage3_prefetch_bucket_size = static_cast<std::int64_t>(a.stage3_prefetch_bucket_size);
-  }
-  if (app.count("--stage3-max-live-parameters")) {
-    ZERO_CHECK(a.stage3_max_live_parameters >= 1 && a.stage3_max_live_parameters <= 9.0e15 &&
-                   std::floor(a.stage3_max_live_parameters) == a.stage3_max_live_parameters,
-               "--stage3-max-live-parameters must be a whole number of elements >= 1, got {}",
-               a.stage3_max_live_parameters);
-    tc.zero_optimization.stage3_max_live_parameters = static_cast<std::int64_t>(a.stage3_max_live_parameters);
-  }
+  if (app.count("--stage3-prefetch-bucket-size"))
+    tc.zero_optimization.stage3_prefetch_bucket_size =
+        whole_elements(a.stage3_prefetch_bucket_size, 0, "--stage3-prefetch-bucket-size");
+  if (app.count("--stage3-max-live-parameters"))
+    tc.zero_optimization.stage3_max_live_parameters =
+        whole_elements(a.stage3_max_live_parameters, 1, "--stage3-max-live-parameters");
   tc.validate();
   dist::ZeroOptions zo = tc.zero_options();
   // Note [Automatic bucket size]: with a link model, automatic buckets grow with N.
