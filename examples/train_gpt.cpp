@@ -636,13 +636,11 @@ int run(const Setup& setup, dist::Communicator& comm) {
                  opt.loss_scale(), opt.skipped_steps());
   }
 
-  // Stage 3: the sampling forwards gather the parameters, collectives every rank takes part in (with
-  // the same generator, every rank draws the same characters); rank 0 prints.
-  if (a.sample > 0 && (lead || zo.stage == 3)) {
+  if (a.sample > 0 && lead) {
     model.eval();
     const std::string text = examples::sample(model, data.itos, examples::default_context(data.itos), a.sample, 1.0f,
                                               0, sample_gen);
-    if (lead) fmt::print("---- sample ----\n{}\n----------------\n", text);
+    fmt::print("---- sample ----\n{}\n----------------\n", text);
   }
   if (!a.metrics.empty() && lead) {
     nlohmann::json m = {{"params", num_params},
