@@ -1,5 +1,5 @@
 // train_gpt: trains a character-level GPT on a text file (Tiny Shakespeare by default) on the CPU,
-// in one process or data-parallel under mpirun with ZeRO stage 0, 1 or 2.
+// in one process or data-parallel under mpirun with ZeRO stage 0, 1, 2 or 3.
 //
 //   build/bin/train_gpt --data data/tinyshakespeare.txt
 //   mpirun -np 4 build/bin/train_gpt --data data/tinyshakespeare.txt --zero-stage 2 --dtype fp16
@@ -168,12 +168,29 @@ float evaluate(const nn::GPT& model, const std::vector<std::int64_t>& split, con
   return static_cast<float>(comm.all_reduce_sum(total) / static_cast<double>(a.eval_iters * comm.world_size()));
 }
 
+// Moves what `ledger` counted in its collectives since `before` into `into`: the training traffic then
+// leaves out the parameter all-gathers of stage 3's evaluation forwards (control scalars stay).
+void move_since(dist::Ledger& ledger, const dist::Ledger& before, dist::Ledger& into) {
+  for (int c = 0; c < dist::kNumCollectives; ++c) {
+    into.bytes[c] += ledger.bytes[c] - before.bytes[c];
+    into.calls[c] += ledger.calls[c] - before.calls[c];
+    into.seconds[c] += ledger.seconds[c] - before.seconds[c];
+    ledger.bytes[c] = before.bytes[c];
+    ledger.calls[c] = before.calls[c];
+    ledger.seconds[c] = before.seconds[c];
+  }
+  into.cpu_seconds += ledger.cpu_seconds - before.cpu_seconds;
+  ledger.cpu_seconds = before.cpu_seconds;
+}
+
 // Gradient + parameter traffic per optimizer step in parameter copies (before the (n-1)/n factor):
 // stage 0 all-reduces once (2); stage 1 reduce-scatters once and all-gathers (1 + 1); stage 2 reduces
-// every micro-step (GAS + 1); reduce_scatter=false all-reduces instead (2 per reduction).
+// every micro-step (GAS + 1); stage 3 reduces and gathers every unit twice every micro-step (3 GAS, the
+// ZeRO paper's 1.5x, §7.2.2); reduce_scatter=false all-reduces instead (2 per reduction).
 double expected_traffic_copies(const dist::ZeroOptions& zo, int gas) {
   if (zo.stage == 0) return 2.0;
   const double reduce = zo.reduce_scatter ? 1.0 : 2.0;
+  if (zo.stage == 3) return gas * (reduce + 2.0);
   return (zo.stage == 2 ? gas : 1) * reduce + 1.0;
 }
 
@@ -429,9 +446,23 @@ int run(const Setup& setup, dist::Communicator& comm) {
                "total {} | {}\n",
                mib(have.params), mib(want.params), mib(have.grads), mib(want.grads), mib(have.optimizer_states),
                mib(want.optimizer_states), mib(have.model_states()), mib(want.model_states()));
+    if (zo.stage == 3)
+      fmt::print("stage 3: {} gather units, each all-gathered before its forward and its backward and freed after; "
+                 "gathered parameters alive at once at most {} (stage3_max_live_parameters {} elements), prefetch "
+                 "{} elements\n",
+                 opt.plan().units.size(), mib(opt.plan().memory().gathered), used.stage3_max_live_parameters,
+                 used.stage3_prefetch_bucket_size);
     std::fflush(stdout);
   }
 
+  // Evaluation moves no gradient, but at stage 3 its forwards gather the parameters: counted apart.
+  dist::Ledger eval_traffic;
+  auto evaluate_counted = [&] {
+    const dist::Ledger before = comm.ledger();
+    const float loss = evaluate(model, data.val, a, data_gen, comm);
+    move_since(comm.ledger(), before, eval_traffic);
+    return loss;
+  };
   const optim::LrSchedule& schedule = optimizer.schedule;
   const std::int64_t steps_run = a.steps - first_step;  // in this process
   const std::int64_t warmup_steps = std::max<std::int64_t>(0, std::min<std::int64_t>(5, steps_run - 1));
@@ -503,7 +534,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
     }
     if (a.eval_every > 0 && (step + 1) % a.eval_every == 0) {
       model.eval();
-      val_loss = evaluate(model, data.val, a, data_gen, comm);
+      val_loss = evaluate_counted();
       model.train();
       evaluated_last = last;
       log_line({{"step", step + 1}, {"val_loss", val_loss}});
@@ -524,7 +555,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
     save(a.steps);
   if (!evaluated_last) {
     model.eval();
-    val_loss = evaluate(model, data.val, a, data_gen, comm);
+    val_loss = evaluate_counted();
     model.train();
     log_line({{"step", a.steps}, {"val_loss", val_loss}});
     if (lead) {
@@ -574,14 +605,22 @@ int run(const Setup& setup, dist::Communicator& comm) {
                  "total {:.0f} = {:.3f}x the stage-0 baseline 2(n-1)/n*Psi ({:.0f}); formula for this scheme {:.0f}\n",
                  traffic["all_reduce"].get<double>(), traffic["reduce_scatter"].get<double>(),
                  traffic["all_gather"].get<double>(), per_step, per_step / baseline, baseline, expected);
+    if (world > 1 && eval_traffic.total() > 0)
+      fmt::print("evaluation: its forwards gathered {:.0f} bytes of parameters per rank in all (not in the traffic "
+                 "per step)\n",
+                 eval_traffic.total());
     if (world > 1)
       fmt::print("communication time per step: {:.2f} ms (reduce_scatter {:.2f}, all_reduce {:.2f}, all_gather {:.2f}; "
                  "the communication thread's busy time, overlapped or not; it used {:.2f} ms of CPU)\n",
                  comm_ms_per_step, 1000.0 * ledger.seconds[int(dist::Collective::reduce_scatter)] / steps_d,
                  1000.0 * ledger.seconds[int(dist::Collective::all_reduce)] / steps_d,
                  1000.0 * ledger.seconds[int(dist::Collective::all_gather)] / steps_d, comm_cpu_ms_per_step);
-    fmt::print("memory per rank: model states {}, buckets {}, peak RSS {}\n", mib(mem.model_states()),
-               mib(mem.buckets), mib(static_cast<double>(rss)));
+    fmt::print("memory per rank: model states {}, buckets {}{}, peak RSS {}\n", mib(mem.model_states()),
+               mib(mem.buckets),
+               zo.stage == 3 ? fmt::format(", gathered parameters at most {} at once (bound {})", mib(mem.gathered),
+                                           mib(opt.plan().memory().gathered))
+                             : "",
+               mib(static_cast<double>(rss)));
     if (peak > 0.0)
       fmt::print("compute: {:.2f} TFLOP/s per rank, MFU {:.1f}% of {:.0f} TFLOP/s ({} {} peak)\n", tflops,
                  100.0 * mfu, peak / 1e12, device_name(device), matmul_precision_name(precision));
@@ -635,6 +674,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
                           {"grads", mem.grads},
                           {"optimizer_states", mem.optimizer_states},
                           {"buckets", mem.buckets},
+                          {"gathered", mem.gathered},
                           {"peak_rss", rss}}},
                         {"loss_scale", opt.loss_scale()},
                         {"skipped_steps", opt.skipped_steps()},

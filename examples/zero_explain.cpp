@@ -1,10 +1,12 @@
 // zero_explain: shows, without training and without mpirun, what ZeRO does with train_gpt's model on N
 // ranks: who owns which bytes of the flat buffer, how it is cut into buckets and in which order they
-// leave, what each rank holds (beside the ZeRO paper's formulas), what each step sends, and, given a
-// link's bandwidth and latency, what that costs up to 1,024 ranks.
+// leave, at stage 3 which parameters are gathered together (the per-module gather plan), what each rank
+// holds (beside the ZeRO paper's formulas and its 7.5B-parameter example), what each step sends, and,
+// given a link's bandwidth and latency, what that costs up to 1,024 ranks.
 //
 //   build/bin/zero_explain --data data/tinyshakespeare.txt --world-size 4 --zero-stage 2 --dtype fp16
 //   build/bin/zero_explain --vocab-size 65 --world-size 4 --format json
+//   build/bin/zero_explain --world-size 4 --zero-stage 3 --stage3-max-live-parameters 200000
 //   build/bin/zero_explain --world-size 8 --bandwidth 25e9 --latency 5e-6 --params 124e6 --params 1.5e9
 //   build/bin/zero_explain --world-size 4 --svg layout.svg
 //
@@ -42,7 +44,7 @@ struct Args {
   std::int64_t vocab_size = 0;
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
   int world_size = 1, zero_stage = 0, grad_accum = 1;
-  double reduce_bucket_size = 0;
+  double reduce_bucket_size = 0, stage3_prefetch_bucket_size = 0, stage3_max_live_parameters = 0;
   bool overlap_comm = false, fp32_accumulation = false;
   double bandwidth = 0, latency = 0;
   std::vector<double> params;
@@ -74,6 +76,14 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
+// A flag's count of elements: a whole number >= `least` (and <= 9e15, exact in a double). Throws
+// zero::Error naming the flag otherwise.
+std::int64_t whole_elements(double value, double least, const char* flag) {
+  ZERO_CHECK(value >= least && value <= 9.0e15 && std::floor(value) == value,
+             "{} must be a whole number of elements >= {}, got {}", flag, least, value);
+  return static_cast<std::int64_t>(value);
+}
+
 // The ZeRO options train_gpt would run with: the --config file (or defaults), then the flags given.
 dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
   dist::TrainingConfig tc =
@@ -91,6 +101,12 @@ dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
   if (app.count("--reduce-scatter-with-fp32-accumulation"))
     tc.zero_optimization.reduce_scatter_with_fp32_accumulation = a.fp32_accumulation;
   if (app.count("--grad-accum")) tc.gradient_accumulation_steps = a.grad_accum;
+  if (app.count("--stage3-prefetch-bucket-size"))
+    tc.zero_optimization.stage3_prefetch_bucket_size =
+        whole_elements(a.stage3_prefetch_bucket_size, 0, "--stage3-prefetch-bucket-size");
+  if (app.count("--stage3-max-live-parameters"))
+    tc.zero_optimization.stage3_max_live_parameters =
+        whole_elements(a.stage3_max_live_parameters, 1, "--stage3-max-live-parameters");
   tc.validate();
   dist::ZeroOptions zo = tc.zero_options();
   // Note [Automatic bucket size]: with a link model, automatic buckets grow with N.
@@ -158,7 +174,25 @@ json memory_json(const dist::MemoryBreakdown& m) {
           {"grads", m.grads},
           {"optimizer_states", m.optimizer_states},
           {"buckets", m.buckets},
+          {"gathered", m.gathered},
           {"model_states", m.model_states()}};
+}
+
+// The ZeRO paper's worked example (§1 and Fig. 1): a 7.5B-parameter model with mixed-precision Adam
+// (b = 2, K = 12) on 64 devices, printed in the paper's GB of 1e9 bytes: 120, 31.4, 16.6 and 1.88 GB.
+constexpr double kPaperPsi = 7.5e9;
+constexpr int kPaperN = 64;
+double paper_example_bytes(int stage) {
+  return dist::expected_memory(stage, DType::f16, kPaperPsi, kPaperN).model_states();
+}
+
+// The per-rank element counts of a flat range [begin, end): how much of it falls in each partition
+// (what rank r contributes to the unit's all-gather).
+std::vector<std::int64_t> per_rank_counts(const dist::FlatLayout& L, std::int64_t begin, std::int64_t end) {
+  std::vector<std::int64_t> counts;
+  for (int r = 0; r < L.world_size(); ++r)
+    counts.push_back(std::max<std::int64_t>(0, std::min(end, L.partition_end(r)) - std::max(begin, L.partition_begin(r))));
+  return counts;
 }
 
 // The schemes compared side by side: every stage, and the reduce_scatter = false variant of 1 and 2.
@@ -170,6 +204,7 @@ struct Scheme {
 const std::vector<Scheme> kSchemes = {{"stage 0", 0, true},
                                       {"stage 1", 1, true},
                                       {"stage 2", 2, true},
+                                      {"stage 3", 3, true},
                                       {"stage 1, reduce_scatter false", 1, false},
                                       {"stage 2, reduce_scatter false", 2, false}};
 
@@ -307,6 +342,8 @@ int run(const Args& a, const CLI::App& app) {
     j["gradient_accumulation_steps"] = zo.gradient_accumulation_steps;
     j["reduce_bucket_size"] = plan.options.reduce_bucket_size;
     j["allgather_bucket_size"] = plan.options.allgather_bucket_size;
+    j["stage3_prefetch_bucket_size"] = zo.stage3_prefetch_bucket_size;
+    j["stage3_max_live_parameters"] = zo.stage3_max_live_parameters;
     j["numel"] = L.numel();
     j["padded_numel"] = L.padded_numel();
     j["padding"] = L.padding();
@@ -361,6 +398,18 @@ int run(const Args& a, const CLI::App& app) {
     for (std::size_t i : order) hooks.push_back(L.params()[i].name);
     j["hook_order"] = hooks;
     j["pool_buffers"] = plan.pool_buffers;
+    json units = json::array();  // stage 3's per-module gather plan (empty at stages 0-2)
+    for (const dist::GatherUnit& u : plan.units) {
+      json names = json::array();
+      for (std::size_t i = u.first_param; i < u.end_param; ++i) names.push_back(L.params()[i].name);
+      units.push_back({{"name", u.name},
+                       {"begin", u.begin},
+                       {"end", u.end},
+                       {"numel", u.size()},
+                       {"counts", per_rank_counts(L, u.begin, u.end)},
+                       {"params", names}});
+    }
+    j["gather_units"] = units;
     j["memory_bytes"] = memory_json(plan.memory());
     j["memory_formula_bytes"] = memory_json(dist::expected_memory(zo.stage, zo.dtype, psi, N));
     j["traffic_bytes_per_step"] = traffic_json(traffic);
@@ -378,6 +427,10 @@ int run(const Args& a, const CLI::App& app) {
       schemes.push_back(e);
     }
     j["schemes"] = schemes;
+    json paper = {{"params", kPaperPsi}, {"world_size", kPaperN}, {"dtype", "f16"}};
+    for (int stage = 0; stage <= 3; ++stage)
+      paper["model_states_bytes"].push_back({{"zero_stage", stage}, {"bytes", paper_example_bytes(stage)}});
+    j["paper_example"] = paper;
     if (timed) {
       j["bandwidth"] = a.bandwidth;
       j["latency"] = a.latency;
@@ -390,9 +443,12 @@ int run(const Args& a, const CLI::App& app) {
                L.params().size());
     fmt::print(
         "zero: stage {}, {}, {} rank(s), reduce_scatter {}, overlap_comm {}, GAS {}, reduce_bucket_size {}, "
-        "allgather_bucket_size {}\n\n",
+        "allgather_bucket_size {}{}\n\n",
         zo.stage, dtype_name(zo.dtype), N, zo.reduce_scatter, zo.overlap_comm, zo.gradient_accumulation_steps,
-        plan.options.reduce_bucket_size, plan.options.allgather_bucket_size);
+        plan.options.reduce_bucket_size, plan.options.allgather_bucket_size,
+        zo.stage == 3 ? fmt::format(", stage3_prefetch_bucket_size {}, stage3_max_live_parameters {}",
+                                    zo.stage3_prefetch_bucket_size, zo.stage3_max_live_parameters)
+                      : "");
     if (zo.reduce_scatter_with_fp32_accumulation && zo.dtype != DType::f32 && !zo.reduce_in_fp32)
       fmt::print("reductions: {} slices sent straight to their owner (all-to-all) and summed there in fp32, rounded "
                  "once; the same bytes as the ring\n\n",
@@ -426,8 +482,8 @@ int run(const Args& a, const CLI::App& app) {
 
     fmt::print("\n== buckets: {} of <= {} elements, cut from the end; issued 0, 1, 2, ... on every rank ==\n",
                plan.buckets.size(), plan.options.reduce_bucket_size);
-    fmt::print("reductions: {} per optimizer step ({}), by {}\n", zo.stage == 2 ? zo.gradient_accumulation_steps : 1,
-               zo.stage == 2 ? "every micro-step" : "at the accumulation boundary",
+    fmt::print("reductions: {} per optimizer step ({}), by {}\n", zo.stage >= 2 ? zo.gradient_accumulation_steps : 1,
+               zo.stage >= 2 ? "every micro-step" : "at the accumulation boundary",
                zo.stage == 0 || !zo.reduce_scatter ? "all_reduce" : "reduce_scatter");
     for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
       const auto& b = plan.buckets[k];
@@ -448,21 +504,56 @@ int run(const Args& a, const CLI::App& app) {
                    t.bus_bytes / (t.latency_s + t.bandwidth_s));
       }
     }
-    if (zo.stage == 2)
-      fmt::print("stage-2 bucket pool: {} buffer(s) of {} elements{}\n", plan.pool_buffers, plan.pool_buffer_numel,
+    if (zo.stage >= 2)
+      fmt::print("stage-{} bucket pool: {} buffer(s) of {} elements{}\n", zo.stage, plan.pool_buffers,
+                 plan.pool_buffer_numel,
                  zo.overlap_comm ? " (double buffer: one bucket reducing while the next is filled)" : "");
 
-    fmt::print("\n== memory per rank (this layout | ZeRO paper formula, Psi = {}, N = {}) ==\n", L.numel(), N);
-    for (int stage = 0; stage <= 2; ++stage) {
+    if (zo.stage == 3) {
+      // The per-module gather plan (Note [Gather units] and Note [Gathering on use]).
+      const auto largest = std::max_element(plan.units.begin(), plan.units.end(),
+                                            [](const dist::GatherUnit& x, const dist::GatherUnit& y) {
+                                              return x.size() < y.size();
+                                            });
+      fmt::print("\n== gather plan (stage 3): {} units; each rank keeps only its partition of the parameters "
+                 "({} elements) and all-gathers a unit before its forward and again before its backward, freeing it "
+                 "after ==\n",
+                 plan.units.size(), L.partition_size());
+      fmt::print("live bound: stage3_max_live_parameters {} elements (largest unit {}: {} elements; all units: {}); "
+                 "prefetch: stage3_prefetch_bucket_size {} elements of the next units in last step's order\n",
+                 zo.stage3_max_live_parameters, largest->name, largest->size(), L.numel(),
+                 zo.stage3_prefetch_bucket_size);
+      for (std::size_t u = 0; u < plan.units.size(); ++u) {
+        const dist::GatherUnit& g = plan.units[u];
+        std::string counts;
+        for (std::int64_t c : per_rank_counts(L, g.begin, g.end)) counts += fmt::format("{}{}", counts.empty() ? "" : ", ", c);
+        const std::string covers = g.end_param - g.first_param == 1
+                                       ? L.params()[g.first_param].name
+                                       : fmt::format("{} .. {} ({} params)", L.params()[g.first_param].name,
+                                                     L.params()[g.end_param - 1].name, g.end_param - g.first_param);
+        fmt::print("unit {}: {:<10} {:>21} {:>9} elements; {}; per-rank counts [{}]\n", u,
+                   g.name.empty() ? "(root)" : g.name, fmt::format("[{}, {})", g.begin, g.end), g.size(), covers,
+                   counts);
+      }
+    }
+
+    fmt::print("\n== memory per rank (this layout | ZeRO paper formula, Psi = {}, N = {}; last column: the paper's "
+               "example, Psi = 7.5e9 with 16-bit Adam on N = 64, in GB of 1e9 bytes) ==\n",
+               L.numel(), N);
+    for (int stage = 0; stage <= 3; ++stage) {
       dist::ZeroOptions o = zo;
       o.stage = stage;
       const auto have = dist::plan_zero(entries, N, o).memory();
       const auto want = dist::expected_memory(stage, zo.dtype, psi, N);
-      fmt::print("{} stage {}: params {} | {}, grads {} | {}, optimizer {} | {}, model states {} | {}, buckets {}\n",
+      fmt::print("{} stage {}: params {} | {}, grads {} | {}, optimizer {} | {}, model states {} | {}, buckets {}, "
+                 "gathered {}; paper {:.3g} GB\n",
                  stage == zo.stage ? "*" : " ", stage, mib(have.params), mib(want.params), mib(have.grads),
                  mib(want.grads), mib(have.optimizer_states), mib(want.optimizer_states), mib(have.model_states()),
-                 mib(want.model_states()), mib(have.buckets));
+                 mib(want.model_states()), mib(have.buckets), mib(have.gathered), paper_example_bytes(stage) / 1e9);
     }
+    fmt::print("(gathered: stage 3's working memory, the most gathered parameters alive at once, at most "
+               "stage3_max_live_parameters = {} elements; not a model state)\n",
+               zo.stage3_max_live_parameters);
 
     fmt::print("\n== traffic per optimizer step per rank (bus bytes; baseline = stage 0 = {:.0f} bytes) ==\n",
                baseline);
@@ -477,6 +568,8 @@ int run(const Args& a, const CLI::App& app) {
           t[Collective::all_gather], t.total(), baseline > 0 ? t.total() / baseline : 0.0,
           timed ? fmt::format("  ~{}", human_seconds(dist::step_comm_time_s(p, a.bandwidth, a.latency))) : "");
     }
+    fmt::print("(stage 3: the gradients reduce-scattered, Psi, and every gather unit all-gathered before its forward "
+               "and again before its backward, 2 Psi, every micro-step: 3 Psi, the ZeRO paper's 1.5x, section 7.2.2)\n");
     if (N == 1) fmt::print("(one rank sends nothing: every factor has (N-1)/N)\n");
 
     if (timed) {
@@ -489,14 +582,17 @@ int run(const Args& a, const CLI::App& app) {
         // A model of P parameters as one tensor: padding and bucket edges matter little at scale.
         const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
         fmt::print("Psi = {:.4g} ({} of {} weights):\n", P, human_bytes(b * P), dtype_name(zo.dtype));
-        fmt::print("  {:>5}  {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10} {:>13} {:>12}\n", "N", "mem stage 0",
-                   "stage 1", "stage 2", "comm s0", "s1", "s2", "s1/2 no-rs", "s2 Psi/8 bk");
+        fmt::print("  {:>5}  {:>12} {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}\n", "N",
+                   "mem stage 0", "stage 1", "stage 2", "stage 3", "comm s0", "s1", "s2", "s3", "s1/2 no-rs",
+                   "s2 Psi/8 bk");
         for (int n = 1; n <= 1024; n *= 2) {
           std::string mem, comm;
-          for (int stage = 0; stage <= 2; ++stage) {
+          for (int stage = 0; stage <= 3; ++stage) {
             dist::ZeroOptions o = zo;
             o.stage = stage;
             o.reduce_scatter = true;
+            // Stage 3's one gather unit is the whole tensor here; the bound must hold it (it changes no byte).
+            o.stage3_max_live_parameters = std::max(o.stage3_max_live_parameters, static_cast<std::int64_t>(P));
             const auto m = dist::expected_memory(stage, zo.dtype, P, n);
             mem += fmt::format(" {:>12}", human_bytes(m.model_states()));
             comm += fmt::format(
@@ -534,11 +630,15 @@ int main(int argc, char** argv) {
   app.add_option("--vocab-size", a.vocab_size, "vocabulary size instead of --data (default 65)");
   examples::add_model_options(app, a.model);
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
-  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0, 1 or 2")->capture_default_str();
+  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0, 1, 2 or 3")->capture_default_str();
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
   app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
   app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
+  app.add_option("--stage3-prefetch-bucket-size", a.stage3_prefetch_bucket_size,
+                 "stage 3: elements of the layers gathered ahead of the one computing (0 = no prefetch; default 5e7)");
+  app.add_option("--stage3-max-live-parameters", a.stage3_max_live_parameters,
+                 "stage 3: the most gathered parameter elements alive at once (default 1e9)");
   app.add_option("--communication-data-type", a.communication_data_type,
                  "dtype of reductions on the wire: fp32, fp16 or bf16 (default: the model dtype)");
   app.add_flag("--reduce-scatter-with-fp32-accumulation", a.fp32_accumulation,

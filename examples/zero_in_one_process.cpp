@@ -1,13 +1,15 @@
-// zero_in_one_process: ZeRO stage 2 on 4 ranks inside this one process, each rank a thread
+// zero_in_one_process: ZeRO (stage 2 by default) on 4 ranks inside this one process, each rank a thread
 // (distributed/inprocess_communicator.h), training a tiny character-level GPT for a few steps. Made to
 // be read, and to be stepped through in a debugger with every rank in view.
 //
 //   build/bin/zero_in_one_process                   4 ranks, stage 2, 3 steps
 //   build/bin/zero_in_one_process --ranks 1         the same global batch on one rank
 //   build/bin/zero_in_one_process --stage 0 --steps 5
+//   build/bin/zero_in_one_process --stage 3         parameters partitioned too, gathered a block at a time
 //
 // Each rank prints what it owns (its partition of the flat parameter buffer: the parameter slices whose
-// fp32 master weights, Adam moments and, at stage 2, gradients it alone keeps) and the loss of its
+// fp32 master weights, Adam moments and, at stages 2 and 3, gradients it alone keeps; at stage 3 also
+// the parameters themselves, with the gather units it all-gathers them in) and the loss of its
 // micro-batch at every step; then the mean over ranks, the loss of the whole global batch, which is the
 // same for any number of ranks up to rounding (the ranks split a fixed global batch between them).
 //
@@ -119,6 +121,13 @@ void train_rank(const Args& a, const Vocab& vocab, const std::shared_ptr<dist::C
       const dist::ParamRange& p = layout.params()[s.param];
       log.push_back(fmt::format("  {} [{}, {}) of {}", p.name, s.param_offset, s.param_offset + s.length, p.numel));
     }
+    if (a.stage == 3) {
+      std::string units;
+      for (const dist::GatherUnit& u : opt.plan().units) units += fmt::format(" {} ({})", u.name, u.size());
+      log.push_back(fmt::format("rank {}: keeps only these parameter values ({} elements); the rest is all-gathered a "
+                                "unit at a time, before its forward and its backward, and freed after:{}",
+                                rank, layout.partition_size(), units));
+    }
   }
 
   const std::int64_t rows = a.batch / n;
@@ -126,16 +135,20 @@ void train_rank(const Args& a, const Vocab& vocab, const std::shared_ptr<dist::C
     auto [x, y] = batch_rows(vocab, cfg.block_size, step, rank * rows, rows);
     Tensor loss = model.loss(x, y);
     losses.push_back(loss.item());
-    opt.backward(loss);  // hooks fill the buckets; stage 2 reduce-scatters each into its owner's gradient
-    opt.step();          // each rank updates its partition, then all-gathers the parameters
+    opt.backward(loss);  // hooks fill the buckets; stages 2/3 reduce-scatter each into its owner's gradient
+    opt.step();          // each rank updates its partition, then all-gathers the parameters (not at stage 3)
     log.push_back(fmt::format("rank {}: step {} loss {:.6f} (rows {}..{})", rank, step + 1, losses.back(),
                               rank * rows, (rank + 1) * rows - 1));
   }
+  if (const dist::PartitionedParameters* p = opt.partitioned())
+    log.push_back(fmt::format("rank {}: {} unit all-gathers in {} step(s); at most {} of {} parameter elements "
+                              "gathered at once",
+                              rank, p->gathers(), a.steps, p->max_live_elements(), layout.numel()));
 }
 
 int run(const Args& a) {
   ZERO_CHECK(a.ranks >= 1, "--ranks must be >= 1, got {}", a.ranks);
-  ZERO_CHECK(a.stage >= 0 && a.stage <= 2, "--stage must be 0, 1 or 2, got {}", a.stage);
+  ZERO_CHECK(a.stage >= 0 && a.stage <= 3, "--stage must be 0, 1, 2 or 3, got {}", a.stage);
   ZERO_CHECK(a.steps >= 1, "--steps must be >= 1, got {}", a.steps);
   ZERO_CHECK(a.batch >= 1 && a.batch % a.ranks == 0, "--batch must be a positive multiple of --ranks ({}), got {}",
              a.ranks, a.batch);
@@ -164,7 +177,7 @@ int main(int argc, char** argv) {
   Args a;
   CLI::App app{"ZeRO on N ranks as threads of this one process: a tiny GPT, a few steps, to read and debug"};
   app.add_option("--ranks", a.ranks, "number of ranks (threads)")->capture_default_str();
-  app.add_option("--stage", a.stage, "ZeRO stage: 0, 1 or 2")->capture_default_str();
+  app.add_option("--stage", a.stage, "ZeRO stage: 0, 1, 2 or 3")->capture_default_str();
   app.add_option("--steps", a.steps, "training steps")->capture_default_str();
   app.add_option("--batch", a.batch, "global batch (rows per step, a multiple of --ranks)")->capture_default_str();
   try {

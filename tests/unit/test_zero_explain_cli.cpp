@@ -1,16 +1,20 @@
 // zero_explain's promise: its JSON gives the memory per rank and the bytes per step that train_gpt
 // measures for the same model and ZeRO configuration. Runs both real binaries (train_gpt under mpirun
 // with 1-4 ranks) on a small text and compares zero_explain's memory_bytes / traffic_bytes_per_step
-// with train_gpt's --metrics memory_bytes / comm_bytes_per_step, for stages 0/1/2 and
-// reduce_scatter false. Also: its bad input gets one line.
+// with train_gpt's --metrics memory_bytes / comm_bytes_per_step, for stages 0-3 and
+// reduce_scatter false. Stage 3's gather plan, memory ladder (with the ZeRO paper's 7.5B / N = 64
+// example) and scale table against closed forms computed here. Also: its bad input gets one line.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "cli_util.h"
 #include "test_paths.h"
@@ -41,7 +45,8 @@ TEST_F(ZeroExplainCli, JsonEqualsWhatTrainGptMeasures) {
   const std::string bin = zero::testing::bin_dir();
   const std::string data = " --data " + (dir_ / "text.txt").string();
   const std::vector<std::string> schemes = {"--zero-stage 0", "--zero-stage 1 --dtype bf16", "--zero-stage 2",
-                                            "--zero-stage 2 --config " + (dir_ / "no_rs.json").string()};
+                                            "--zero-stage 2 --config " + (dir_ / "no_rs.json").string(),
+                                            "--zero-stage 3 --dtype bf16"};
   for (int n = 1; n <= 4; ++n) {
     for (const std::string& scheme : schemes) {
       const std::string what = "np " + std::to_string(n) + " " + scheme;
@@ -62,6 +67,10 @@ TEST_F(ZeroExplainCli, JsonEqualsWhatTrainGptMeasures) {
       for (const char* k : {"params", "grads", "optimizer_states", "buckets"})
         EXPECT_EQ(planned["memory_bytes"][k].get<double>(), measured["memory_bytes"][k].get<double>())
             << what << ": memory " << k;
+      // Stage 3's working memory: the plan's bound (every unit, as the bound holds them all) is what the
+      // prefetching run reaches.
+      EXPECT_EQ(planned["memory_bytes"]["gathered"].get<double>(), measured["memory_bytes"]["gathered"].get<double>())
+          << what;
       for (const char* k : {"all_reduce", "reduce_scatter", "all_gather", "total"})
         EXPECT_NEAR(planned["traffic_bytes_per_step"][k].get<double>(),
                     measured["comm_bytes_per_step"][k].get<double>(), 1e-6)
@@ -79,13 +88,130 @@ TEST_F(ZeroExplainCli, JsonEqualsWhatTrainGptMeasures) {
 TEST_F(ZeroExplainCli, BadInputIsOneLine) {
   const std::string bin = zero::testing::bin_dir() + "/zero_explain";
   for (const std::string& args :
-       {std::string("--world-size 0"), std::string("--zero-stage 3"), std::string("--n-embd 10 --n-head 4"),
-        std::string("--format yaml"), std::string("--data /nonexistent.txt"), std::string("--reduce-bucket-size 0")}) {
+       {std::string("--world-size 0"), std::string("--zero-stage 4"), std::string("--n-embd 10 --n-head 4"),
+        std::string("--format yaml"), std::string("--data /nonexistent.txt"), std::string("--reduce-bucket-size 0"),
+        std::string("--zero-stage 3 --stage3-max-live-parameters 1000"),
+        std::string("--stage3-prefetch-bucket-size -1")}) {
     const CommandResult r = run_command(bin + " " + args);
     EXPECT_EQ(r.exit_code, 1) << args << ": " << r.output;
     EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << args << ": " << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << ": " << r.output;
   }
+}
+
+// The default model (4 layers, 128 channels, block 64, vocabulary 65) at stage 3 on 4 ranks, bf16.
+TEST_F(ZeroExplainCli, Stage3GatherPlanAndMemoryFollowTheClosedForms) {
+  const std::string bin = zero::testing::bin_dir() + "/zero_explain --vocab-size 65 --world-size 4 --dtype bf16";
+  const CommandResult r = run_command(bin + " --zero-stage 3 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  const std::int64_t C = 128, V = 65, T = 64, L = 4, N = 4;
+  // Units: wte, wpe, one per block (ln1, qkv, proj, ln2, fc, fc2 with biases: 12C² + 13C), lnf.
+  std::vector<std::pair<std::string, std::int64_t>> want = {{"wte", V * C}, {"wpe", T * C}};
+  for (int l = 0; l < L; ++l) want.push_back({"blocks." + std::to_string(l), 12 * C * C + 13 * C});
+  want.push_back({"lnf", 2 * C});
+  const auto& units = j["gather_units"];
+  ASSERT_EQ(units.size(), want.size()) << units.dump();
+  const std::int64_t psi = j["numel"].get<std::int64_t>(), padded = j["padded_numel"].get<std::int64_t>();
+  const std::int64_t P = padded / N;
+  std::int64_t begin = 0;
+  for (std::size_t u = 0; u < want.size(); ++u) {
+    EXPECT_EQ(units[u]["name"], want[u].first);
+    EXPECT_EQ(units[u]["begin"].get<std::int64_t>(), begin) << want[u].first;
+    EXPECT_EQ(units[u]["numel"].get<std::int64_t>(), want[u].second) << want[u].first;
+    const std::int64_t end = begin + want[u].second;
+    for (std::int64_t rank = 0; rank < N; ++rank)
+      EXPECT_EQ(units[u]["counts"][rank].get<std::int64_t>(),
+                std::max<std::int64_t>(0, std::min(end, (rank + 1) * P) - std::max(begin, rank * P)))
+          << want[u].first << " rank " << rank;
+    begin = end;
+  }
+  EXPECT_EQ(begin, psi);
+  // 16Ψ/N of model states (2 + 2 + 12 bytes per padded element, each split N ways); the working memory
+  // is every unit (the default bound, 1e9 elements, holds them all).
+  const auto& m = j["memory_bytes"];
+  EXPECT_EQ(m["params"].get<double>(), 2.0 * padded / N);
+  EXPECT_EQ(m["grads"].get<double>(), 2.0 * padded / N);
+  EXPECT_EQ(m["optimizer_states"].get<double>(), 12.0 * padded / N);
+  EXPECT_EQ(m["model_states"].get<double>(), 16.0 * padded / N);
+  EXPECT_EQ(m["gathered"].get<double>(), 2.0 * psi);
+  EXPECT_EQ(j["memory_formula_bytes"]["model_states"].get<double>(), 16.0 * psi / N);
+  // Traffic: reduce-scatter Ψ + two all-gathers of every unit = 3(N-1)/N·bΨ, 1.5x the baseline.
+  const double ring = (N - 1.0) / N;
+  EXPECT_NEAR(j["traffic_bytes_per_step"]["all_gather"].get<double>(), 2 * ring * 2.0 * psi, 1e-6);
+  EXPECT_NEAR(j["traffic_bytes_per_step"]["total"].get<double>(), 3 * ring * 2.0 * psi, 1e-6);
+  EXPECT_NEAR(j["baseline_bytes_per_step"].get<double>(), 2 * ring * 2.0 * padded, 1e-6);
+  // The ZeRO paper's example: Ψ = 7.5e9 on 64 devices, 16-bit Adam.
+  const double pp = 7.5e9, pn = 64;
+  const double paper[4] = {16 * pp, 4 * pp + 12 * pp / pn, 2 * pp + 14 * pp / pn, 16 * pp / pn};
+  ASSERT_EQ(j["paper_example"]["model_states_bytes"].size(), 4u);
+  for (int s = 0; s < 4; ++s)
+    EXPECT_EQ(j["paper_example"]["model_states_bytes"][s]["bytes"].get<double>(), paper[s]) << "stage " << s;
+  EXPECT_EQ(paper[3], 1.875e9);
+
+  // The text: the gather plan, and the ladder's stage-3 line with the paper's column (GB = 1e9 bytes:
+  // 120, 31.4, 16.6, 1.88).
+  const CommandResult t = run_command(bin + " --zero-stage 3");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("unit 2: blocks.0"), std::string::npos) << t.output;
+  const char* gb[4] = {"paper 120 GB", "paper 31.4 GB", "paper 16.6 GB", "paper 1.88 GB"};
+  for (int s = 0; s < 4; ++s) {
+    char expect[64];
+    std::snprintf(expect, sizeof expect, "paper %.3g GB", paper[s] / 1e9);
+    EXPECT_EQ(std::string(expect), gb[s]);
+    const std::size_t line = t.output.find(" stage " + std::to_string(s) + ": params");
+    ASSERT_NE(line, std::string::npos) << t.output;
+    const std::string text = t.output.substr(line, t.output.find('\n', line) - line);
+    EXPECT_NE(text.find(gb[s]), std::string::npos) << text;
+  }
+  char stage3[256];
+  const double mib = 1024.0 * 1024.0;
+  std::snprintf(stage3, sizeof stage3, "* stage 3: params %.2f MiB | %.2f MiB", 2.0 * padded / N / mib,
+                2.0 * psi / N / mib);
+  EXPECT_NE(t.output.find(stage3), std::string::npos) << stage3 << "\n" << t.output;
+}
+
+// Seconds from the scale table's human_seconds ("0", "12.3 us", "4.56 ms", "1.234 s").
+double seconds_of(const std::string& value, const std::string& unit) {
+  const double v = std::stod(value);
+  return unit == "us" ? v * 1e-6 : unit == "ms" ? v * 1e-3 : v;
+}
+
+// The scale table at the paper's example: stage 3's memory 16Ψ/N, its modelled communication 1.5x
+// the baseline's (bandwidth-bound: Ψ = 7.5e9 on 25 GB/s links).
+TEST_F(ZeroExplainCli, ScaleTableHasStage3) {
+  const CommandResult r = run_command(zero::testing::bin_dir() +
+                                      "/zero_explain --vocab-size 65 --world-size 4 --dtype bf16 --zero-stage 3 "
+                                      "--bandwidth 25e9 --latency 5e-6 --params 7.5e9");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::size_t table = r.output.find("Psi = 7.5e+09");
+  ASSERT_NE(table, std::string::npos) << r.output;
+  const std::size_t row = r.output.find("\n     64 ", table);
+  ASSERT_NE(row, std::string::npos) << r.output;
+  std::istringstream in(r.output.substr(row + 1, r.output.find('\n', row + 1) - row - 1));
+  int n = 0;
+  in >> n;
+  std::string v, u;
+  std::vector<std::string> mem;
+  for (int k = 0; k < 4; ++k) {
+    in >> v >> u;
+    mem.push_back(v + " " + u);
+  }
+  std::vector<double> comm;
+  for (int k = 0; k < 4; ++k) {
+    in >> v >> u;
+    comm.push_back(seconds_of(v, u));
+  }
+  EXPECT_EQ(n, 64);
+  const double gib = 1024.0 * 1024.0 * 1024.0, psi = 7.5e9;
+  const double want[4] = {16 * psi, 4 * psi + 12 * psi / 64, 2 * psi + 14 * psi / 64, 16 * psi / 64};
+  for (int s = 0; s < 4; ++s) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f GiB", want[s] / gib);
+    EXPECT_EQ(mem[static_cast<std::size_t>(s)], text) << "stage " << s;
+  }
+  EXPECT_NEAR(comm[3] / comm[0], 1.5, 0.02) << r.output;
+  EXPECT_NEAR(comm[2] / comm[0], 1.0, 0.01) << r.output;
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // examples/zero_in_one_process must keep working as its header says: the mean loss over 4 in-process
 // ranks at every step equals the loss of the same global batch trained on 1 rank (ZeRO is data
-// parallelism: only the summation order differs), at stages 0 and 2; every rank reports the partition it
-// owns; bad flags get one line.
+// parallelism: only the summation order differs), at stages 0, 2 and 3; every rank reports the partition
+// it owns, and at stage 3 its gather units and all-gathers; bad flags get one line.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -29,7 +29,7 @@ std::vector<double> mean_losses(const std::string& output) {
 }
 
 TEST(ZeroInOneProcess, FourRanksTrainLikeOne) {
-  for (const char* stage : {"2", "0"}) {
+  for (const char* stage : {"3", "2", "0"}) {
     const std::string flags = std::string(" --stage ") + stage + " --steps 4";
     const CommandResult four = run_command(example() + " --ranks 4" + flags);
     const CommandResult one = run_command(example() + " --ranks 1" + flags);
@@ -45,6 +45,18 @@ TEST(ZeroInOneProcess, FourRanksTrainLikeOne) {
       const std::string owns = std::string(stage) == "0" ? ": keeps all " : ": owns [";
       EXPECT_NE(four.output.find("rank " + std::to_string(r) + owns), std::string::npos) << four.output;
       EXPECT_NE(four.output.find("rank " + std::to_string(r) + ": step 4 loss "), std::string::npos) << four.output;
+      if (std::string(stage) != "3") continue;
+      // The example's GPT (2 layers): units wte, wpe, blocks.0, blocks.1, lnf, each gathered before its
+      // forward and again before its backward (the tied wte: twice in forward, still there for backward).
+      EXPECT_NE(four.output.find("rank " + std::to_string(r) + ": keeps only these parameter values"),
+                std::string::npos)
+          << four.output;
+      EXPECT_NE(four.output.find(" wte ("), std::string::npos) << four.output;
+      EXPECT_NE(four.output.find(" blocks.1 ("), std::string::npos) << four.output;
+      EXPECT_NE(four.output.find("rank " + std::to_string(r) + ": " + std::to_string(2 * 5 * 4) +
+                                 " unit all-gathers in 4 step(s)"),
+                std::string::npos)
+          << four.output;
     }
   }
 }
