@@ -88,6 +88,14 @@ struct ZeroOptions {
   // reduce_in_fp32) go as an all-to-all whose receiver adds in fp32 and rounds once; same wire bytes
   // (Note [fp32-accumulating reduce-scatter] in distributed/communicator.cpp).
   bool reduce_scatter_with_fp32_accumulation = false;
+  // DeepSpeed's zero_quantized_gradients: > 0, the stage 1/2 reduce-scatter sends int8 blocks of this
+  // many elements with an fp32 scale each (Note [int8 quantized reduce-scatter] in quantize.cpp); 0 off.
+  // A plan with no reduce-scatter (stage 0, reduce_scatter false) turns it and the error feedback off
+  // (the config refuses that combination with an error instead: TrainingConfig::validate).
+  std::int64_t quantized_gradients_block = 0;
+  // Carry each reduction's quantization residual into the next one (Note [Error feedback] in
+  // gradient_reducer.cpp); needs quantized_gradients_block > 0.
+  bool quantized_gradients_error_feedback = false;
   // After the step, issue the parameter all-gathers asynchronously, in flat (= forward) order; each
   // parameter's first use in the next forward waits for its own chunk only (Note [Overlapped
   // all-gather] in parameter_gather.cpp). Bitwise the same results.
@@ -106,6 +114,9 @@ struct ZeroOptions {
   NonfiniteGrads nonfinite_grads = NonfiniteGrads::error;  // f32/bf16 only (Note [Non-finite gradients])
 };
 
+/// The largest quantization block (elements) the options accept.
+inline constexpr std::int64_t kMaxQuantizationBlock = std::int64_t{1} << 20;
+
 /// Throws zero::Error naming the first invalid option: stage 3 (not implemented) or outside 0..2, a
 /// non-float dtype, a bucket size < 1 (other than kAutoBucketSize), gradient_accumulation_steps < 1,
 /// negative clipping or weight decay, AdamW eps < 0 or a beta outside [0, 1), lr < 0. The loss-scaler
@@ -119,6 +130,7 @@ struct MemoryBreakdown {
   double optimizer_states = 0;  // fp32 master + AdamW m + v
   double buckets = 0;           // IPG bucket buffers (stage 2), reported apart from the model states
   double recovery = 0;          // restore point of a failed backward (GAS > 1 only; Note [Exception safety])
+  double residual = 0;          // error feedback's quantization residual (int8 + block scales; Note [Error feedback])
   /// params + grads + optimizer_states (the ZeRO paper's "model states"; buckets excluded).
   double model_states() const { return params + grads + optimizer_states; }
 };

@@ -175,6 +175,9 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
       {"/zero_optimization/overlap_comm", "--overlap-comm"},
       {"/zero_optimization/overlap_param_gather", "--overlap-param-gather"},
       {"/zero_optimization/reduce_scatter_with_fp32_accumulation", "--reduce-scatter-with-fp32-accumulation"},
+      {"/zero_optimization/zero_quantized_gradients", "--zero-quantized-gradients"},
+      {"/zero_optimization/zero_quantized_gradients_block_size", "--zero-quantized-gradients-block-size"},
+      {"/zero_optimization/zero_quantized_gradients_error_feedback", "--zero-quantized-gradients-error-feedback"},
   };
   const nlohmann::json a = mine.flatten(), b = saved.flatten();
   for (const auto& [key, value] : a.items()) {

@@ -64,6 +64,15 @@ void add_options(CLI::App& app, Args& a) {
   app.add_flag("--reduce-scatter-with-fp32-accumulation", a.reduce_scatter_with_fp32_accumulation,
                "16-bit reductions: send each rank its slice directly (all-to-all) and add the contributions in fp32, "
                "rounding once, instead of rounding at every hop of the ring; the same bytes");
+  app.add_flag("--zero-quantized-gradients", a.zero_quantized_gradients,
+               "stages 1/2: reduce-scatter gradients as int8 with one fp32 scale per block (all-to-all, summed in "
+               "fp32 by the owner): about 1/4 of an fp32 wire's bytes");
+  app.add_option("--zero-quantized-gradients-block-size", a.zero_quantized_gradients_block_size,
+                 "with --zero-quantized-gradients: elements per int8 block (one fp32 scale each)")
+      ->capture_default_str();
+  app.add_flag("--zero-quantized-gradients-error-feedback", a.zero_quantized_gradients_error_feedback,
+               "with --zero-quantized-gradients: carry each step's quantization error into the next (an int8 "
+               "residual of every element this rank sends)");
   app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -295,6 +304,12 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
   if (given.has("--communication-data-type")) cfg.communication_data_type = a.communication_data_type;
   if (given.has("--reduce-scatter-with-fp32-accumulation"))
     cfg.zero_optimization.reduce_scatter_with_fp32_accumulation = a.reduce_scatter_with_fp32_accumulation;
+  if (given.has("--zero-quantized-gradients"))
+    cfg.zero_optimization.zero_quantized_gradients = a.zero_quantized_gradients;
+  if (given.has("--zero-quantized-gradients-block-size"))
+    cfg.zero_optimization.zero_quantized_gradients_block_size = a.zero_quantized_gradients_block_size;
+  if (given.has("--zero-quantized-gradients-error-feedback"))
+    cfg.zero_optimization.zero_quantized_gradients_error_feedback = a.zero_quantized_gradients_error_feedback;
   if (given.has("--clip") || !has_base) cfg.gradient_clipping = a.clip;
   const bool base_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
   const bool given_accum = given.has("--grad-accum");
@@ -320,6 +335,17 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
     ZERO_CHECK(cfg.model_dtype() != DType::f32 && cfg.communication_data_type.value_or("") != "fp32",
                "--reduce-scatter-with-fp32-accumulation needs a 16-bit wire (--dtype fp16 or bf16, without "
                "--communication-data-type fp32)");
+  if (given.has("--zero-quantized-gradients") && a.zero_quantized_gradients)
+    ZERO_CHECK(cfg.zero_optimization.stage > 0 && cfg.zero_optimization.reduce_scatter,
+               "--zero-quantized-gradients needs --zero-stage 1 or 2 (stage 0 all-reduces its gradients)");
+  if (given.has("--zero-quantized-gradients-block-size"))
+    ZERO_CHECK(a.zero_quantized_gradients_block_size >= 1 &&
+                   a.zero_quantized_gradients_block_size <= dist::kMaxQuantizationBlock,
+               "--zero-quantized-gradients-block-size must be in [1, {}] elements, got {}", dist::kMaxQuantizationBlock,
+               a.zero_quantized_gradients_block_size);
+  if (given.has("--zero-quantized-gradients-error-feedback") && a.zero_quantized_gradients_error_feedback)
+    ZERO_CHECK(cfg.zero_optimization.zero_quantized_gradients,
+               "--zero-quantized-gradients-error-feedback needs --zero-quantized-gradients");
   cfg.resolve_batch(world_size);
   cfg.validate();
   return cfg;

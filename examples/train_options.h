@@ -39,6 +39,9 @@ struct Args {
   bool overlap_param_gather = false;
   std::string communication_data_type;  // "" = the config's (default: the model dtype)
   bool reduce_scatter_with_fp32_accumulation = false;
+  bool zero_quantized_gradients = false;
+  std::int64_t zero_quantized_gradients_block_size = 256;
+  bool zero_quantized_gradients_error_feedback = false;
   // Device and communicator.
   std::string device = "cpu";  // cpu | cuda
   std::string comm = "auto";   // auto | mpi | nccl | host-staged

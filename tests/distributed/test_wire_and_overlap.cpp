@@ -363,13 +363,14 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
   auto comm = test_world();
   const int n = comm->world_size();
   const nn::GPTConfig cfg = gpt_config(32);
-  for (int mode : {0, 1, 2}) {  // 16-bit ring, fp32 wire, 16-bit all-to-all with fp32 accumulation
+  for (int mode : {0, 1, 2, 3}) {  // 16-bit ring, fp32 wire, 16-bit all-to-all with fp32 accumulation, int8
     const bool fp32 = mode == 1;
     ZeroOptions o;
     o.stage = 2;
     o.dtype = DType::f16;
     o.reduce_in_fp32 = fp32;
     o.reduce_scatter_with_fp32_accumulation = mode == 2;
+    o.quantized_gradients_block = mode == 3 ? 64 : 0;
     Generator gen(5);
     nn::GPT model(cfg, gen);
     ZeroOptimizer opt(model.named_parameters(), comm, o);
@@ -394,14 +395,30 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
     if (comm->rank() == 0)
       std::printf("[ wire     ] %s reductions, %d ranks: wire %.0f B, ledger %.0f B, wire/ledger %.4f, "
                   "ledger/baseline %.4f\n",
-                  mode == 0 ? "fp16 ring" : mode == 1 ? "fp32" : "fp16 all-to-all, fp32-accumulated", n, wire, ledger,
+                  mode == 0   ? "fp16 ring"
+                  : mode == 1 ? "fp32"
+                  : mode == 2 ? "fp16 all-to-all, fp32-accumulated"
+                              : "int8 blocks of 64 all-to-all",
+                  n, wire, ledger,
                   wire / ledger, ledger / baseline);
     EXPECT_NEAR(wire / ledger, 1.0, 0.02) << "wire " << wire << " ledger " << ledger << " mode " << mode;
+    if (mode == 3) {
+      // int8: the reduce-scatter half moves 1 byte per element plus 4 per block of 64 of each slice,
+      // counted independently from the buckets' counts; the all-gather half stays fp16.
+      double quantized = 0;
+      for (const Bucket& b : opt.plan().buckets)
+        for (std::size_t c : b.counts) quantized += double(c + 4 * ((c + 63) / 64));
+      const double expect = ((n - 1.0) / n * quantized + (n - 1.0) / n * 2.0 * double(opt.layout().padded_numel())) *
+                            steps * n;
+      EXPECT_NEAR(ledger / expect, 1.0, 1e-9);
+      continue;
+    }
     // fp16 on the wire: ZeRO-2 moves the stage-0 baseline 2(n-1)/n·Ψ; fp32 reductions add half of it again.
     EXPECT_NEAR(ledger / baseline, fp32 ? 1.5 : 1.0, 1e-9) << "mode " << mode;
   }
   comm->set_reduce_in_fp32(false);
   comm->set_fp32_accumulation(false);
+  comm->set_quantized_gradients(0);
 }
 
 #endif  // ZERO_INPROCESS_TESTS
