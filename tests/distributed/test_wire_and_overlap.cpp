@@ -285,6 +285,60 @@ ZERO_DIST_TEST(Fp32Accumulation, ResultsDoNotDependOnBucketSize) {
     }  test_world()->set_fp32_accumulation(false);
 }
 
+// ---- int8 quantized gradients (Note [int8 quantized reduce-scatter], Note [Error feedback]) -------------
+
+// Stages 1 and 2 (GAS 2 at stage 2: a reduction every micro-step), f32 and bf16, with error feedback:
+// the ledger counts the int8 values and block scales of every bucket slice (counted here from the
+// buckets' counts), the residual is one int8 per element plus a scale per block, and overlap_comm does
+// not change a bit (the blocks and the summation order do not depend on timing).
+ZERO_DIST_TEST(QuantizedGradients, LedgerResidualAndOverlapMatchTheirClosedForms) {
+  const nn::GPTConfig cfg = gpt_config(16);
+  auto comm = test_world();
+  const int n = comm->world_size(), rank = comm->rank();
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (int stage : {1, 2}) {
+      std::vector<float> params[2];
+      for (bool overlap : {false, true}) {
+        ZeroOptions o;
+        o.stage = stage;
+        o.dtype = dtype;
+        o.reduce_bucket_size = 300;
+        o.overlap_comm = overlap;
+        o.gradient_accumulation_steps = stage == 2 ? 2 : 1;
+        o.quantized_gradients_block = 32;
+        o.quantized_gradients_error_feedback = true;
+        o.adam.lr = 1e-2f;
+        Generator gen(5);
+        nn::GPT model(cfg, gen);
+        ZeroOptimizer opt(model.named_parameters(), comm, o);
+        double slices = 0;  // bytes of one reduction of every bucket: int8 values + fp32 scales
+        for (const Bucket& b : opt.plan().buckets)
+          for (std::size_t c : b.counts) slices += double(c + 4 * ((c + 31) / 32));
+        EXPECT_DOUBLE_EQ(opt.memory().residual, slices) << "stage " << stage;
+        EXPECT_DOUBLE_EQ(opt.plan().memory().residual, slices);
+        comm->ledger().reset();
+        const int steps = 3;
+        for (int s = 0; s < steps; ++s) {
+          for (int m = 0; m < o.gradient_accumulation_steps; ++m) {
+            auto [x, y] = batch(cfg, 2 * s + m, rank * 2, 2);
+            opt.backward(model.loss(x, y));
+          }
+          ASSERT_TRUE(opt.step());
+        }
+        const double reductions = steps * o.gradient_accumulation_steps;
+        // (summed per call here, per bucket there: equal up to double rounding)
+        const double want = reductions * (n - 1.0) / n * slices;
+        EXPECT_NEAR(comm->ledger()[Collective::reduce_scatter], want, 1e-12 * want)
+            << dtype_name(dtype) << ", stage " << stage;
+        EXPECT_NEAR(comm->ledger().total(), steps * opt.plan().traffic().total(), 1e-12 * want);
+        opt.wait_for_params();
+        params[overlap] = opt.flat_params().to(DType::f32).to_vector();
+      }
+      EXPECT_TRUE(bitwise_equal(params[0], params[1])) << dtype_name(dtype) << ", stage " << stage;
+    }
+  comm->set_quantized_gradients(0);
+}
+
 // ---- bucket pool and automatic bucket size -----------------------------------------------------------
 
 // wte (64 x 32 = 2048 elements) spans many 100-element buckets and is the last gradient backward
