@@ -450,6 +450,32 @@ void MpiCommunicator::ring_reduce_scatter_any(const void* send, void* recv, cons
   }
 }
 
+// Rank r receives round.recv_bytes[q] bytes from every peer q into round.recv[q] and sends
+// round.send_bytes[q] bytes of round.send[q] to it (zero bytes: no message; entry r is ignored), the
+// k-th receive from rank r-k and the k-th send to rank r+k, so the n-1 messages of one rank go to n-1
+// different ranks at once; then waits for all of them.
+void MpiCommunicator::alltoall_round(const AllToAllRound& round, int tag) {
+  const int n = world_size_, r = rank_;
+  std::vector<MPI_Request> requests;
+  std::vector<int> peers;
+  for (int k = 1; k < n; ++k) {
+    const int from = (r - k + n) % n, to = (r + k) % n;
+    if (round.recv_bytes[from] > 0) {
+      requests.emplace_back();
+      peers.push_back(from);
+      ZERO_MPI_CHECK(MPI_Irecv(round.recv[from], as_int(round.recv_bytes[from]), MPI_BYTE, from, tag, comm_,
+                               &requests.back()));
+    }
+    if (round.send_bytes[to] > 0) {
+      requests.emplace_back();
+      peers.push_back(to);
+      ZERO_MPI_CHECK(MPI_Isend(round.send[to], as_int(round.send_bytes[to]), MPI_BYTE, to, tag, comm_,
+                               &requests.back()));
+    }
+  }
+  if (!requests.empty()) wait_all(int(requests.size()), requests.data(), peers.data());
+}
+
 // Note [fp32-accumulating reduce-scatter] (communicator.cpp), over point-to-point messages: for each
 // segment position, rank r posts a receive from every peer for its own slice's segment and a send of
 // slice d's segment to every peer d (starting with its right neighbour, so the n-1 messages of one
@@ -474,29 +500,17 @@ void MpiCommunicator::alltoall_reduce_scatter(const void* send, void* recv, cons
   float* acc = scratch(0, seg_floats);
   float* tmp = scratch(1, seg_floats);
   auto clip = [&](std::size_t count, std::size_t pos) { return pos < count ? std::min(seg, count - pos) : 0; };
-  std::vector<MPI_Request> requests;
-  std::vector<int> peers;
   std::vector<const void*> parts(static_cast<std::size_t>(n));
+  AllToAllRound round(n);
   for (std::size_t pos = 0; pos < max_count; pos += seg) {
-    requests.clear();
-    peers.clear();
     const std::size_t rn = clip(mine, pos);
-    for (int k = 1; k < n; ++k) {
-      const int from = (r - k + n) % n, to = (r + k) % n;
-      if (rn > 0) {
-        requests.emplace_back();
-        peers.push_back(from);
-        ZERO_MPI_CHECK(MPI_Irecv(inbox + std::size_t(from) * seg_floats * elem, as_int(rn), MPI_UINT16_T, from, 4,
-                                 comm_, &requests.back()));
-      }
-      if (const std::size_t sn = clip(counts[to], pos); sn > 0) {
-        requests.emplace_back();
-        peers.push_back(to);
-        ZERO_MPI_CHECK(MPI_Isend(in + (offsets[to] + pos) * elem, as_int(sn), MPI_UINT16_T, to, 4, comm_,
-                                 &requests.back()));
-      }
+    for (int q = 0; q < n; ++q) {
+      round.recv[q] = inbox + std::size_t(q) * seg_floats * elem;
+      round.recv_bytes[q] = rn * elem;
+      round.send_bytes[q] = clip(counts[q], pos) * elem;
+      round.send[q] = round.send_bytes[q] > 0 ? in + (offsets[q] + pos) * elem : nullptr;
     }
-    if (!requests.empty()) wait_all(int(requests.size()), requests.data(), peers.data());
+    alltoall_round(round, 4);
     if (rn == 0) continue;
     for (int q = 0; q < n; ++q)
       parts[q] = q == r ? in + (offsets[r] + pos) * elem : inbox + std::size_t(q) * seg_floats * elem;
@@ -529,33 +543,19 @@ void MpiCommunicator::quantized_reduce_scatter(const void* send, void* recv, con
   auto values = [&](float* message, std::size_t len) {  // the int8 values follow the scales
     return reinterpret_cast<std::int8_t*>(message + quantized_blocks(len, block));
   };
-  std::vector<MPI_Request> requests;
-  std::vector<int> peers;
+  AllToAllRound round(n);
   for (std::size_t pos = 0; pos < max_count; pos += seg) {
-    requests.clear();
-    peers.clear();
-    for (int d = 0; d < n; ++d)
-      if (const std::size_t len = clip(counts[d], pos); len > 0) {
-        float* message = outbox + std::size_t(d) * slot_floats;
-        quantize_blocks(in + (offsets[d] + pos) * elem, dtype, len, block, message, values(message, len));
-      }
     const std::size_t rn = clip(mine, pos);
-    for (int k = 1; k < n; ++k) {
-      const int from = (r - k + n) % n, to = (r + k) % n;
-      if (rn > 0) {
-        requests.emplace_back();
-        peers.push_back(from);
-        ZERO_MPI_CHECK(MPI_Irecv(inbox + std::size_t(from) * slot_floats, as_int(quantized_bytes(rn, block)), MPI_BYTE,
-                                 from, 5, comm_, &requests.back()));
-      }
-      if (const std::size_t sn = clip(counts[to], pos); sn > 0) {
-        requests.emplace_back();
-        peers.push_back(to);
-        ZERO_MPI_CHECK(MPI_Isend(outbox + std::size_t(to) * slot_floats, as_int(quantized_bytes(sn, block)), MPI_BYTE,
-                                 to, 5, comm_, &requests.back()));
-      }
+    for (int q = 0; q < n; ++q) {
+      float* message = outbox + std::size_t(q) * slot_floats;
+      const std::size_t len = clip(counts[q], pos);
+      if (len > 0) quantize_blocks(in + (offsets[q] + pos) * elem, dtype, len, block, message, values(message, len));
+      round.send[q] = message;
+      round.send_bytes[q] = len > 0 ? quantized_bytes(len, block) : 0;
+      round.recv[q] = inbox + std::size_t(q) * slot_floats;
+      round.recv_bytes[q] = rn > 0 ? quantized_bytes(rn, block) : 0;
     }
-    if (!requests.empty()) wait_all(int(requests.size()), requests.data(), peers.data());
+    alltoall_round(round, 5);
     if (rn == 0) continue;
     for (int q = 0; q < n; ++q) {
       float* message = (q == r ? outbox : inbox) + std::size_t(q) * slot_floats;

@@ -125,6 +125,15 @@ class MpiCommunicator final : public Communicator {
                            const std::vector<std::size_t>& offsets, ReduceOp op);
   void ring_reduce_scatter_any(const void* send, void* recv, const std::vector<std::size_t>& counts,
                                const std::vector<std::size_t>& offsets, ReduceOp op, DType dtype);
+  // One round of an all-to-all of bytes, per peer q: what to send it and where its message goes.
+  struct AllToAllRound {
+    explicit AllToAllRound(int n)
+        : send(std::size_t(n)), recv(std::size_t(n)), send_bytes(std::size_t(n)), recv_bytes(std::size_t(n)) {}
+    std::vector<const void*> send;
+    std::vector<void*> recv;
+    std::vector<std::size_t> send_bytes, recv_bytes;
+  };
+  void alltoall_round(const AllToAllRound& round, int tag);
   // Note [fp32-accumulating reduce-scatter] (communicator.cpp): every rank sends slice d of its 16-bit
   // `send` to rank d, and sums the n contributions to its own slice in fp32, rounding once.
   void alltoall_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,

@@ -90,7 +90,7 @@ struct ZeroOptions {
   bool reduce_scatter_with_fp32_accumulation = false;
   // DeepSpeed's zero_quantized_gradients: > 0, the stage 1/2 reduce-scatter sends int8 blocks of this
   // many elements with an fp32 scale each (Note [int8 quantized reduce-scatter] in quantize.cpp); 0 off.
-  // A plan with no reduce-scatter (stage 0, reduce_scatter false) turns it and the error feedback off
+  // A plan without a stage 1/2 reduce-scatter (stage 0, reduce_scatter false) turns it and the error feedback off
   // (the config refuses that combination with an error instead: TrainingConfig::validate).
   std::int64_t quantized_gradients_block = 0;
   // Carry each reduction's quantization residual into the next one (Note [Error feedback] in

@@ -336,7 +336,7 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
                "--reduce-scatter-with-fp32-accumulation needs a 16-bit wire (--dtype fp16 or bf16, without "
                "--communication-data-type fp32)");
   if (given.has("--zero-quantized-gradients") && a.zero_quantized_gradients)
-    ZERO_CHECK(cfg.zero_optimization.stage > 0 && cfg.zero_optimization.reduce_scatter,
+    ZERO_CHECK(cfg.zero_optimization.stage == 1 || cfg.zero_optimization.stage == 2,
                "--zero-quantized-gradients needs --zero-stage 1 or 2 (stage 0 all-reduces its gradients)");
   if (given.has("--zero-quantized-gradients-block-size"))
     ZERO_CHECK(a.zero_quantized_gradients_block_size >= 1 &&
