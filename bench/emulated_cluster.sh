@@ -34,6 +34,14 @@
 #   s2_overlap_gather             the same with --overlap-comm --overlap-param-gather
 #   s1_overlap_gather             stage 1 with --overlap-comm --overlap-param-gather
 #   torch_ddp torch_zero          bench/torch_gpt_dist.py: DDP, DDP + ZeroRedundancyOptimizer (gloo)
+#   wire_fp32 wire_bf16 wire_bf16_acc wire_int8 wire_int8_ef
+#                                 the gradient wire at stage 2 with --overlap-comm, all with a bf16 model (the
+#                                 same compute): --communication-data-type fp32, the bf16 ring,
+#                                 --reduce-scatter-with-fp32-accumulation, --zero-quantized-gradients
+#                                 without and with --zero-quantized-gradients-error-feedback (not in the
+#                                 default list; the summary prints each one's step time against wire_fp32)
+#   f32_wire f32_int8             the same with an fp32 model: fp32 wire, --zero-quantized-gradients (the
+#                                 summary compares them)
 # Runs go round-robin (--rounds times through the list), so load from other jobs on the machine
 # spreads over all configurations; the table shows medians over rounds. Needs root (ip netns, tc).
 # Anything after "--" is passed to every train_gpt run (e.g. -- --dtype fp16).
@@ -96,6 +104,13 @@ flags_of() {
     s2_bucket_overlap) echo "--zero-stage 2 --reduce-bucket-size $bucket --overlap-comm" ;;
     s2_overlap_gather) echo "--zero-stage 2 --reduce-bucket-size $bucket --overlap-comm --overlap-param-gather" ;;
     s1_overlap_gather) echo "--zero-stage 1 --reduce-bucket-size $bucket --overlap-comm --overlap-param-gather" ;;
+    wire_fp32) echo "--zero-stage 2 --overlap-comm --dtype bf16 --communication-data-type fp32" ;;
+    wire_bf16) echo "--zero-stage 2 --overlap-comm --dtype bf16" ;;
+    wire_bf16_acc) echo "--zero-stage 2 --overlap-comm --dtype bf16 --reduce-scatter-with-fp32-accumulation" ;;
+    wire_int8) echo "--zero-stage 2 --overlap-comm --dtype bf16 --zero-quantized-gradients" ;;
+    wire_int8_ef) echo "--zero-stage 2 --overlap-comm --dtype bf16 --zero-quantized-gradients --zero-quantized-gradients-error-feedback" ;;
+    f32_wire) echo "--zero-stage 2 --overlap-comm --dtype fp32" ;;
+    f32_int8) echo "--zero-stage 2 --overlap-comm --dtype fp32 --zero-quantized-gradients" ;;
     torch_ddp) echo "" ;;
     torch_zero) echo "--zero" ;;
     *) echo "error: unknown configuration '$1'" >&2; return 1 ;;
@@ -169,6 +184,13 @@ if "s2_bucket" in rows and "s2_bucket_overlap" in rows:
           f"(same buckets); --overlap-param-gather a further {100 * (1 - ratio('s2_overlap_gather', 's2_bucket_overlap')):.1f}%")
     print(f"  the same as medians of the ratio within each round: {100 * (1 - paired('s2_bucket_overlap', 's2_bucket')):.1f}% "
           f"and {100 * (1 - paired('s2_overlap_gather', 's2_bucket_overlap')):.1f}%")
+for w in ("wire_bf16", "wire_bf16_acc", "wire_int8", "wire_int8_ef"):
+    if w in rows and "wire_fp32" in rows:
+        print(f"{w} vs wire_fp32: step time {ratio(w, 'wire_fp32'):.2f}x (paired {paired(w, 'wire_fp32'):.2f}x), "
+              f"wire bytes {ratio(w, 'wire_fp32', 3):.3f}x, speed-up {1 / paired(w, 'wire_fp32'):.2f}x")
+if "f32_int8" in rows and "f32_wire" in rows:
+    print(f"f32_int8 vs f32_wire: step time {ratio('f32_int8', 'f32_wire'):.2f}x (paired {paired('f32_int8', 'f32_wire'):.2f}x), "
+          f"wire bytes {ratio('f32_int8', 'f32_wire', 3):.3f}x, speed-up {1 / paired('f32_int8', 'f32_wire'):.2f}x")
 for t in ("torch_ddp", "torch_zero"):
     best = min((n for n in rows if not n.startswith("torch")), key=lambda n: rows[n][0], default=None)
     if t in rows and best:

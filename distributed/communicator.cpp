@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "distributed/quantize.h"
 
 namespace zero::dist {
 
@@ -41,6 +42,14 @@ double default_collective_timeout_s() {
   ZERO_CHECK(end != env && *end == '\0' && std::isfinite(s) && s > 0,
              "ZERO_COLLECTIVE_TIMEOUT_S must be a number of seconds > 0, got '{}'", env);
   return s;
+}
+
+void Communicator::set_quantized_gradients(std::size_t block) {
+  ZERO_CHECK(block == 0 || supports_quantized_gradients(),
+             "zero_quantized_gradients: the {} communicator does not implement the int8 reduce-scatter (the CPU "
+             "backends do)",
+             backend_name());
+  quantized_block_ = block;
 }
 
 void Communicator::set_timeout(double seconds) {
@@ -174,7 +183,11 @@ std::shared_ptr<Work> Communicator::reduce_scatter_async(const void* send, void*
   ZERO_CHECK(recv != nullptr || counts[rank()] == 0, "reduce_scatter: null recv buffer for {} elements",
              counts[rank()]);
   auto work = issue_reduce_scatter(send, recv, counts, dtype);
-  ledger_.add(Collective::reduce_scatter, wire_bus_bytes(Collective::reduce_scatter, total, dtype));
+  // Note [int8 quantized reduce-scatter] (quantize.cpp): the int8 values and the fp32 scales.
+  ledger_.add(Collective::reduce_scatter,
+              quantized_block_ > 0
+                  ? Ledger::bus_bytes(Collective::reduce_scatter, quantized_bytes(counts, quantized_block_), world_size())
+                  : wire_bus_bytes(Collective::reduce_scatter, total, dtype));
   return work;
 }
 

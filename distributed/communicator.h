@@ -217,6 +217,19 @@ class Communicator {
     return fp32_accumulation_ && !reduce_in_fp32_ && dtype != DType::f32;
   }
 
+  /// block > 0: reduce_scatter (of any dtype) becomes DeepSpeed's zero_quantized_gradients: every rank
+  /// quantizes each destination's slice to int8 in blocks of `block` elements with one fp32 scale per
+  /// block, sends it directly to the owner (an all-to-all), and the owner dequantizes the n
+  /// contributions, adds them in fp32 in rank order and rounds once into the buffer's dtype (Note [int8
+  /// quantized reduce-scatter] in quantize.cpp). The ledger counts the int8 values and the scales.
+  /// block = 0 (the default): off. No effect on all_reduce, reduce or all_gather. Read at issue; every
+  /// rank must use the same value. Throws zero::Error when the backend does not implement it
+  /// (supports_quantized_gradients()). Virtual for the same reason as set_reduce_in_fp32.
+  virtual void set_quantized_gradients(std::size_t block);
+  std::size_t quantized_gradients() const { return quantized_block_; }
+  /// The backend implements set_quantized_gradients (the CPU backends do; NCCL does not).
+  virtual bool supports_quantized_gradients() const { return false; }
+
   // ---- deadlines -------------------------------------------------------------------------------
   /// Every collective issued after this call must finish within `seconds` (> 0) of starting, or it
   /// throws CollectiveTimeout (the job cannot go on; see fail_job in job_runtime.h). Every rank should
@@ -266,6 +279,7 @@ class Communicator {
   mutable Ledger ledger_;
   bool reduce_in_fp32_ = false;
   bool fp32_accumulation_ = false;
+  std::size_t quantized_block_ = 0;
   double timeout_s_ = default_collective_timeout_s();
   std::int64_t step_ = 0;
 };

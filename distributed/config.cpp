@@ -101,7 +101,7 @@ const std::map<std::string, std::vector<std::string>>& unsupported_keys() {
       {"fp16", {"fp16_master_weights_and_grads"}},
       {"zero_optimization",
        {"zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
-        "zero_quantized_gradients", "mics_shard_size", "mics_hierarchical_params_gather", "legacy_stage1"}},
+        "mics_shard_size", "mics_hierarchical_params_gather", "legacy_stage1"}},
       {"optimizer.params", {"amsgrad", "bias_correction"}},
   };
   return keys;
@@ -313,6 +313,9 @@ void parse_zero(Section s, ZeroConfig& c) {
   } else {
     s.find("reduce_scatter_with_fp32_accumulation");  // a null is known too
   }
+  s.read("zero_quantized_gradients", c.zero_quantized_gradients);
+  s.read("zero_quantized_gradients_block_size", c.zero_quantized_gradients_block_size);
+  s.read("zero_quantized_gradients_error_feedback", c.zero_quantized_gradients_error_feedback);
   s.check_keys();
 }
 
@@ -453,6 +456,24 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
            c.model_dtype() == DType::f32
                ? "needs a 16-bit wire, but the model is fp32 (enable fp16 or bf16, or leave the key unset)"
                : "needs a 16-bit wire, but communication_data_type is \"fp32\" (reductions already add in fp32)");
+  }
+
+  if (z.zero_quantized_gradients_block_size < 1 || z.zero_quantized_gradients_block_size > kMaxQuantizationBlock)
+    fail(src, "zero_optimization.zero_quantized_gradients_block_size",
+         fmt::format("must be in [1, {}] elements, got {}", kMaxQuantizationBlock, z.zero_quantized_gradients_block_size));
+  if (z.zero_quantized_gradients_error_feedback && !z.zero_quantized_gradients)
+    fail(src, "zero_optimization.zero_quantized_gradients_error_feedback",
+         "needs zero_optimization.zero_quantized_gradients = true");
+  if (z.zero_quantized_gradients) {
+    const char* key = "zero_optimization.zero_quantized_gradients";
+    if (z.stage != 1 && z.stage != 2)
+      fail(src, key, "needs stage 1 or 2 (stage 0 all-reduces its gradients; the int8 path is a reduce-scatter)");
+    if (!z.reduce_scatter)
+      fail(src, key, "needs reduce_scatter = true (the int8 path is a reduce-scatter, not an all-reduce)");
+    if (z.reduce_scatter_with_fp32_accumulation.value_or(false))
+      fail(src, key, "and reduce_scatter_with_fp32_accumulation are both on; choose one (int8 already adds in fp32)");
+    if (c.model_dtype() != DType::f32 && c.communication_data_type.value_or("") == "fp32")
+      fail(src, key, "and communication_data_type \"fp32\" are both set; the int8 wire replaces the fp32 one");
   }
 
   if (const auto& o = c.optimizer) {
@@ -625,7 +646,10 @@ nlohmann::json TrainingConfig::to_json() const {
         {"stage3_max_live_parameters", zero_optimization.stage3_max_live_parameters},
         {"reduce_scatter_with_fp32_accumulation", zero_optimization.reduce_scatter_with_fp32_accumulation
                                                        ? json(*zero_optimization.reduce_scatter_with_fp32_accumulation)
-                                                       : json(nullptr)}}},
+                                                       : json(nullptr)},
+        {"zero_quantized_gradients", zero_optimization.zero_quantized_gradients},
+        {"zero_quantized_gradients_block_size", zero_optimization.zero_quantized_gradients_block_size},
+        {"zero_quantized_gradients_error_feedback", zero_optimization.zero_quantized_gradients_error_feedback}}},
   };
   if (optimizer) {
     j["optimizer"] = {{"type", optimizer->type},
@@ -717,6 +741,9 @@ ZeroOptions TrainingConfig::zero_options() const {
   zo.stage3_max_live_parameters = zero_optimization.stage3_max_live_parameters;
   zo.reduce_scatter_with_fp32_accumulation = zero_optimization.reduce_scatter_with_fp32_accumulation.value_or(false);
   zo.reduce_scatter = zero_optimization.reduce_scatter;
+  zo.quantized_gradients_block =
+      zero_optimization.zero_quantized_gradients ? zero_optimization.zero_quantized_gradients_block_size : 0;
+  zo.quantized_gradients_error_feedback = zero_optimization.zero_quantized_gradients_error_feedback;
   zo.overlap_comm = zero_optimization.overlap_comm;
   zo.contiguous_gradients = zero_optimization.contiguous_gradients;
   zo.gradient_accumulation_steps = static_cast<int>(gradient_accumulation_steps.value_or(1));

@@ -1,11 +1,15 @@
 #include "distributed/gradient_reducer.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include "autograd/autograd.h"
 #include "core/backend.h"
 #include "core/check.h"
 #include "core/trace.h"
+#include "distributed/quantize.h"
+#include "distributed/ring_math.h"
 #include "optim/clip.h"
 
 namespace zero::dist {
@@ -63,6 +67,65 @@ namespace zero::dist {
 // bucket size (Ψ/8) the partition gradient plus two buckets stay below stage 1's full gradient for every
 // N >= 2 (docs/zero.md, "Bucket size").
 
+// Note [Error feedback]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// With zero_quantized_gradients each reduction sends every element x as its int8 dequantized value
+// Q(x) (Note [int8 quantized reduce-scatter] in quantize.cpp), losing e = x - Q(x), up to half a block's
+// scale per element. Alone those losses are biased per element (a small gradient in a block with a
+// large one rounds to 0 every step), so the applied gradient drifts from the true one. Error feedback
+// (Seide et al., "1-bit SGD", Interspeech 2014; Karimireddy et al., ICML 2019, "EF-SGD") keeps e and
+// sends x' = x + e_prev instead, so over K reductions the sum of what was sent, sum Q(x'_t), equals
+// sum x_t + e_0 - e_K: the applied gradients track the exact ones within one residual, whatever K is.
+// Here (feed_back_error, just before a bucket is issued, after the pre-division by N):
+//   x' = x + e, rounded to the gradient dtype (it is what the communicator quantizes); Q(x') computed
+//   with the same quantize_blocks and the same blocks (each rank's slice of the bucket on its own, from
+//   the slice's start) as the communicator will; e = x' - Q(x'), in fp32.
+// e is stored compactly, not as an fp32 copy: int8 with one fp32 scale per block (the same blocks), so
+// it costs 1 + 4/block bytes per element; its own quantization (up to half of its block's scale, itself
+// at most 1/254 of the gradient block's scale) is lost. What is lost for good per element is therefore
+// that second-order error plus, for a 16-bit model, the rounding of x + e to 16 bits.
+// Size: a rank quantizes every element it sends, and it sends every bucket, so the residual covers the
+// whole flat buffer, Ψ elements per rank at stage 2 as at stage 1, not the partition's Ψ/N: about Ψ
+// bytes, half of stage 2's partition gradient saving for a 16-bit model at large N (docs/collectives.md,
+// "Error feedback"). A block holding inf/NaN (an fp16 overflow) keeps a zero residual, so a skipped step
+// does not poison the next one. Counted in memory().residual.
+void GradientReducer::feed_back_error(int k, char* data) {
+  const Bucket& b = plan_.buckets[static_cast<std::size_t>(k)];
+  const DType dt = plan_.options.dtype;
+  const std::size_t block = static_cast<std::size_t>(plan_.options.quantized_gradients_block), elem = dtype_size(dt);
+  float* scales = residual_scales_.data() + residual_first_scale_[static_cast<std::size_t>(k)];
+  std::size_t pos = 0;  // elements of the bucket before rank d's slice
+  for (std::size_t c : b.counts) {
+    if (c == 0) continue;
+    char* x = data + pos * elem;
+    std::int8_t* e = residual_.data() + b.begin + static_cast<std::int64_t>(pos);
+    const std::size_t blocks = quantized_blocks(c, block);
+    // x' = x + e, in the gradient dtype.
+    if (dt == DType::f32)
+      std::memcpy(sent_.data(), x, c * sizeof(float));
+    else
+      detail::widen(x, dt, sent_.data(), c);
+    dequantize_accumulate(scales, e, c, block, sent_.data(), false);
+    if (dt == DType::f32) {
+      std::memcpy(x, sent_.data(), c * sizeof(float));
+    } else {
+      detail::narrow(sent_.data(), x, dt, c);
+      detail::widen(x, dt, sent_.data(), c);
+    }
+    // e = x' - Q(x'), blocks that are not finite zeroed, stored as int8 blocks.
+    quantize_blocks(x, dt, c, block, wire_scales_.data(), wire_values_.data());
+    dequantize_accumulate(wire_scales_.data(), wire_values_.data(), c, block, lost_.data(), true);
+    for (std::size_t i = 0; i < c; ++i) lost_[i] = sent_[i] - lost_[i];
+    for (std::size_t j = 0; j < blocks; ++j)
+      if (!std::isfinite(wire_scales_[j]))
+        std::fill(lost_.begin() + std::ptrdiff_t(j * block), lost_.begin() + std::ptrdiff_t(std::min(c, (j + 1) * block)),
+                  0.0f);
+    quantize_blocks(lost_.data(), DType::f32, c, block, scales, e);
+    scales += blocks;
+    pos += c;
+  }
+}
+
 GradientReducer::GradientReducer(const ZeroPlan& plan, int rank, std::shared_ptr<Communicator> comm,
                                  std::vector<Tensor> params, Device device)
     : plan_(plan), rank_(rank), world_(plan.layout.world_size()), comm_(std::move(comm)), params_(std::move(params)) {
@@ -74,6 +137,25 @@ GradientReducer::GradientReducer(const ZeroPlan& plan, int rank, std::shared_ptr
   for (int b = 0; b < plan_.pool_buffers; ++b) {
     pool_.push_back(Tensor::empty({plan_.pool_buffer_numel}, dt, device));
     free_buffers_.push_back(b);
+  }
+  if (plan_.options.quantized_gradients_error_feedback) {
+    // Note [Error feedback]: a zero residual for every element, one scale per block of every slice.
+    ZERO_CHECK(device == Device::cpu, "ZeRO: zero_quantized_gradients_error_feedback runs on the CPU only");
+    const std::size_t block = static_cast<std::size_t>(plan_.options.quantized_gradients_block);
+    residual_.assign(static_cast<std::size_t>(plan_.layout.padded_numel()), 0);
+    std::size_t scales = 0, max_slice = 0;
+    for (const Bucket& b : plan_.buckets) {
+      residual_first_scale_.push_back(scales);
+      for (std::size_t c : b.counts) {
+        scales += quantized_blocks(c, block);
+        max_slice = std::max(max_slice, c);
+      }
+    }
+    residual_scales_.assign(scales, 0.0f);
+    sent_.resize(max_slice);
+    lost_.resize(max_slice);
+    wire_values_.resize(max_slice);
+    wire_scales_.resize(quantized_blocks(max_slice, block));
   }
   detach_grads();
   delivered_.assign(params_.size(), 0);
@@ -101,6 +183,10 @@ double GradientReducer::pool_bytes() const {
   double bytes = 0;
   for (const Tensor& t : pool_) bytes += static_cast<double>(t.nbytes());
   return bytes;
+}
+
+double GradientReducer::residual_bytes() const {
+  return static_cast<double>(residual_.size()) + sizeof(float) * static_cast<double>(residual_scales_.size());
 }
 
 Tensor GradientReducer::gradient() const {
@@ -224,6 +310,7 @@ void GradientReducer::issue_bucket(int k) {
   // Average by pre-dividing: every rank scales its contribution by 1/N, the collective sums.
   if (world_ > 1) optim::scale_grad_(bucket, 1.0f / static_cast<float>(world_));
   char* data = element_ptr(bucket, 0);
+  if (plan_.options.quantized_gradients_error_feedback) feed_back_error(k, data);
   const std::size_t n = static_cast<std::size_t>(b.size());
   if (trace::active())
     trace::instant("bucket issued", "bucket", trace::kComputeThread,

@@ -68,6 +68,8 @@ class GradientReducer {
   const std::vector<char>& used() const { return used_; }
   /// Bytes of the stage-2 bucket pool (0 at stages 0/1).
   double pool_bytes() const;
+  /// Bytes of the error-feedback residual (0 without zero_quantized_gradients_error_feedback).
+  double residual_bytes() const;
 
  private:
   struct InFlight {
@@ -86,6 +88,7 @@ class GradientReducer {
   void wait_for_oldest();
   void deliver_finished();
   void wait_for_all();
+  void feed_back_error(int k, char* data);  // Note [Error feedback]
   void attach_flat_grads();
   void detach_grads();
 
@@ -111,6 +114,15 @@ class GradientReducer {
   std::vector<Tensor> pool_;       // plan.pool_buffers buffers of pool_buffer_numel elements
   std::vector<int> free_buffers_;  // pool indices not in use
   std::vector<Tensor> kept_;       // per parameter: its gradient, until the bucket holding its start is out
+
+  // Error feedback (Note [Error feedback]): the residual of every element this rank sends, int8 at its
+  // flat index, with one fp32 scale per quantization block of each bucket's per-rank slices
+  // (residual_scales_ from residual_first_scale_[k] for bucket k); fp32 scratch of one slice.
+  std::vector<std::int8_t> residual_;
+  std::vector<float> residual_scales_;
+  std::vector<std::size_t> residual_first_scale_;
+  std::vector<float> sent_, lost_, wire_scales_;
+  std::vector<std::int8_t> wire_values_;
 };
 
 }  // namespace zero::dist

@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "distributed/cpu_work.h"
+#include "distributed/quantize.h"
 #include "distributed/ring_math.h"
 
 namespace zero::dist {
@@ -33,6 +34,7 @@ struct Posted {
   int root = 0;
   bool fp32 = false;         // 16-bit reductions travel in fp32 (reduce_in_fp32() when issued)
   bool accumulate = false;   // 16-bit all-to-all summed in fp32 (accumulates_in_fp32() when issued)
+  std::size_t quantize_block = 0;  // reduce_scatter: int8 blocks of this size (quantized_gradients() when issued)
   double* values = nullptr;  // control: counts[0] doubles, summed / maxed in place
 };
 
@@ -67,12 +69,18 @@ class InProcessWorld {
 struct RingScratch {
   std::vector<float> partial;  // the partial result between hops, in the wire type (any T fits)
   std::vector<float> widened;  // n contributions of one slice widened to fp32 (reduce_in_fp32)
-  std::vector<float> sum;      // the fp32 result before it is rounded (reduce_in_fp32, fp32 accumulation)
+  std::vector<float> sum;      // the fp32 result before it is rounded (reduce_in_fp32, fp32 accumulation, int8)
+  std::vector<float> scales;          // one contribution's block scales (int8)
+  std::vector<std::int8_t> values;    // one contribution's int8 values
 
-  void reserve(int n, std::size_t max_slice, bool wide, bool accumulate) {
+  void reserve(int n, std::size_t max_slice, bool wide, bool accumulate, std::size_t block) {
     partial.resize(max_slice);
     if (wide) widened.resize(std::size_t(n) * max_slice);
-    if (wide || accumulate) sum.resize(max_slice);
+    if (wide || accumulate || block > 0) sum.resize(max_slice);
+    if (block > 0) {
+      scales.resize(quantized_blocks(max_slice, block));
+      values.resize(max_slice);
+    }
   }
 };
 
@@ -103,13 +111,14 @@ const char* kind_name(Kind kind) {
 // Every rank must issue the same collective with the same arguments (but its own buffers).
 bool same_collective(const Posted& a, const Posted& b) {
   return a.kind == b.kind && a.counts == b.counts && a.dtype == b.dtype && a.op == b.op && a.root == b.root &&
-         a.fp32 == b.fp32 && a.accumulate == b.accumulate;
+         a.fp32 == b.fp32 && a.accumulate == b.accumulate && a.quantize_block == b.quantize_block;
 }
 
 std::string describe(const Posted& p) {
-  return fmt::format("{} (counts {}, {}, {}, root {}{}{})", kind_name(p.kind), fmt::join(p.counts, ","),
+  return fmt::format("{} (counts {}, {}, {}, root {}{}{}{})", kind_name(p.kind), fmt::join(p.counts, ","),
                      dtype_name(p.dtype), p.op == ReduceOp::sum ? "sum" : "max", p.root, p.fp32 ? ", fp32 wire" : "",
-                     p.accumulate ? ", fp32 accumulation" : "");
+                     p.accumulate ? ", fp32 accumulation" : "",
+                     p.quantize_block > 0 ? fmt::format(", int8 blocks of {}", p.quantize_block) : "");
 }
 
 // The Ledger::seconds slot of a data collective; -1 for barriers and control scalars (not timed).
@@ -149,7 +158,10 @@ void name_this_thread(const std::string& name) { pthread_setname_np(pthread_self
 //   is rounded to the 16-bit type once (MPI widens the whole buffer first: the same values);
 //   with fp32 accumulation (16-bit reduce_scatter and all_reduce sums) there is no chain: the owner adds
 //   the widened contributions in rank order and rounds once (Note [fp32-accumulating reduce-scatter]
-//   in communicator.cpp), as MpiCommunicator's all-to-all does with the slices it received.
+//   in communicator.cpp), as MpiCommunicator's all-to-all does with the slices it received;
+//   with int8 quantization (reduce_scatter) the owner quantizes each peer's slice as that peer would
+//   before sending it, and adds the dequantized contributions in rank order (Note [int8 quantized
+//   reduce-scatter] in quantize.cpp): the same quantize_blocks and dequantize_accumulate as MPI.
 // All-gather and broadcast copy bytes. The control scalars (not part of the ring) are summed in rank
 // order 0, 1, ..., n-1; Open MPI's MPI_Allreduce may add them in another order.
 
@@ -212,6 +224,24 @@ void reduce_slice(const std::vector<const void*>& buffers, std::size_t offset, s
       return ring_chain(slices_of<float>(buffers, offset), owner, static_cast<float*>(out), len, op,
                         s.partial.data());
   }
+}
+
+// out (len elements of `dtype`) = the int8 quantized reduce-scatter of elements [offset, offset + len)
+// of the n ranks' `buffers`: each contribution quantized in blocks of `block` from `offset` (the start
+// of the owner's slice), dequantized and added in fp32 in rank order, rounded once. out may alias any
+// buffer's slice (every contribution is quantized before it is written).
+void quantized_slice(const std::vector<const void*>& buffers, std::size_t offset, std::size_t len, void* out,
+                     DType dtype, std::size_t block, RingScratch& s) {
+  if (len == 0) return;
+  for (std::size_t q = 0; q < buffers.size(); ++q) {
+    quantize_blocks(static_cast<const char*>(buffers[q]) + offset * dtype_size(dtype), dtype, len, block,
+                    s.scales.data(), s.values.data());
+    dequantize_accumulate(s.scales.data(), s.values.data(), len, block, s.sum.data(), q == 0);
+  }
+  if (dtype == DType::f32)
+    std::memcpy(out, s.sum.data(), len * sizeof(float));
+  else
+    detail::narrow(s.sum.data(), out, dtype, len);
 }
 
 }  // namespace
@@ -427,7 +457,7 @@ void InProcessCommunicator::collective(const Task& task) {
   const std::size_t elements = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
   ZERO_CHECK(elements <= std::size_t(PTRDIFF_MAX) / sizeof(float) / std::size_t(n + 2),
              "{}: {} elements are more than a buffer of this process can hold", kind_name(p.kind), elements);
-  if (reduces) ring_->reserve(n, max_slice, p.fp32 && p.dtype != DType::f32, p.accumulate);
+  if (reduces) ring_->reserve(n, max_slice, p.fp32 && p.dtype != DType::f32, p.accumulate, p.quantize_block);
   if (into_scratch) result_.resize(count * elem);
   if (p.kind == Kind::control) control_result_.resize(count);
 
@@ -450,8 +480,11 @@ void InProcessCommunicator::collective(const Task& task) {
                          p.fp32, p.accumulate, *ring_);
         break;
       case Kind::reduce_scatter:
-        reduce_slice(buffers(true), offsets[rank_], counts[rank_], rank_, p.recv, p.dtype, ReduceOp::sum, p.fp32,
-                     p.accumulate, *ring_);
+        if (p.quantize_block > 0)
+          quantized_slice(buffers(true), offsets[rank_], counts[rank_], p.recv, p.dtype, p.quantize_block, *ring_);
+        else
+          reduce_slice(buffers(true), offsets[rank_], counts[rank_], rank_, p.recv, p.dtype, ReduceOp::sum, p.fp32,
+                       p.accumulate, *ring_);
         break;
       case Kind::all_gather:
         for (int q = 0; q < n; ++q) {
@@ -507,6 +540,7 @@ std::shared_ptr<Work> InProcessCommunicator::issue_reduce_scatter(const void* se
   auto p = posted(Kind::reduce_scatter, send, recv, {counts.begin(), counts.end()}, dtype);
   p->fp32 = reduce_in_fp32();
   p->accumulate = accumulates_in_fp32(dtype);
+  p->quantize_block = quantized_gradients();
   return enqueue(std::move(p));
 }
 

@@ -22,6 +22,7 @@
 #include "core/trace.h"
 #include "distributed/control_channel.h"
 #include "distributed/cpu_work.h"
+#include "distributed/quantize.h"
 #include "distributed/ring_math.h"
 
 namespace zero::dist {
@@ -220,10 +221,13 @@ std::shared_ptr<Work> MpiCommunicator::issue_reduce_scatter(const void* send, vo
   std::vector<std::size_t> owned(counts.begin(), counts.end());
   const bool wide = reduce_in_fp32();
   const bool accumulate = accumulates_in_fp32(dtype);
+  const std::size_t block = quantized_gradients();
   const std::size_t bytes = std::accumulate(owned.begin(), owned.end(), std::size_t{0}) * dtype_size(dtype);
   return enqueue(
       "reduce_scatter",
-      [=, this, counts = std::move(owned)] { reduce_scatter_impl(send, recv, counts, dtype, wide, accumulate); },
+      [=, this, counts = std::move(owned)] {
+        reduce_scatter_impl(send, recv, counts, dtype, wide, accumulate, block);
+      },
       bytes);
 }
 
@@ -446,6 +450,32 @@ void MpiCommunicator::ring_reduce_scatter_any(const void* send, void* recv, cons
   }
 }
 
+// Rank r receives round.recv_bytes[q] bytes from every peer q into round.recv[q] and sends
+// round.send_bytes[q] bytes of round.send[q] to it (zero bytes: no message; entry r is ignored), the
+// k-th receive from rank r-k and the k-th send to rank r+k, so the n-1 messages of one rank go to n-1
+// different ranks at once; then waits for all of them.
+void MpiCommunicator::alltoall_round(const AllToAllRound& round, int tag) {
+  const int n = world_size_, r = rank_;
+  std::vector<MPI_Request> requests;
+  std::vector<int> peers;
+  for (int k = 1; k < n; ++k) {
+    const int from = (r - k + n) % n, to = (r + k) % n;
+    if (round.recv_bytes[from] > 0) {
+      requests.emplace_back();
+      peers.push_back(from);
+      ZERO_MPI_CHECK(MPI_Irecv(round.recv[from], as_int(round.recv_bytes[from]), MPI_BYTE, from, tag, comm_,
+                               &requests.back()));
+    }
+    if (round.send_bytes[to] > 0) {
+      requests.emplace_back();
+      peers.push_back(to);
+      ZERO_MPI_CHECK(MPI_Isend(round.send[to], as_int(round.send_bytes[to]), MPI_BYTE, to, tag, comm_,
+                               &requests.back()));
+    }
+  }
+  if (!requests.empty()) wait_all(int(requests.size()), requests.data(), peers.data());
+}
+
 // Note [fp32-accumulating reduce-scatter] (communicator.cpp), over point-to-point messages: for each
 // segment position, rank r posts a receive from every peer for its own slice's segment and a send of
 // slice d's segment to every peer d (starting with its right neighbour, so the n-1 messages of one
@@ -470,33 +500,71 @@ void MpiCommunicator::alltoall_reduce_scatter(const void* send, void* recv, cons
   float* acc = scratch(0, seg_floats);
   float* tmp = scratch(1, seg_floats);
   auto clip = [&](std::size_t count, std::size_t pos) { return pos < count ? std::min(seg, count - pos) : 0; };
-  std::vector<MPI_Request> requests;
-  std::vector<int> peers;
   std::vector<const void*> parts(static_cast<std::size_t>(n));
+  AllToAllRound round(n);
   for (std::size_t pos = 0; pos < max_count; pos += seg) {
-    requests.clear();
-    peers.clear();
     const std::size_t rn = clip(mine, pos);
-    for (int k = 1; k < n; ++k) {
-      const int from = (r - k + n) % n, to = (r + k) % n;
-      if (rn > 0) {
-        requests.emplace_back();
-        peers.push_back(from);
-        ZERO_MPI_CHECK(MPI_Irecv(inbox + std::size_t(from) * seg_floats * elem, as_int(rn), MPI_UINT16_T, from, 4,
-                                 comm_, &requests.back()));
-      }
-      if (const std::size_t sn = clip(counts[to], pos); sn > 0) {
-        requests.emplace_back();
-        peers.push_back(to);
-        ZERO_MPI_CHECK(MPI_Isend(in + (offsets[to] + pos) * elem, as_int(sn), MPI_UINT16_T, to, 4, comm_,
-                                 &requests.back()));
-      }
+    for (int q = 0; q < n; ++q) {
+      round.recv[q] = inbox + std::size_t(q) * seg_floats * elem;
+      round.recv_bytes[q] = rn * elem;
+      round.send_bytes[q] = clip(counts[q], pos) * elem;
+      round.send[q] = round.send_bytes[q] > 0 ? in + (offsets[q] + pos) * elem : nullptr;
     }
-    if (!requests.empty()) wait_all(int(requests.size()), requests.data(), peers.data());
+    alltoall_round(round, 4);
     if (rn == 0) continue;
     for (int q = 0; q < n; ++q)
       parts[q] = q == r ? in + (offsets[r] + pos) * elem : inbox + std::size_t(q) * seg_floats * elem;
     detail::sum_in_fp32(parts, dtype, acc, tmp, out + pos * elem, rn);
+  }
+}
+
+// Note [int8 quantized reduce-scatter] (quantize.cpp), over point-to-point messages, segment by segment
+// like alltoall_reduce_scatter: a segment is a whole number of blocks (at least one), so the blocks are
+// those of the whole slice whatever the segment size. For each segment position, rank r quantizes
+// every destination's segment (its own included) into one message each, [scales][int8 values], posts
+// a receive from every peer and a send to every peer, waits, then dequantizes the n contributions to
+// its own slice in rank order into fp32 and rounds once. `send` is never written; recv may alias this
+// rank's slice of send (a segment is quantized before the result is written over it).
+void MpiCommunicator::quantized_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                                               const std::vector<std::size_t>& offsets, DType dtype,
+                                               std::size_t block) {
+  const int n = world_size_, r = rank_;
+  const std::size_t elem = dtype_size(dtype), mine = counts[r];
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  const std::size_t max_count = *std::max_element(counts.begin(), counts.end());
+  if (max_count == 0) return;
+  const std::size_t seg = std::min(std::max(block, segment_bytes_ / block * block), max_count);
+  const std::size_t slot_floats = (quantized_bytes(seg, block) + 3) / 4;  // one message, in floats
+  float* outbox = scratch(4, std::size_t(n) * slot_floats);
+  float* inbox = scratch(5, std::size_t(n) * slot_floats);
+  float* acc = scratch(0, std::min(seg, std::max<std::size_t>(mine, 1)));
+  auto clip = [&](std::size_t count, std::size_t pos) { return pos < count ? std::min(seg, count - pos) : 0; };
+  auto values = [&](float* message, std::size_t len) {  // the int8 values follow the scales
+    return reinterpret_cast<std::int8_t*>(message + quantized_blocks(len, block));
+  };
+  AllToAllRound round(n);
+  for (std::size_t pos = 0; pos < max_count; pos += seg) {
+    const std::size_t rn = clip(mine, pos);
+    for (int q = 0; q < n; ++q) {
+      float* message = outbox + std::size_t(q) * slot_floats;
+      const std::size_t len = clip(counts[q], pos);
+      if (len > 0) quantize_blocks(in + (offsets[q] + pos) * elem, dtype, len, block, message, values(message, len));
+      round.send[q] = message;
+      round.send_bytes[q] = len > 0 ? quantized_bytes(len, block) : 0;
+      round.recv[q] = inbox + std::size_t(q) * slot_floats;
+      round.recv_bytes[q] = rn > 0 ? quantized_bytes(rn, block) : 0;
+    }
+    alltoall_round(round, 5);
+    if (rn == 0) continue;
+    for (int q = 0; q < n; ++q) {
+      float* message = (q == r ? outbox : inbox) + std::size_t(q) * slot_floats;
+      dequantize_accumulate(message, values(message, rn), rn, block, acc, q == 0);
+    }
+    if (dtype == DType::f32)
+      std::memcpy(out + pos * elem, acc, rn * elem);
+    else
+      narrow(acc, out + pos * elem, dtype, rn);
   }
 }
 
@@ -558,9 +626,13 @@ void MpiCommunicator::all_reduce_impl(void* buf, std::size_t count, DType dtype,
 
 void MpiCommunicator::reduce_scatter_impl(const void* send, void* recv,
                                           const std::vector<std::size_t>& counts, DType dtype, bool fp32,
-                                          bool accumulate) {
+                                          bool accumulate, std::size_t block) {
   const auto offsets = prefix_offsets(counts);
   const std::size_t mine = counts[rank_];
+  if (block > 0) {
+    quantized_reduce_scatter(send, recv, counts, offsets, dtype, block);
+    return;
+  }
   if (accumulate) {
     alltoall_reduce_scatter(send, recv, counts, offsets, dtype);
     return;

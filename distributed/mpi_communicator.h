@@ -14,6 +14,8 @@
 //   all_reduce      ring reduce-scatter over an even split + ring all-gather (the "ring all-reduce").
 //   fp16/bf16 reduce_scatter and all_reduce with fp32 accumulation (set_fp32_accumulation): the
 //                   reduce-scatter is a direct all-to-all of the 16-bit slices, summed in fp32 by the owner.
+//   reduce_scatter with int8 quantization (set_quantized_gradients): the same all-to-all of int8 blocks
+//                   and their fp32 scales, dequantized and summed in fp32 by the owner.
 //   reduce          ring reduce-scatter + each rank sends its reduced slice to root.
 //   broadcast       pipelined chain from root.
 // Waiting ranks poll, then sleep, instead of busy-polling (Note [Waiting without spinning] in the .cpp):
@@ -78,6 +80,7 @@ class MpiCommunicator final : public Communicator {
   /// in bytes (default 4 MiB, the best measured on one node; rounded down to whole fp32 elements, at
   /// least one). Every rank must use the same value.
   void set_segment_bytes(std::size_t bytes);
+  bool supports_quantized_gradients() const override { return true; }
   std::size_t segment_bytes() const { return segment_bytes_; }
 
  protected:
@@ -122,17 +125,32 @@ class MpiCommunicator final : public Communicator {
                            const std::vector<std::size_t>& offsets, ReduceOp op);
   void ring_reduce_scatter_any(const void* send, void* recv, const std::vector<std::size_t>& counts,
                                const std::vector<std::size_t>& offsets, ReduceOp op, DType dtype);
+  // One round of an all-to-all of bytes, per peer q: what to send it and where its message goes.
+  struct AllToAllRound {
+    explicit AllToAllRound(int n)
+        : send(std::size_t(n)), recv(std::size_t(n)), send_bytes(std::size_t(n)), recv_bytes(std::size_t(n)) {}
+    std::vector<const void*> send;
+    std::vector<void*> recv;
+    std::vector<std::size_t> send_bytes, recv_bytes;
+  };
+  void alltoall_round(const AllToAllRound& round, int tag);
   // Note [fp32-accumulating reduce-scatter] (communicator.cpp): every rank sends slice d of its 16-bit
   // `send` to rank d, and sums the n contributions to its own slice in fp32, rounding once.
   void alltoall_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
                                const std::vector<std::size_t>& offsets, DType dtype);
+  // Note [int8 quantized reduce-scatter] (quantize.cpp): every rank quantizes slice d of `send` in
+  // blocks of `block` elements and sends it to rank d, and sums the n dequantized contributions to its
+  // own slice in fp32, rounding once. Any dtype.
+  void quantized_reduce_scatter(const void* send, void* recv, const std::vector<std::size_t>& counts,
+                                const std::vector<std::size_t>& offsets, DType dtype, std::size_t block);
   void ring_all_gather_bytes(const void* send, void* recv, const std::vector<std::size_t>& counts,
                              const std::vector<std::size_t>& offsets, std::size_t elem_size);
   // fp32: widen 16-bit reductions (reduce_in_fp32() as it was when the call was issued); accumulate:
   // the fp32-accumulating all-to-all instead of the ring (accumulates_in_fp32() at issue).
   void all_reduce_impl(void* buf, std::size_t count, DType dtype, ReduceOp op, bool fp32, bool accumulate);
+  // block > 0: the quantized all-to-all (quantized_gradients() at issue).
   void reduce_scatter_impl(const void* send, void* recv, const std::vector<std::size_t>& counts,
-                           DType dtype, bool fp32, bool accumulate);
+                           DType dtype, bool fp32, bool accumulate, std::size_t block);
   void reduce_impl(void* buf, std::size_t count, DType dtype, int root, bool fp32);
   void broadcast_impl(void* buf, std::size_t count, DType dtype, int root);
   float* scratch(int which, std::size_t elems);
@@ -143,8 +161,9 @@ class MpiCommunicator final : public Communicator {
   std::size_t segment_bytes_ = std::size_t{4} << 20;
 
   // fp32 scratch reused across calls (first-touching fresh pages on every call costs more than the
-  // copy itself): 0/1 the ring's one-segment double buffer, 2/3 widened fp16/bf16 send/recv buffers.
-  std::vector<float> scratch_[4];
+  // copy itself): 0/1 the ring's one-segment double buffer, 2/3 widened fp16/bf16 send/recv buffers,
+  // 4/5 the quantized reduce-scatter's outgoing and incoming messages (floats: the scales stay aligned).
+  std::vector<float> scratch_[6];
 
   std::mutex mutex_;
   std::condition_variable wake_;

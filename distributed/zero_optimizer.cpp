@@ -151,6 +151,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   // Note [Wire dtype] (distributed/communicator.cpp): DeepSpeed's communication_data_type.
   comm_->set_reduce_in_fp32(opts.reduce_in_fp32 && opts.dtype != DType::f32);
   comm_->set_fp32_accumulation(opts.reduce_scatter_with_fp32_accumulation);
+  comm_->set_quantized_gradients(static_cast<std::size_t>(plan_.options.quantized_gradients_block));
 
   // ---- flat parameter buffer; module tensors become views into it ----
   const FlatLayout& layout = plan_.layout;
@@ -201,6 +202,7 @@ MemoryBreakdown ZeroOptimizer::memory() const {
   m.grads = static_cast<double>(reducer_->accumulated().nbytes());
   m.optimizer_states = optimizer_->bytes();
   m.buckets = reducer_->pool_bytes();
+  m.residual = reducer_->residual_bytes();
   if (grad_backup_.defined()) m.recovery = static_cast<double>(grad_backup_.nbytes());
   return m;
 }

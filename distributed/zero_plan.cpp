@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "distributed/quantize.h"
 
 namespace zero::dist {
 
@@ -75,6 +76,11 @@ void check_zero_options(const ZeroOptions& o) {
   ZERO_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "ZeRO: AdamW beta1 must be in [0, 1), got {}", a.beta1);
   ZERO_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "ZeRO: AdamW beta2 must be in [0, 1), got {}", a.beta2);
   ZERO_CHECK(a.lr >= 0.0f, "ZeRO: learning rate must be >= 0, got {}", a.lr);
+  ZERO_CHECK(o.quantized_gradients_block >= 0 && o.quantized_gradients_block <= kMaxQuantizationBlock,
+             "ZeRO: quantized_gradients_block must be in [0, {}] (0 = off), got {}", kMaxQuantizationBlock,
+             o.quantized_gradients_block);
+  ZERO_CHECK(!o.quantized_gradients_error_feedback || o.quantized_gradients_block > 0,
+             "ZeRO: zero_quantized_gradients_error_feedback needs zero_quantized_gradients");
 }
 
 MemoryBreakdown expected_memory(int stage, DType dtype, double psi, int world_size) {
@@ -148,6 +154,10 @@ ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size
   ZERO_CHECK(plan.layout.numel() > 0, "ZeRO: no trainable parameter elements ({} trainable parameters given)",
              entries.size());
   plan.options = options;
+  if ((options.stage != 1 && options.stage != 2) || !options.reduce_scatter) {  // no stage 1/2 reduce-scatter
+    plan.options.quantized_gradients_block = 0;
+    plan.options.quantized_gradients_error_feedback = false;
+  }
   if (plan.options.reduce_bucket_size == kAutoBucketSize)
     plan.options.reduce_bucket_size =
         automatic_bucket_size(plan.layout.numel(), plan.layout.padded_numel(), world_size,
@@ -186,6 +196,17 @@ std::vector<ParamSlice> ZeroPlan::region_slices(int rank) const {
   return all;
 }
 
+namespace {
+// Note [Error feedback] (gradient_reducer.cpp): one int8 per element of every bucket this rank sends (the
+// whole flat buffer) plus one fp32 scale per quantization block of each bucket's slices.
+double residual_bytes(const ZeroPlan& plan) {
+  double bytes = 0;
+  for (const Bucket& k : plan.buckets)
+    bytes += quantized_bytes(k.counts, static_cast<std::size_t>(plan.options.quantized_gradients_block));
+  return bytes;
+}
+}  // namespace
+
 MemoryBreakdown ZeroPlan::memory() const {
   MemoryBreakdown m =
       expected_memory(options.stage, options.dtype, static_cast<double>(layout.padded_numel()), layout.world_size());
@@ -196,6 +217,7 @@ MemoryBreakdown ZeroPlan::memory() const {
     for (const GatherUnit& u : units) all += u.size();
     m.gathered = b * static_cast<double>(std::min(all, options.stage3_max_live_parameters));
   }
+  if (options.quantized_gradients_error_feedback) m.residual = residual_bytes(*this);
   return m;
 }
 
@@ -220,6 +242,11 @@ StepTraffic ZeroPlan::traffic() const {
     const double count = static_cast<double>(k.size());
     if (all_reduce)
       add(Collective::all_reduce, wide ? ring * count * (4.0 + b) : Ledger::bus_bytes(Collective::all_reduce, b * count, n),
+          reductions);
+    else if (options.quantized_gradients_block > 0)  // Note [int8 quantized reduce-scatter] (quantize.cpp)
+      add(Collective::reduce_scatter,
+          Ledger::bus_bytes(Collective::reduce_scatter,
+                            quantized_bytes(k.counts, static_cast<std::size_t>(options.quantized_gradients_block)), n),
           reductions);
     else
       add(Collective::reduce_scatter, Ledger::bus_bytes(Collective::reduce_scatter, (wide ? 4.0 : b) * count, n),

@@ -91,6 +91,14 @@ struct ZeroOptions {
   // reduce_in_fp32) go as an all-to-all whose receiver adds in fp32 and rounds once; same wire bytes
   // (Note [fp32-accumulating reduce-scatter] in distributed/communicator.cpp).
   bool reduce_scatter_with_fp32_accumulation = false;
+  // DeepSpeed's zero_quantized_gradients: > 0, the stage 1/2 reduce-scatter sends int8 blocks of this
+  // many elements with an fp32 scale each (Note [int8 quantized reduce-scatter] in quantize.cpp); 0 off.
+  // A plan without a stage 1/2 reduce-scatter (stage 0, reduce_scatter false) turns it and the error feedback off
+  // (the config refuses that combination with an error instead: TrainingConfig::validate).
+  std::int64_t quantized_gradients_block = 0;
+  // Carry each reduction's quantization residual into the next one (Note [Error feedback] in
+  // gradient_reducer.cpp); needs quantized_gradients_block > 0.
+  bool quantized_gradients_error_feedback = false;
   // After the step, issue the parameter all-gathers asynchronously, in flat (= forward) order; each
   // parameter's first use in the next forward waits for its own chunk only (Note [Overlapped
   // all-gather] in parameter_gather.cpp). Bitwise the same results.
@@ -114,6 +122,9 @@ struct ZeroOptions {
   std::int64_t stage3_max_live_parameters = 1'000'000'000;
 };
 
+/// The largest quantization block (elements) the options accept.
+inline constexpr std::int64_t kMaxQuantizationBlock = std::int64_t{1} << 20;
+
 /// Throws zero::Error naming the first invalid option: a stage outside 0..3, a negative
 /// stage3_prefetch_bucket_size or a stage3_max_live_parameters < 1, a
 /// non-float dtype, a bucket size < 1 (other than kAutoBucketSize), gradient_accumulation_steps < 1,
@@ -129,6 +140,7 @@ struct MemoryBreakdown {
   double buckets = 0;           // IPG bucket buffers (stage 2), reported apart from the model states
   double recovery = 0;          // restore point of a failed backward (GAS > 1 only; Note [Exception safety])
   double gathered = 0;          // stage 3: gathered parameters alive at once (at most; not a model state)
+  double residual = 0;          // error feedback's quantization residual (int8 + block scales; Note [Error feedback])
   /// params + grads + optimizer_states (the ZeRO paper's "model states"; buckets excluded).
   double model_states() const { return params + grads + optimizer_states; }
 };

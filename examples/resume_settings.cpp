@@ -177,6 +177,9 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
       {"/zero_optimization/reduce_scatter_with_fp32_accumulation", "--reduce-scatter-with-fp32-accumulation"},
       {"/zero_optimization/stage3_prefetch_bucket_size", "--stage3-prefetch-bucket-size"},
       {"/zero_optimization/stage3_max_live_parameters", "--stage3-max-live-parameters"},
+      {"/zero_optimization/zero_quantized_gradients", "--zero-quantized-gradients"},
+      {"/zero_optimization/zero_quantized_gradients_block_size", "--zero-quantized-gradients-block-size"},
+      {"/zero_optimization/zero_quantized_gradients_error_feedback", "--zero-quantized-gradients-error-feedback"},
   };
   const nlohmann::json a = mine.flatten(), b = saved.flatten();
   for (const auto& [key, value] : a.items()) {

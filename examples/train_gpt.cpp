@@ -430,8 +430,12 @@ int run(const Setup& setup, dist::Communicator& comm) {
                zo.stage, dtype_name(zo.dtype), comm.backend_name(), zo.reduce_scatter, zo.overlap_comm,
                zo.overlap_param_gather, buckets, used.reduce_bucket_size,
                tc.zero_optimization.reduce_bucket_size ? "" : " (automatic)",
-               dtype_name(comm.reduce_in_fp32() ? DType::f32 : zo.dtype),
-               comm.accumulates_in_fp32(zo.dtype) ? " (all-to-all, summed in fp32)" : "");
+               comm.quantized_gradients() > 0 ? fmt::format("int8 (blocks of {})", comm.quantized_gradients())
+                                              : std::string(dtype_name(comm.reduce_in_fp32() ? DType::f32 : zo.dtype)),
+               comm.quantized_gradients() > 0 || comm.accumulates_in_fp32(zo.dtype)
+                   ? fmt::format(" (all-to-all, summed in fp32{})",
+                                 zo.quantized_gradients_error_feedback ? ", error feedback" : "")
+                   : "");
     if (zo.stage == 2 && tc.zero_optimization.reduce_bucket_size && buckets == 1)
       fmt::print(stderr,
                  "warning: reduce_bucket_size {} covers the whole model ({} elements): stage 2 then holds a full-size "
@@ -594,7 +598,9 @@ int run(const Setup& setup, dist::Communicator& comm) {
   const double per_step = ledger.total() / steps_d;
   const double comm_ms_per_step = 1000.0 * ledger.total_seconds() / steps_d;  // communication thread busy
   const double comm_cpu_ms_per_step = 1000.0 * ledger.cpu_seconds / steps_d;   // ... and the CPU it used
-  const double expected = expected_traffic_copies(zo, gas) * ring * psi_bytes;
+  // int8 gradients: the plan's count of the quantized reduce-scatter (values + block scales).
+  const double expected = zo.quantized_gradients_block > 0 ? opt.plan().traffic().total()
+                                                           : expected_traffic_copies(zo, gas) * ring * psi_bytes;
   const auto mem = opt.memory();
   const std::size_t rss = peak_rss_bytes();
   if (lead) {
@@ -620,6 +626,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
                zo.stage == 3 ? fmt::format(", gathered parameters at most {} at once (bound {})", mib(mem.gathered),
                                            mib(opt.plan().memory().gathered))
                              : "",
+               mem.residual > 0 ? fmt::format(", error-feedback residual {}", mib(mem.residual)) : "",
                mib(static_cast<double>(rss)));
     if (peak > 0.0)
       fmt::print("compute: {:.2f} TFLOP/s per rank, MFU {:.1f}% of {:.0f} TFLOP/s ({} {} peak)\n", tflops,

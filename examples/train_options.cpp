@@ -68,6 +68,15 @@ void add_options(CLI::App& app, Args& a) {
                  "stage 3: elements of the layers gathered ahead of the one computing (0 = no prefetch; default 5e7)");
   app.add_option("--stage3-max-live-parameters", a.stage3_max_live_parameters,
                  "stage 3: the most gathered parameter elements alive at once (default 1e9)");
+  app.add_flag("--zero-quantized-gradients", a.zero_quantized_gradients,
+               "stages 1/2: reduce-scatter gradients as int8 with one fp32 scale per block (all-to-all, summed in "
+               "fp32 by the owner): about 1/4 of an fp32 wire's bytes");
+  app.add_option("--zero-quantized-gradients-block-size", a.zero_quantized_gradients_block_size,
+                 "with --zero-quantized-gradients: elements per int8 block (one fp32 scale each)")
+      ->capture_default_str();
+  app.add_flag("--zero-quantized-gradients-error-feedback", a.zero_quantized_gradients_error_feedback,
+               "with --zero-quantized-gradients: carry each step's quantization error into the next (an int8 "
+               "residual of every element this rank sends)");
   app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -312,6 +321,12 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
     cfg.zero_optimization.stage3_prefetch_bucket_size = static_cast<std::int64_t>(a.stage3_prefetch_bucket_size);
   if (given.has("--stage3-max-live-parameters"))
     cfg.zero_optimization.stage3_max_live_parameters = static_cast<std::int64_t>(a.stage3_max_live_parameters);
+  if (given.has("--zero-quantized-gradients"))
+    cfg.zero_optimization.zero_quantized_gradients = a.zero_quantized_gradients;
+  if (given.has("--zero-quantized-gradients-block-size"))
+    cfg.zero_optimization.zero_quantized_gradients_block_size = a.zero_quantized_gradients_block_size;
+  if (given.has("--zero-quantized-gradients-error-feedback"))
+    cfg.zero_optimization.zero_quantized_gradients_error_feedback = a.zero_quantized_gradients_error_feedback;
   if (given.has("--clip") || !has_base) cfg.gradient_clipping = a.clip;
   const bool base_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
   const bool given_accum = given.has("--grad-accum");
@@ -337,6 +352,17 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
     ZERO_CHECK(cfg.model_dtype() != DType::f32 && cfg.communication_data_type.value_or("") != "fp32",
                "--reduce-scatter-with-fp32-accumulation needs a 16-bit wire (--dtype fp16 or bf16, without "
                "--communication-data-type fp32)");
+  if (given.has("--zero-quantized-gradients") && a.zero_quantized_gradients)
+    ZERO_CHECK(cfg.zero_optimization.stage == 1 || cfg.zero_optimization.stage == 2,
+               "--zero-quantized-gradients needs --zero-stage 1 or 2 (stage 0 all-reduces its gradients)");
+  if (given.has("--zero-quantized-gradients-block-size"))
+    ZERO_CHECK(a.zero_quantized_gradients_block_size >= 1 &&
+                   a.zero_quantized_gradients_block_size <= dist::kMaxQuantizationBlock,
+               "--zero-quantized-gradients-block-size must be in [1, {}] elements, got {}", dist::kMaxQuantizationBlock,
+               a.zero_quantized_gradients_block_size);
+  if (given.has("--zero-quantized-gradients-error-feedback") && a.zero_quantized_gradients_error_feedback)
+    ZERO_CHECK(cfg.zero_optimization.zero_quantized_gradients,
+               "--zero-quantized-gradients-error-feedback needs --zero-quantized-gradients");
   cfg.resolve_batch(world_size);
   cfg.validate();
   return cfg;

@@ -41,6 +41,9 @@ struct Args {
   bool reduce_scatter_with_fp32_accumulation = false;
   double stage3_prefetch_bucket_size = 0;  // doubles so 5e7 is accepted, as in the JSON config
   double stage3_max_live_parameters = 0;
+  bool zero_quantized_gradients = false;
+  std::int64_t zero_quantized_gradients_block_size = 256;
+  bool zero_quantized_gradients_error_feedback = false;
   // Device and communicator.
   std::string device = "cpu";  // cpu | cuda
   std::string comm = "auto";   // auto | mpi | nccl | host-staged

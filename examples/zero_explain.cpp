@@ -45,7 +45,8 @@ struct Args {
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
   int world_size = 1, zero_stage = 0, grad_accum = 1;
   double reduce_bucket_size = 0, stage3_prefetch_bucket_size = 0, stage3_max_live_parameters = 0;
-  bool overlap_comm = false, fp32_accumulation = false;
+  bool overlap_comm = false, fp32_accumulation = false, quantized_gradients = false, error_feedback = false;
+  std::int64_t quantized_block = 256;
   double bandwidth = 0, latency = 0;
   std::vector<double> params;
 };
@@ -107,6 +108,11 @@ dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
   if (app.count("--stage3-max-live-parameters"))
     tc.zero_optimization.stage3_max_live_parameters =
         whole_elements(a.stage3_max_live_parameters, 1, "--stage3-max-live-parameters");
+  if (app.count("--zero-quantized-gradients")) tc.zero_optimization.zero_quantized_gradients = a.quantized_gradients;
+  if (app.count("--zero-quantized-gradients-block-size"))
+    tc.zero_optimization.zero_quantized_gradients_block_size = a.quantized_block;
+  if (app.count("--zero-quantized-gradients-error-feedback"))
+    tc.zero_optimization.zero_quantized_gradients_error_feedback = a.error_feedback;
   tc.validate();
   dist::ZeroOptions zo = tc.zero_options();
   // Note [Automatic bucket size]: with a link model, automatic buckets grow with N.
@@ -175,6 +181,7 @@ json memory_json(const dist::MemoryBreakdown& m) {
           {"optimizer_states", m.optimizer_states},
           {"buckets", m.buckets},
           {"gathered", m.gathered},
+          {"residual", m.residual},
           {"model_states", m.model_states()}};
 }
 
@@ -338,6 +345,8 @@ int run(const Args& a, const CLI::App& app) {
     j["reduce_scatter"] = zo.reduce_scatter;
     j["reduce_in_fp32"] = zo.reduce_in_fp32;
     j["reduce_scatter_with_fp32_accumulation"] = zo.reduce_scatter_with_fp32_accumulation;
+    j["zero_quantized_gradients_block_size"] = zo.quantized_gradients_block;  // 0: off
+    j["zero_quantized_gradients_error_feedback"] = zo.quantized_gradients_error_feedback;
     j["overlap_comm"] = zo.overlap_comm;
     j["gradient_accumulation_steps"] = zo.gradient_accumulation_steps;
     j["reduce_bucket_size"] = plan.options.reduce_bucket_size;
@@ -453,6 +462,12 @@ int run(const Args& a, const CLI::App& app) {
       fmt::print("reductions: {} slices sent straight to their owner (all-to-all) and summed there in fp32, rounded "
                  "once; the same bytes as the ring\n\n",
                  dtype_name(zo.dtype));
+    if (zo.quantized_gradients_block > 0)
+      fmt::print("reductions: int8 blocks of {} elements with one fp32 scale each, sent straight to their owner "
+                 "(all-to-all) and summed there in fp32{}\n\n",
+                 zo.quantized_gradients_block,
+                 zo.quantized_gradients_error_feedback ? "; error feedback keeps an int8 residual of every element sent"
+                                                       : "");
 
     fmt::print("== flat layout: {} elements + {} padding = {} (a multiple of 2N = {}) ==\n", L.numel(), L.padding(),
                L.padded_numel(), L.alignment());
@@ -546,10 +561,12 @@ int run(const Args& a, const CLI::App& app) {
       const auto have = dist::plan_zero(entries, N, o).memory();
       const auto want = dist::expected_memory(stage, zo.dtype, psi, N);
       fmt::print("{} stage {}: params {} | {}, grads {} | {}, optimizer {} | {}, model states {} | {}, buckets {}, "
-                 "gathered {}; paper {:.3g} GB\n",
+                 "gathered {}{}; paper {:.3g} GB\n",
                  stage == zo.stage ? "*" : " ", stage, mib(have.params), mib(want.params), mib(have.grads),
                  mib(want.grads), mib(have.optimizer_states), mib(want.optimizer_states), mib(have.model_states()),
-                 mib(want.model_states()), mib(have.buckets), mib(have.gathered), paper_example_bytes(stage) / 1e9);
+                 mib(want.model_states()), mib(have.buckets), mib(have.gathered),
+                 have.residual > 0 ? fmt::format(", error-feedback residual {}", mib(have.residual)) : "",
+                 paper_example_bytes(stage) / 1e9);
     }
     fmt::print("(gathered: stage 3's working memory, the most gathered parameters alive at once, at most "
                "stage3_max_live_parameters = {} elements; not a model state)\n",
@@ -643,6 +660,12 @@ int main(int argc, char** argv) {
                  "dtype of reductions on the wire: fp32, fp16 or bf16 (default: the model dtype)");
   app.add_flag("--reduce-scatter-with-fp32-accumulation", a.fp32_accumulation,
                "16-bit reductions as an all-to-all summed in fp32 at the owner (the same bytes as the ring)");
+  app.add_flag("--zero-quantized-gradients", a.quantized_gradients,
+               "stages 1/2: int8 gradient reduce-scatter with one fp32 scale per block (as train_gpt)");
+  app.add_option("--zero-quantized-gradients-block-size", a.quantized_block, "elements per int8 block")
+      ->capture_default_str();
+  app.add_flag("--zero-quantized-gradients-error-feedback", a.error_feedback,
+               "keep an int8 residual of the quantization error (counted in memory)");
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
   app.add_option("--latency", a.latency, "per-message latency in seconds for the time model")->capture_default_str();

@@ -37,6 +37,11 @@ class ForwardingCommunicator : public Communicator {
     Communicator::set_fp32_accumulation(on);
     inner_->set_fp32_accumulation(on);
   }
+  void set_quantized_gradients(std::size_t block) override {
+    Communicator::set_quantized_gradients(block);
+    inner_->set_quantized_gradients(block);
+  }
+  bool supports_quantized_gradients() const override { return inner_->supports_quantized_gradients(); }
 
  protected:
   /// Called with the Work of every reduction and all-gather; returns what the caller receives.

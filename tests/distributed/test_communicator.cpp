@@ -526,7 +526,8 @@ struct RoundingResults {
 };
 
 template <typename T>
-RoundingResults<T> run_rounding_collectives(Communicator& comm, DType dtype, bool fp32_wire, bool accumulate) {
+RoundingResults<T> run_rounding_collectives(Communicator& comm, DType dtype, bool fp32_wire, bool accumulate,
+                                            std::size_t block) {
   const int n = comm.world_size(), rank = comm.rank();
   std::vector<std::size_t> counts(n);
   for (int r = 0; r < n; ++r) counts[r] = r == 1 ? 0 : 1000 + 37 * std::size_t(r);
@@ -534,6 +535,7 @@ RoundingResults<T> run_rounding_collectives(Communicator& comm, DType dtype, boo
   for (std::size_t i = 0; i < source.size(); ++i) source[i] = T(rounding_input(rank, i));
   comm.set_reduce_in_fp32(fp32_wire);
   comm.set_fp32_accumulation(accumulate);
+  comm.set_quantized_gradients(block);
   RoundingResults<T> out;
   out.scattered.resize(counts[rank]);
   comm.reduce_scatter(source.data(), out.scattered.data(), counts, dtype);
@@ -543,6 +545,7 @@ RoundingResults<T> run_rounding_collectives(Communicator& comm, DType dtype, boo
   comm.reduce(out.reduced.data(), out.reduced.size(), dtype, n - 1);
   comm.set_reduce_in_fp32(false);
   comm.set_fp32_accumulation(false);
+  comm.set_quantized_gradients(0);
   return out;
 }
 
@@ -555,15 +558,16 @@ std::size_t bits_differ(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 template <typename T>
-void check_inprocess_equals_mpi(Communicator& mpi, DType dtype, bool fp32_wire, bool accumulate = false) {
-  const RoundingResults<T> over_mpi = run_rounding_collectives<T>(mpi, dtype, fp32_wire, accumulate);
+void check_inprocess_equals_mpi(Communicator& mpi, DType dtype, bool fp32_wire, bool accumulate = false,
+                                std::size_t block = 0) {
+  const RoundingResults<T> over_mpi = run_rounding_collectives<T>(mpi, dtype, fp32_wire, accumulate, block);
   RoundingResults<T> in_process;
   run_ranks(mpi.world_size(), [&](std::shared_ptr<Communicator> comm) {
-    RoundingResults<T> mine = run_rounding_collectives<T>(*comm, dtype, fp32_wire, accumulate);  // every rank
+    RoundingResults<T> mine = run_rounding_collectives<T>(*comm, dtype, fp32_wire, accumulate, block);  // every rank
     if (comm->rank() == mpi.rank()) in_process = std::move(mine);
   });
-  const std::string what = fmt::format("{}, fp32 wire {}, fp32 accumulation {}, rank {} of {}", dtype_name(dtype),
-                                       fp32_wire, accumulate, mpi.rank(), mpi.world_size());
+  const std::string what = fmt::format("{}, fp32 wire {}, fp32 accumulation {}, int8 block {}, rank {} of {}",
+                                       dtype_name(dtype), fp32_wire, accumulate, block, mpi.rank(), mpi.world_size());
   EXPECT_EQ(bits_differ(in_process.scattered, over_mpi.scattered), 0u) << what << ": reduce_scatter";
   EXPECT_EQ(bits_differ(in_process.all_reduced, over_mpi.all_reduced), 0u) << what << ": all_reduce";
   EXPECT_EQ(bits_differ(in_process.reduced, over_mpi.reduced), 0u) << what << ": reduce";
@@ -589,6 +593,18 @@ TEST(InProcessWorld, BitwiseEqualToMpi) {
   // Note [fp32-accumulating reduce-scatter]: the all-to-all over MPI messages against the in-process sums.
   check_inprocess_equals_mpi<half>(*mpi, DType::f16, false, true);
   check_inprocess_equals_mpi<bfloat16>(*mpi, DType::bf16, false, true);
+  // Note [int8 quantized reduce-scatter]: int8 blocks over MPI messages against the in-process sums, in
+  // one segment and in segments of 3 blocks (a block of 100 elements, 300-byte segments).
+  auto* backend = dynamic_cast<MpiCommunicator*>(mpi.get());
+  ASSERT_NE(backend, nullptr);
+  const std::size_t segment = backend->segment_bytes();
+  for (std::size_t bytes : {segment, std::size_t{300}}) {
+    backend->set_segment_bytes(bytes);
+    check_inprocess_equals_mpi<float>(*mpi, DType::f32, false, false, 100);
+    check_inprocess_equals_mpi<bfloat16>(*mpi, DType::bf16, false, false, 256);
+    check_inprocess_equals_mpi<half>(*mpi, DType::f16, false, false, 7);
+  }
+  backend->set_segment_bytes(segment);
 }
 
 // ---- errors --------------------------------------------------------------------------------------

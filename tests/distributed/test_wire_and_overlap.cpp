@@ -285,6 +285,60 @@ ZERO_DIST_TEST(Fp32Accumulation, ResultsDoNotDependOnBucketSize) {
     }  test_world()->set_fp32_accumulation(false);
 }
 
+// ---- int8 quantized gradients (Note [int8 quantized reduce-scatter], Note [Error feedback]) -------------
+
+// Stages 1 and 2 (GAS 2 at stage 2: a reduction every micro-step), f32 and bf16, with error feedback:
+// the ledger counts the int8 values and block scales of every bucket slice (counted here from the
+// buckets' counts), the residual is one int8 per element plus a scale per block, and overlap_comm does
+// not change a bit (the blocks and the summation order do not depend on timing).
+ZERO_DIST_TEST(QuantizedGradients, LedgerResidualAndOverlapMatchTheirClosedForms) {
+  const nn::GPTConfig cfg = gpt_config(16);
+  auto comm = test_world();
+  const int n = comm->world_size(), rank = comm->rank();
+  for (DType dtype : {DType::f32, DType::bf16})
+    for (int stage : {1, 2}) {
+      std::vector<float> params[2];
+      for (bool overlap : {false, true}) {
+        ZeroOptions o;
+        o.stage = stage;
+        o.dtype = dtype;
+        o.reduce_bucket_size = 300;
+        o.overlap_comm = overlap;
+        o.gradient_accumulation_steps = stage == 2 ? 2 : 1;
+        o.quantized_gradients_block = 32;
+        o.quantized_gradients_error_feedback = true;
+        o.adam.lr = 1e-2f;
+        Generator gen(5);
+        nn::GPT model(cfg, gen);
+        ZeroOptimizer opt(model.named_parameters(), comm, o);
+        double slices = 0;  // bytes of one reduction of every bucket: int8 values + fp32 scales
+        for (const Bucket& b : opt.plan().buckets)
+          for (std::size_t c : b.counts) slices += double(c + 4 * ((c + 31) / 32));
+        EXPECT_DOUBLE_EQ(opt.memory().residual, slices) << "stage " << stage;
+        EXPECT_DOUBLE_EQ(opt.plan().memory().residual, slices);
+        comm->ledger().reset();
+        const int steps = 3;
+        for (int s = 0; s < steps; ++s) {
+          for (int m = 0; m < o.gradient_accumulation_steps; ++m) {
+            auto [x, y] = batch(cfg, 2 * s + m, rank * 2, 2);
+            opt.backward(model.loss(x, y));
+          }
+          ASSERT_TRUE(opt.step());
+        }
+        const double reductions = steps * o.gradient_accumulation_steps;
+        // (summed per call here, per bucket there: equal up to double rounding)
+        const double want = reductions * (n - 1.0) / n * slices;
+        EXPECT_NEAR(comm->ledger()[Collective::reduce_scatter], want, 1e-12 * want)
+            << dtype_name(dtype) << ", stage " << stage;
+        EXPECT_NEAR(comm->ledger().total(), steps * opt.plan().traffic().total(), 1e-12 * want);
+        opt.wait_for_params();
+        params[overlap] = opt.flat_params().to(DType::f32).to_vector();
+      }
+      EXPECT_TRUE(bitwise_equal(params[0], params[1])) << dtype_name(dtype) << ", stage " << stage;
+    }
+  comm->set_quantized_gradients(0);
+}
+
 // ---- bucket pool and automatic bucket size -----------------------------------------------------------
 
 // wte (64 x 32 = 2048 elements) spans many 100-element buckets and is the last gradient backward
@@ -363,13 +417,14 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
   auto comm = test_world();
   const int n = comm->world_size();
   const nn::GPTConfig cfg = gpt_config(32);
-  for (int mode : {0, 1, 2}) {  // 16-bit ring, fp32 wire, 16-bit all-to-all with fp32 accumulation
+  for (int mode : {0, 1, 2, 3}) {  // 16-bit ring, fp32 wire, 16-bit all-to-all with fp32 accumulation, int8
     const bool fp32 = mode == 1;
     ZeroOptions o;
     o.stage = 2;
     o.dtype = DType::f16;
     o.reduce_in_fp32 = fp32;
     o.reduce_scatter_with_fp32_accumulation = mode == 2;
+    o.quantized_gradients_block = mode == 3 ? 64 : 0;
     Generator gen(5);
     nn::GPT model(cfg, gen);
     ZeroOptimizer opt(model.named_parameters(), comm, o);
@@ -394,14 +449,30 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
     if (comm->rank() == 0)
       std::printf("[ wire     ] %s reductions, %d ranks: wire %.0f B, ledger %.0f B, wire/ledger %.4f, "
                   "ledger/baseline %.4f\n",
-                  mode == 0 ? "fp16 ring" : mode == 1 ? "fp32" : "fp16 all-to-all, fp32-accumulated", n, wire, ledger,
+                  mode == 0   ? "fp16 ring"
+                  : mode == 1 ? "fp32"
+                  : mode == 2 ? "fp16 all-to-all, fp32-accumulated"
+                              : "int8 blocks of 64 all-to-all",
+                  n, wire, ledger,
                   wire / ledger, ledger / baseline);
     EXPECT_NEAR(wire / ledger, 1.0, 0.02) << "wire " << wire << " ledger " << ledger << " mode " << mode;
+    if (mode == 3) {
+      // int8: the reduce-scatter half moves 1 byte per element plus 4 per block of 64 of each slice,
+      // counted independently from the buckets' counts; the all-gather half stays fp16.
+      double quantized = 0;
+      for (const Bucket& b : opt.plan().buckets)
+        for (std::size_t c : b.counts) quantized += double(c + 4 * ((c + 63) / 64));
+      const double expect = ((n - 1.0) / n * quantized + (n - 1.0) / n * 2.0 * double(opt.layout().padded_numel())) *
+                            steps * n;
+      EXPECT_NEAR(ledger / expect, 1.0, 1e-9);
+      continue;
+    }
     // fp16 on the wire: ZeRO-2 moves the stage-0 baseline 2(n-1)/n·Ψ; fp32 reductions add half of it again.
     EXPECT_NEAR(ledger / baseline, fp32 ? 1.5 : 1.0, 1e-9) << "mode " << mode;
   }
   comm->set_reduce_in_fp32(false);
   comm->set_fp32_accumulation(false);
+  comm->set_quantized_gradients(0);
 }
 
 #endif  // ZERO_INPROCESS_TESTS

@@ -87,6 +87,26 @@ TEST(ConfigWire, CommunicationDataTypeAndOverlapParamGather) {
               HasSubstr("'zero_optimization.overlap_param_gather'"));
 }
 
+TEST(ConfigWire, QuantizedGradientsKeys) {
+  // Any model dtype (int8 quantizes fp32 gradients too); the block size defaults to 256.
+  for (const char* dtype : {"", R"("bf16": {"enabled": true},)"}) {
+    const auto c = TrainingConfig::from_json(json::parse(
+        std::string("{") + dtype +
+        R"("zero_optimization": {"stage": 2, "zero_quantized_gradients": true,
+            "zero_quantized_gradients_error_feedback": true}})"));
+    const ZeroOptions zo = c.zero_options();
+    EXPECT_EQ(zo.quantized_gradients_block, 256);
+    EXPECT_TRUE(zo.quantized_gradients_error_feedback);
+    EXPECT_EQ(TrainingConfig::from_json(c.to_json()).zero_options().quantized_gradients_block, 256);
+  }
+  const auto off = TrainingConfig::from_json(json::parse(
+      R"({"zero_optimization": {"stage": 1, "zero_quantized_gradients_block_size": 64}})"));
+  EXPECT_EQ(off.zero_options().quantized_gradients_block, 0) << "the block size alone does not turn it on";
+  const auto on = TrainingConfig::from_json(json::parse(
+      R"({"zero_optimization": {"stage": 1, "zero_quantized_gradients": true, "zero_quantized_gradients_block_size": 64}})"));
+  EXPECT_EQ(on.zero_options().quantized_gradients_block, 64);
+}
+
 TEST(ConfigDefaults, EmptyObjectGivesDeepSpeedDefaults) {
   const TrainingConfig c = TrainingConfig::from_json(json::object());
   EXPECT_FALSE(c.train_batch_size);
@@ -264,6 +284,24 @@ TEST(ConfigInvalid, EachInvalidValueNamesItsKey) {
        "true or false"},
       {R"({"zero_optimization": {"overlap_comm": "auto"}})", "zero_optimization.overlap_comm", "true or false"},
       {R"({"zero_optimization": [2]})", "zero_optimization", "expected an object"},
+      {R"({"zero_optimization": {"zero_quantized_gradients_block_size": 0}})",
+       "zero_optimization.zero_quantized_gradients_block_size", "[1, 1048576]"},
+      {R"({"zero_optimization": {"zero_quantized_gradients_block_size": 1048577}})",
+       "zero_optimization.zero_quantized_gradients_block_size", "[1, 1048576]"},
+      {R"({"zero_optimization": {"zero_quantized_gradients": "yes"}})", "zero_optimization.zero_quantized_gradients",
+       "true or false"},
+      {R"({"zero_optimization": {"stage": 2, "zero_quantized_gradients_error_feedback": true}})",
+       "zero_optimization.zero_quantized_gradients_error_feedback", "needs zero_optimization.zero_quantized_gradients"},
+      {R"({"zero_optimization": {"zero_quantized_gradients": true}})", "zero_optimization.zero_quantized_gradients",
+       "needs stage 1 or 2"},
+      {R"({"zero_optimization": {"stage": 1, "reduce_scatter": false, "zero_quantized_gradients": true}})",
+       "zero_optimization.zero_quantized_gradients", "needs reduce_scatter = true"},
+      {R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 2, "zero_quantized_gradients": true,
+          "reduce_scatter_with_fp32_accumulation": true}})",
+       "zero_optimization.zero_quantized_gradients", "choose one"},
+      {R"({"bf16": {"enabled": true}, "communication_data_type": "fp32",
+          "zero_optimization": {"stage": 2, "zero_quantized_gradients": true}})",
+       "zero_optimization.zero_quantized_gradients", "communication_data_type"},
       {R"({"train_batch_size": 0})", "train_batch_size", ">= 1"},
       {R"({"train_batch_size": -8})", "train_batch_size", ">= 1"},
       {R"({"train_batch_size": "auto"})", "train_batch_size", "expected an integer"},
@@ -357,8 +395,8 @@ TEST(ConfigKeys, UnknownKeysAreErrorsWithASuggestion) {
       // DeepSpeed keys that would change the numbers
       {R"({"prescale_gradients": true})",
        "config key 'prescale_gradients' is a DeepSpeed key zero.cpp does not implement; remove it"},
-      {R"({"zero_optimization": {"stage": 2, "zero_quantized_gradients": true}})",
-       "config key 'zero_optimization.zero_quantized_gradients' is a DeepSpeed key zero.cpp does not implement"},
+      {R"({"zero_optimization": {"stage": 2, "zero_quantized_weights": true}})",
+       "config key 'zero_optimization.zero_quantized_weights' is a DeepSpeed key zero.cpp does not implement"},
   };
   for (const Case& c : cases) {
     const std::string msg = parse_error(json::parse(c.json_text));

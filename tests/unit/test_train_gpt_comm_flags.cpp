@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -103,6 +104,35 @@ TEST_F(TrainGptCommFlags, CommunicationDataTypeAndOverlapParamGather) {
   const CliRun bad = train_gpt(tiny("--dtype bf16 --communication-data-type fp16"));
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_NE(bad.output.find("error: invalid config key 'communication_data_type'"), std::string::npos) << bad.output;
+}
+
+// --zero-quantized-gradients: in the start-up summary and the memory line (with error feedback), and one
+// error line naming the flag for stage 0, a bad block size, and error feedback alone.
+TEST_F(TrainGptCommFlags, ZeroQuantizedGradients) {
+  const CliRun ef = train_gpt(
+      tiny("--zero-stage 2 --zero-quantized-gradients --zero-quantized-gradients-block-size 16 "
+           "--zero-quantized-gradients-error-feedback"));
+  ASSERT_EQ(ef.exit_code, 0) << ef.output;
+  EXPECT_NE(ef.output.find("reductions in int8 (blocks of 16) on the wire (all-to-all, summed in fp32, error feedback)"),
+            std::string::npos)
+      << ef.output;
+  EXPECT_NE(ef.output.find("error-feedback residual"), std::string::npos) << ef.output;
+  const struct {
+    const char* flags;
+    const char* says;
+  } bad[] = {
+      {"--zero-stage 0 --zero-quantized-gradients", "error: --zero-quantized-gradients needs --zero-stage 1 or 2"},
+      {"--zero-stage 1 --zero-quantized-gradients --zero-quantized-gradients-block-size 0",
+       "error: --zero-quantized-gradients-block-size must be in [1, 1048576] elements, got 0"},
+      {"--zero-stage 1 --zero-quantized-gradients-error-feedback",
+       "error: --zero-quantized-gradients-error-feedback needs --zero-quantized-gradients"},
+  };
+  for (const auto& b : bad) {
+    const CliRun run = train_gpt(tiny(b.flags));
+    EXPECT_EQ(run.exit_code, 1) << b.flags << "\n" << run.output;
+    EXPECT_NE(run.output.find(b.says), std::string::npos) << b.flags << "\n" << run.output;
+    EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << "one line: " << run.output;
+  }
 }
 
 }  // namespace
