@@ -466,8 +466,8 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
          "needs zero_optimization.zero_quantized_gradients = true");
   if (z.zero_quantized_gradients) {
     const char* key = "zero_optimization.zero_quantized_gradients";
-    if (z.stage != 1 && z.stage != 2)
-      fail(src, key, "needs stage 1 or 2 (stage 0 all-reduces its gradients; the int8 path is a reduce-scatter)");
+    if (z.stage == 0)
+      fail(src, key, "needs stage 1, 2 or 3 (stage 0 all-reduces its gradients; the int8 path is a reduce-scatter)");
     if (!z.reduce_scatter)
       fail(src, key, "needs reduce_scatter = true (the int8 path is a reduce-scatter, not an all-reduce)");
     if (z.reduce_scatter_with_fp32_accumulation.value_or(false))

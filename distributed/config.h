@@ -86,11 +86,11 @@ struct ZeroConfig {
   // alive at once (at least the largest unit).
   std::int64_t stage3_prefetch_bucket_size = 50'000'000;
   std::int64_t stage3_max_live_parameters = 1'000'000'000;
-  // DeepSpeed's zero_quantized_gradients (ZeRO++ qgZ, stage 3 there), here for stages 1 and 2: the
+  // DeepSpeed's zero_quantized_gradients (ZeRO++ qgZ, stage 3 there), here for stages 1 to 3: the
   // gradient reduce-scatter sends int8 values with one fp32 scale per block of
   // zero_quantized_gradients_block_size elements (not a DeepSpeed key; 1 ..= 1048576, default 256) as an
   // all-to-all, and the owner adds the dequantized contributions in fp32 (Note [int8 quantized
-  // reduce-scatter] in distributed/quantize.cpp). Any model dtype. Refused with a stage other than 1 or 2,
+  // reduce-scatter] in distributed/quantize.cpp). Any model dtype. Refused at stage 0, with
   // reduce_scatter false, reduce_scatter_with_fp32_accumulation or communication_data_type "fp32" for a
   // 16-bit model.
   bool zero_quantized_gradients = false;

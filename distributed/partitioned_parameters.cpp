@@ -75,7 +75,16 @@ PartitionedParameters::~PartitionedParameters() {
     autograd::remove_parameter_use_hook(params_[i], use_hook_ids_[i]);
     autograd::remove_post_accumulate_grad_hook(params_[i], grad_hook_ids_[i]);
   }
-  release_all();
+  autograd::set_record_context(0);
+  // Gathered units stay as they are: the parameters keep their storage, so what gather_all() gathered
+  // is still readable after the optimizer is gone.
+  for (Unit& unit : units_) {
+    try {
+      if (unit.state == State::in_flight) unit.work->wait();  // the communicator writes the buffer until then
+    } catch (...) {
+      unit.buffer.storage()->free_memory();  // nothing valid arrived; whoever waits on the job reports it
+    }
+  }
 }
 
 // ---- the three events: a forward use, a backward node, a final gradient --------------------------------

@@ -37,7 +37,8 @@ class PartitionedParameters {
   /// after the reducer has its gradients). Cannot be copied or moved (the hooks point at it).
   PartitionedParameters(const ZeroPlan& plan, int rank, std::shared_ptr<Communicator> comm, Tensor shard,
                         std::vector<Tensor> params);
-  /// Waits for gathers in flight, frees every unit and removes the hooks. Never throws.
+  /// Waits for gathers in flight and removes the hooks; gathered units keep their values (the
+  /// parameters hold their storage). Never throws.
   ~PartitionedParameters();
   PartitionedParameters(const PartitionedParameters&) = delete;
   PartitionedParameters& operator=(const PartitionedParameters&) = delete;

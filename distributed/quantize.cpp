@@ -11,7 +11,7 @@ namespace zero::dist {
 // Note [int8 quantized reduce-scatter]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // DeepSpeed's zero_quantized_gradients (ZeRO++'s qgZ, there for stage 3 only) here for the
-// reduce-scatter of stages 1 and 2 (Communicator::set_quantized_gradients). It is the fp32-accumulating
+// reduce-scatter of stages 1, 2 and 3 (Communicator::set_quantized_gradients). It is the fp32-accumulating
 // all-to-all of Note [fp32-accumulating reduce-scatter] (communicator.cpp) with int8 on the wire:
 //   1. rank r cuts its send buffer into the n destination slices (the reduce-scatter's counts) and
 //      quantizes each slice on its own, in blocks of `block` elements from the slice's start, one fp32

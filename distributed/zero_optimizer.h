@@ -61,6 +61,8 @@ class ZeroOptimizer {
   /// trainable parameter, a parameter listed twice, a non-leaf parameter, parameters on different
   /// devices, and for the loss-scaler and AdamW option checks.
   ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared_ptr<Communicator> comm, ZeroOptions opts);
+  /// At stage 3 the module's parameters hold no values once the optimizer is gone (every rank kept only
+  /// its shard), except what gather_parameters() gathered last: call it first to keep the model.
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;

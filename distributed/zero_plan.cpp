@@ -154,7 +154,7 @@ ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size
   ZERO_CHECK(plan.layout.numel() > 0, "ZeRO: no trainable parameter elements ({} trainable parameters given)",
              entries.size());
   plan.options = options;
-  if ((options.stage != 1 && options.stage != 2) || !options.reduce_scatter) {  // no stage 1/2 reduce-scatter
+  if (options.stage == 0 || !options.reduce_scatter) {  // no gradient reduce-scatter to quantize
     plan.options.quantized_gradients_block = 0;
     plan.options.quantized_gradients_error_feedback = false;
   }

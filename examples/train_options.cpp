@@ -69,7 +69,7 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--stage3-max-live-parameters", a.stage3_max_live_parameters,
                  "stage 3: the most gathered parameter elements alive at once (default 1e9)");
   app.add_flag("--zero-quantized-gradients", a.zero_quantized_gradients,
-               "stages 1/2: reduce-scatter gradients as int8 with one fp32 scale per block (all-to-all, summed in "
+               "stages 1-3: reduce-scatter gradients as int8 with one fp32 scale per block (all-to-all, summed in "
                "fp32 by the owner): about 1/4 of an fp32 wire's bytes");
   app.add_option("--zero-quantized-gradients-block-size", a.zero_quantized_gradients_block_size,
                  "with --zero-quantized-gradients: elements per int8 block (one fp32 scale each)")
@@ -353,8 +353,8 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
                "--reduce-scatter-with-fp32-accumulation needs a 16-bit wire (--dtype fp16 or bf16, without "
                "--communication-data-type fp32)");
   if (given.has("--zero-quantized-gradients") && a.zero_quantized_gradients)
-    ZERO_CHECK(cfg.zero_optimization.stage == 1 || cfg.zero_optimization.stage == 2,
-               "--zero-quantized-gradients needs --zero-stage 1 or 2 (stage 0 all-reduces its gradients)");
+    ZERO_CHECK(cfg.zero_optimization.stage != 0,
+               "--zero-quantized-gradients needs --zero-stage 1, 2 or 3 (stage 0 all-reduces its gradients)");
   if (given.has("--zero-quantized-gradients-block-size"))
     ZERO_CHECK(a.zero_quantized_gradients_block_size >= 1 &&
                    a.zero_quantized_gradients_block_size <= dist::kMaxQuantizationBlock,

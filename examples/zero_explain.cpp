@@ -661,7 +661,7 @@ int main(int argc, char** argv) {
   app.add_flag("--reduce-scatter-with-fp32-accumulation", a.fp32_accumulation,
                "16-bit reductions as an all-to-all summed in fp32 at the owner (the same bytes as the ring)");
   app.add_flag("--zero-quantized-gradients", a.quantized_gradients,
-               "stages 1/2: int8 gradient reduce-scatter with one fp32 scale per block (as train_gpt)");
+               "stages 1-3: int8 gradient reduce-scatter with one fp32 scale per block (as train_gpt)");
   app.add_option("--zero-quantized-gradients-block-size", a.quantized_block, "elements per int8 block")
       ->capture_default_str();
   app.add_flag("--zero-quantized-gradients-error-feedback", a.error_feedback,

@@ -293,7 +293,7 @@ TEST(ConfigInvalid, EachInvalidValueNamesItsKey) {
       {R"({"zero_optimization": {"stage": 2, "zero_quantized_gradients_error_feedback": true}})",
        "zero_optimization.zero_quantized_gradients_error_feedback", "needs zero_optimization.zero_quantized_gradients"},
       {R"({"zero_optimization": {"zero_quantized_gradients": true}})", "zero_optimization.zero_quantized_gradients",
-       "needs stage 1 or 2"},
+       "needs stage 1, 2 or 3"},
       {R"({"zero_optimization": {"stage": 1, "reduce_scatter": false, "zero_quantized_gradients": true}})",
        "zero_optimization.zero_quantized_gradients", "needs reduce_scatter = true"},
       {R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 2, "zero_quantized_gradients": true,

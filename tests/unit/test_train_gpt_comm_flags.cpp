@@ -121,7 +121,7 @@ TEST_F(TrainGptCommFlags, ZeroQuantizedGradients) {
     const char* flags;
     const char* says;
   } bad[] = {
-      {"--zero-stage 0 --zero-quantized-gradients", "error: --zero-quantized-gradients needs --zero-stage 1 or 2"},
+      {"--zero-stage 0 --zero-quantized-gradients", "error: --zero-quantized-gradients needs --zero-stage 1, 2 or 3"},
       {"--zero-stage 1 --zero-quantized-gradients --zero-quantized-gradients-block-size 0",
        "error: --zero-quantized-gradients-block-size must be in [1, 1048576] elements, got 0"},
       {"--zero-stage 1 --zero-quantized-gradients-error-feedback",
