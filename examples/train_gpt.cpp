@@ -34,6 +34,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -184,6 +185,17 @@ std::size_t peak_rss_bytes() {
 }
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
+
+// What a rank says when host memory ran out (std::bad_alloc from a tensor or anything else): the peak
+// RSS so far and the address-space limit, if one is set (prlimit --as, ulimit -v), and what helps.
+std::string out_of_memory_message() {
+  rlimit as{};
+  const bool limited = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
+  return fmt::format("out of memory: an allocation failed (std::bad_alloc) at peak RSS {}{}; a higher "
+                     "--zero-stage (3 partitions the parameters too), more ranks or a smaller model needs less per rank",
+                     mib(static_cast<double>(peak_rss_bytes())),
+                     limited ? fmt::format(", address-space limit {}", mib(static_cast<double>(as.rlim_cur))) : "");
+}
 
 // A time left for progress lines: "42s", "3m07s", "1h02m".
 std::string eta(double seconds) {
@@ -689,6 +701,8 @@ int main(int argc, char** argv) {
     auto world = dist::mpi_world();
     const std::shared_ptr<dist::Communicator> comm = make_communicator(a, world);
     return run(setup, *comm);
+  } catch (const std::bad_alloc&) {
+    dist::fail_job(Error(out_of_memory_message()), a.verbose);
   } catch (const std::exception& e) {
     // One line for the whole job, exit code 1; never leaves the other ranks waiting.
     dist::fail_job(e, a.verbose);
