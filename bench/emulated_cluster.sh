@@ -38,6 +38,7 @@
 #   s3_no_prefetch                stage 3 with --stage3-prefetch-bucket-size 0 (every gather on demand)
 #   s3_traced                     stage 3 with --trace of steps 3..S; the summary shows the share of
 #                                 gather time hidden (tools/stage3_gather_overlap.py)
+#   s3_no_prefetch_traced         the same with --stage3-prefetch-bucket-size 0
 #   torch_ddp torch_zero          bench/torch_gpt_dist.py: DDP, DDP + ZeroRedundancyOptimizer (gloo)
 # Runs go round-robin (--rounds times through the list), so load from other jobs on the machine
 # spreads over all configurations; the table shows medians over rounds. Needs root (ip netns, tc).
@@ -104,6 +105,7 @@ flags_of() {
     stage3) echo "--zero-stage 3" ;;
     s3_no_prefetch) echo "--zero-stage 3 --stage3-prefetch-bucket-size 0" ;;
     s3_traced) echo "--zero-stage 3 --trace $out/trace.s3_traced.$round.json --trace-steps 3:$steps" ;;
+    s3_no_prefetch_traced) echo "--zero-stage 3 --stage3-prefetch-bucket-size 0 --trace $out/trace.s3_no_prefetch_traced.$round.json --trace-steps 3:$steps" ;;
     torch_ddp) echo "" ;;
     torch_zero) echo "--zero" ;;
     *) echo "error: unknown configuration '$1'" >&2; return 1 ;;
@@ -186,7 +188,7 @@ if "s2_bucket" in rows and "s2_bucket_overlap" in rows:
           f"(same buckets); --overlap-param-gather a further {100 * (1 - ratio('s2_overlap_gather', 's2_bucket_overlap')):.1f}%")
     print(f"  the same as medians of the ratio within each round: {100 * (1 - paired('s2_bucket_overlap', 's2_bucket')):.1f}% "
           f"and {100 * (1 - paired('s2_overlap_gather', 's2_bucket_overlap')):.1f}%")
-for s3 in ("stage3", "s3_no_prefetch", "s3_traced"):
+for s3 in ("stage3", "s3_no_prefetch", "s3_traced", "s3_no_prefetch_traced"):
     if s3 in rows and "stage2" in rows:
         per_round = [step_ms(s3, str(r)) / step_ms("stage2", str(r))
                      for r in range(1, 1000) if glob.glob(f"{out}/{s3}.{r}.jsonl") and glob.glob(f"{out}/stage2.{r}.jsonl")]
@@ -198,7 +200,7 @@ for t in ("torch_ddp", "torch_zero"):
     if t in rows and best:
         print(f"tokens/s: {best} {rows[best][1]:.0f} vs {t} {rows[t][1]:.0f} ({ratio(best, t, 1):.2f}x)")
 EOF
-for t in "$out"/trace.s3_traced.*.json; do
+for t in "$out"/trace.s3_*.json; do
   [[ -f $t ]] || continue
   echo; echo "gather time hidden, $(basename "$t"):"
   "$python" tools/stage3_gather_overlap.py "$t"

@@ -354,12 +354,35 @@ ZERO_DIST_TEST(Stage2Buckets, AutomaticSizeKeepsStage2BelowStage1) {
 
 using CounterFn = std::int64_t (*)();
 
-TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
-  const auto sent = reinterpret_cast<CounterFn>(dlsym(RTLD_DEFAULT, "zero_pmpi_sent_bytes"));
-  if (std::getenv("ZERO_EXPECT_PMPI") != nullptr) {
-    ASSERT_NE(sent, nullptr) << "interposer not preloaded";
+// The interposer's byte counter as sent_(); a test skips without the interposer (ctest preloads it and
+// sets ZERO_EXPECT_PMPI, and then its absence is a failure).
+class WireBytes : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    sent_ = reinterpret_cast<CounterFn>(dlsym(RTLD_DEFAULT, "zero_pmpi_sent_bytes"));
+    if (std::getenv("ZERO_EXPECT_PMPI") != nullptr) {
+      ASSERT_NE(sent_, nullptr) << "interposer not preloaded";
+    }
+    if (sent_ == nullptr) GTEST_SKIP() << "run with LD_PRELOAD=libzero_count_sent_bytes.so (ctest does)";
   }
-  if (sent == nullptr) GTEST_SKIP() << "run with LD_PRELOAD=libzero_count_sent_bytes.so (ctest does)";
+  // Trains `steps` steps of `model` and returns the bytes handed to MPI and the ledger's bytes, each
+  // summed over ranks (a ring's per-rank bytes differ by the uneven slices, their sum does not).
+  std::pair<double, double> train_and_count(nn::GPT& model, ZeroOptimizer& opt, const nn::GPTConfig& cfg, int steps) {
+    auto comm = test_world();
+    comm->barrier();
+    comm->ledger().reset();
+    const std::int64_t before = sent_();
+    for (int s = 0; s < steps; ++s) {
+      auto [x, y] = batch(cfg, s, comm->rank() * 2, 2);
+      opt.backward(model.loss(x, y));
+      opt.step();
+    }
+    return {comm->all_reduce_sum(double(sent_() - before)), comm->all_reduce_sum(comm->ledger().total())};
+  }
+  CounterFn sent_ = nullptr;
+};
+
+TEST_F(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
   auto comm = test_world();
   const int n = comm->world_size();
   const nn::GPTConfig cfg = gpt_config(32);
@@ -373,18 +396,8 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
     Generator gen(5);
     nn::GPT model(cfg, gen);
     ZeroOptimizer opt(model.named_parameters(), comm, o);
-    comm->barrier();
-    comm->ledger().reset();
-    const std::int64_t before = sent();
     const int steps = 3;
-    for (int s = 0; s < steps; ++s) {
-      auto [x, y] = batch(cfg, s, comm->rank() * 2, 2);
-      opt.backward(model.loss(x, y));
-      opt.step();
-    }
-    // Summed over ranks: the ring's per-rank bytes differ by the uneven slices, their sum does not.
-    const double wire = comm->all_reduce_sum(double(sent() - before));
-    const double ledger = comm->all_reduce_sum(comm->ledger().total());
+    const auto [wire, ledger] = train_and_count(model, opt, cfg, steps);
     const double baseline = 2.0 * (n - 1.0) / n * double(opt.layout().padded_numel()) * 2.0 * steps * n;
     if (n == 1) {
       EXPECT_EQ(wire, 0.0);
@@ -408,12 +421,7 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
 // 2(N-1)/N·Ψ; stage 3 reduce-scatters it, (N-1)/N·Ψ, and all-gathers every gather unit twice (forward
 // and backward), 2(N-1)/N·Ψ: 1.5x. Expected bytes from Ψ counted here from the model's parameters and
 // the bytes of bf16, against the bytes the interposer saw and the ledger.
-TEST(WireBytes, Stage3IsOneAndAHalfTimesStage0) {
-  const auto sent = reinterpret_cast<CounterFn>(dlsym(RTLD_DEFAULT, "zero_pmpi_sent_bytes"));
-  if (std::getenv("ZERO_EXPECT_PMPI") != nullptr) {
-    ASSERT_NE(sent, nullptr) << "interposer not preloaded";
-  }
-  if (sent == nullptr) GTEST_SKIP() << "run with LD_PRELOAD=libzero_count_sent_bytes.so (ctest does)";
+TEST_F(WireBytes, Stage3IsOneAndAHalfTimesStage0) {
   auto comm = test_world();
   const int n = comm->world_size();
   if (n == 1) GTEST_SKIP() << "nothing on the wire with one rank";
@@ -430,18 +438,10 @@ TEST(WireBytes, Stage3IsOneAndAHalfTimesStage0) {
     for (const auto& p : model.named_parameters()) psi += double(p.tensor.numel());
     ZeroOptimizer opt(model.named_parameters(), comm, o);
     padding = double(opt.layout().padded_numel()) - psi;
-    comm->barrier();
-    comm->ledger().reset();
-    const std::int64_t before = sent();
-    for (int s = 0; s < steps; ++s) {
-      auto [x, y] = batch(cfg, s, comm->rank() * 2, 2);
-      opt.backward(model.loss(x, y));
-      opt.step();
-    }
-    // Summed over ranks (slices are uneven; their sum is not): a ring moves (N-1)·S bytes for an
-    // all-gather or reduce-scatter of S bytes and 2(N-1)·S for an all-reduce.
-    wire[stage] = comm->all_reduce_sum(double(sent() - before));
-    const double ledger = comm->all_reduce_sum(comm->ledger().total());
+    // Summed over ranks, a ring moves (N-1)·S bytes for an all-gather or reduce-scatter of S bytes
+    // and 2(N-1)·S for an all-reduce.
+    const auto [sent, ledger] = train_and_count(model, opt, cfg, steps);
+    wire[stage] = sent;
     const double b = 2.0, per_step = (stage == 0 ? 2.0 : 3.0) * (n - 1.0) * b * psi;
     const double expected = per_step * steps;
     if (comm->rank() == 0)
