@@ -41,6 +41,7 @@
 #include "core/backend.h"
 #include "core/cpu/kernels.h"
 #include "core/gemm_precision.h"
+#include "core/storage.h"
 #include "core/trace.h"
 #include "distributed/checkpoint.h"
 #include "distributed/config.h"
@@ -302,6 +303,9 @@ int run(const Setup& setup, dist::Communicator& comm) {
   zo.adam = optimizer.adam;
   zo.weight_decay = optimizer.weight_decay;
   dist::ZeroOptimizer opt(model.named_parameters(), std::shared_ptr<dist::Communicator>(&comm, [](auto*) {}), zo);
+  // Stage 3 has just freed the fp32 model it was built from and the full flat buffer (8Ψ bytes): give
+  // them back to the system rather than keep them cached for blocks of other sizes.
+  if (zo.stage == 3) empty_cpu_cache();
   std::int64_t first_step = 0;
   if (resume) {
     const auto t_load = Clock::now();
