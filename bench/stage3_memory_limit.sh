@@ -10,20 +10,22 @@
 #
 # Model states per rank (the ZeRO paper's Table 1, K = 12 for Adam; in fp32 the same 16 bytes per
 # parameter: parameters 4, gradients 4, Adam moments 8): stage 0 16Ψ, stage 1 4Ψ + 4Ψ + 8Ψ/N,
-# stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N, plus the gathered units at stage 3. Before the optimizer takes
-# it over, every rank builds the model in fp32 (4Ψ), so no limit below about 4Ψ + 250 MiB can work.
+# stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N, plus the gathered units at stage 3. Every rank first builds the
+# model in fp32 (4Ψ) and the optimizer copies it into a full flat buffer (4Ψ in fp32) before keeping
+# its partition, so no stage trains below about 8Ψ + 16Ψ/N + 250 MiB (for the default model at 4 ranks:
+# 975 + 250 MiB, less what is freed on the way).
 #
-#   bench/stage3_memory_limit.sh                         # 4 ranks, 85M GPT (12 layers, 768 channels), 1200 MiB
+#   bench/stage3_memory_limit.sh                         # 4 ranks, 85M GPT (12 layers, 768 channels), 1100 MiB
 #   bench/stage3_memory_limit.sh --limit-mib 1500 --stages "0 2 3" -- --dtype bf16
 #
-# Flags: --ranks N (4), --limit-mib M (1200, per rank), --stages "S ..." ("0 1 2 3"), --steps S (3),
+# Flags: --ranks N (4), --limit-mib M (1100, per rank), --stages "S ..." ("0 1 2 3"), --steps S (3),
 # --model "train_gpt model flags" ("--n-layer 12 --n-embd 768 --n-head 12 --block 64 --batch 4"),
 # --bin DIR (build/bin), --data FILE (data/tinyshakespeare.txt), --out DIR (logs; default a fresh
 # /tmp/stage3_memory_limit.*). Anything after "--" goes to every train_gpt run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ranks=4 limit_mib=1200 stages="0 1 2 3" steps=3 bin=build/bin data=data/tinyshakespeare.txt out=""
+ranks=4 limit_mib=1100 stages="0 1 2 3" steps=3 bin=build/bin data=data/tinyshakespeare.txt out=""
 model="--n-layer 12 --n-embd 768 --n-head 12 --block 64 --batch 4"
 extra=()
 while [[ $# -gt 0 ]]; do
