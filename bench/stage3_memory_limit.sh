@@ -12,8 +12,7 @@
 # parameter: parameters 4, gradients 4, Adam moments 8): stage 0 16Ψ, stage 1 4Ψ + 4Ψ + 8Ψ/N,
 # stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N, plus the gathered units at stage 3. Every rank first builds the
 # model in fp32 (4Ψ) and the optimizer copies it into a full flat buffer (4Ψ in fp32) before keeping
-# its partition, so no stage trains below about 8Ψ + 16Ψ/N + 250 MiB (for the default model at 4 ranks:
-# 975 + 250 MiB, less what is freed on the way).
+# its partition, so no stage trains below about 8Ψ + 250 MiB (650 + 250 MiB for the default model).
 #
 #   bench/stage3_memory_limit.sh                         # 4 ranks, 85M GPT (12 layers, 768 channels), 1100 MiB
 #   bench/stage3_memory_limit.sh --limit-mib 1500 --stages "0 2 3" -- --dtype bf16
