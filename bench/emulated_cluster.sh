@@ -16,6 +16,7 @@
 #
 #   sudo bench/emulated_cluster.sh --ranks 2 --rate 400mbit --steps 30 --rounds 3
 #   sudo bench/emulated_cluster.sh --ranks 2 --rate 2gbit --configs "s2_bucket s2_bucket_overlap s2_overlap_gather torch_ddp"
+#   sudo bench/emulated_cluster.sh --ranks 4 --rate 2gbit --configs "stage2 stage3 s3_no_prefetch s3_traced"
 #
 # --batch B sets the global batch of every run (ours and PyTorch's; default 12, train_gpt's): a smaller
 # batch means less compute per byte communicated, i.e. a relatively slower link. Every rank computes on
@@ -33,6 +34,11 @@
 #   s2_bucket_overlap             the same with --overlap-comm
 #   s2_overlap_gather             the same with --overlap-comm --overlap-param-gather
 #   s1_overlap_gather             stage 1 with --overlap-comm --overlap-param-gather
+#   stage3                        --zero-stage 3, default prefetch (stage3_prefetch_bucket_size)
+#   s3_no_prefetch                stage 3 with --stage3-prefetch-bucket-size 0 (every gather on demand)
+#   s3_traced                     stage 3 with --trace of steps 3..S; the summary shows the share of
+#                                 gather time hidden (tools/stage3_gather_overlap.py)
+#   s3_no_prefetch_traced         the same with --stage3-prefetch-bucket-size 0
 #   torch_ddp torch_zero          bench/torch_gpt_dist.py: DDP, DDP + ZeroRedundancyOptimizer (gloo)
 #   wire_fp32 wire_bf16 wire_bf16_acc wire_int8 wire_int8_ef
 #                                 the gradient wire at stage 2 with --overlap-comm, all with a bf16 model (the
@@ -50,7 +56,7 @@ cd "$(dirname "$0")/.."
 
 ranks=2 rate=400mbit burst=128kb steps=30 rounds=3 bucket=100000 batch=12
 bin=build/bin data=data/tinyshakespeare.txt out="" python=/usr/bin/python3
-configs="stage0 stage1 stage2 s2_rs_off s2_bucket s2_bucket_overlap s2_overlap_gather s1_overlap_gather torch_ddp torch_zero"
+configs="stage0 stage1 stage2 s2_rs_off s2_bucket s2_bucket_overlap s2_overlap_gather s1_overlap_gather stage3 s3_no_prefetch torch_ddp torch_zero"
 extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -111,6 +117,10 @@ flags_of() {
     wire_int8_ef) echo "--zero-stage 2 --overlap-comm --dtype bf16 --zero-quantized-gradients --zero-quantized-gradients-error-feedback" ;;
     f32_wire) echo "--zero-stage 2 --overlap-comm --dtype fp32" ;;
     f32_int8) echo "--zero-stage 2 --overlap-comm --dtype fp32 --zero-quantized-gradients" ;;
+    stage3) echo "--zero-stage 3" ;;
+    s3_no_prefetch) echo "--zero-stage 3 --stage3-prefetch-bucket-size 0" ;;
+    s3_traced) echo "--zero-stage 3 --trace $out/trace.s3_traced.$round.json --trace-steps 3:$steps" ;;
+    s3_no_prefetch_traced) echo "--zero-stage 3 --stage3-prefetch-bucket-size 0 --trace $out/trace.s3_no_prefetch_traced.$round.json --trace-steps 3:$steps" ;;
     torch_ddp) echo "" ;;
     torch_zero) echo "--zero" ;;
     *) echo "error: unknown configuration '$1'" >&2; return 1 ;;
@@ -137,7 +147,7 @@ for round in $(seq 1 "$rounds"); do
     else
       # shellcheck disable=SC2086
       timeout 900 ip netns exec "$ns" mpirun "${mpirun_flags[@]}" -np "$ranks" "$bin/train_gpt" "${common[@]}" $f \
-        "${extra[@]}" --metrics "$out/$c.$round.json" \
+        "${extra[@]}" --metrics "$out/$c.$round.json" --log-file "$out/$c.$round.jsonl" \
         > "$log" 2>&1 || { echo "run $c (round $round) failed; see $log" >&2; tail -5 "$log" >&2; exit 1; }
     fi
     printf 'round %d %-18s %s\n' "$round" "$c" "$("$python" -c 'import json,sys; m=json.load(open(sys.argv[1])); print("%.1f ms/step" % m["ms_per_step"])' "$out/$c.$round.json")"
@@ -157,6 +167,15 @@ for n in names:
     cpu = med("comm_cpu_ms_per_step")
     traffic = statistics.median(m["comm_bytes_per_step"]["total"] for m in ms) if "comm_bytes_per_step" in ms[0] else float("nan")
     rows[n] = (med("ms_per_step"), med("tokens_per_s"), comm, traffic, len(ms), cpu)
+def step_ms(name, round_glob="*"):
+    # Median of the per-step times (train_gpt --log-file lines, rank 0's clock) after the first two steps.
+    ms = []
+    for path in glob.glob(f"{out}/{name}.{round_glob}.jsonl"):
+        for line in open(path):
+            j = json.loads(line)
+            if "ms" in j and j["step"] > 2:
+                ms.append(j["ms"])
+    return statistics.median(ms) if ms else float("nan")
 print(f"\nlink {rate}, {ranks} ranks; medians over rounds")
 print(f"{'configuration':20s} {'ms/step':>9s} {'tokens/s':>9s} {'comm ms/step':>13s} {'comm CPU ms/step':>17s} "
       f"{'wire MB/step':>13s} {'runs':>5s}")
@@ -191,8 +210,20 @@ for w in ("wire_bf16", "wire_bf16_acc", "wire_int8", "wire_int8_ef"):
 if "f32_int8" in rows and "f32_wire" in rows:
     print(f"f32_int8 vs f32_wire: step time {ratio('f32_int8', 'f32_wire'):.2f}x (paired {paired('f32_int8', 'f32_wire'):.2f}x), "
           f"wire bytes {ratio('f32_int8', 'f32_wire', 3):.3f}x, speed-up {1 / paired('f32_int8', 'f32_wire'):.2f}x")
+for s3 in ("stage3", "s3_no_prefetch", "s3_traced", "s3_no_prefetch_traced"):
+    if s3 in rows and "stage2" in rows:
+        per_round = [step_ms(s3, str(r)) / step_ms("stage2", str(r))
+                     for r in range(1, 1000) if glob.glob(f"{out}/{s3}.{r}.jsonl") and glob.glob(f"{out}/stage2.{r}.jsonl")]
+        print(f"{s3} / stage2: median step {step_ms(s3):.1f} / {step_ms('stage2'):.1f} ms = "
+              f"{step_ms(s3) / step_ms('stage2'):.2f}x; per round {' '.join(f'{r:.2f}' for r in per_round)}; "
+              f"ms_per_step {ratio(s3, 'stage2'):.2f}x; wire bytes {ratio(s3, 'stage2', 3):.2f}x")
 for t in ("torch_ddp", "torch_zero"):
     best = min((n for n in rows if not n.startswith("torch")), key=lambda n: rows[n][0], default=None)
     if t in rows and best:
         print(f"tokens/s: {best} {rows[best][1]:.0f} vs {t} {rows[t][1]:.0f} ({ratio(best, t, 1):.2f}x)")
 EOF
+for t in "$out"/trace.s3_*.json; do
+  [[ -f $t ]] || continue
+  echo; echo "gather time hidden, $(basename "$t"):"
+  "$python" tools/stage3_gather_overlap.py "$t"
+done

@@ -34,12 +34,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <thread>
 
 #include "core/backend.h"
 #include "core/cpu/kernels.h"
 #include "core/gemm_precision.h"
+#include "core/storage.h"
 #include "core/trace.h"
 #include "distributed/checkpoint.h"
 #include "distributed/config.h"
@@ -202,6 +204,17 @@ std::size_t peak_rss_bytes() {
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
 
+// What a rank says when host memory ran out (std::bad_alloc from a tensor or anything else): the peak
+// RSS so far and the address-space limit, if one is set (prlimit --as, ulimit -v), and what helps.
+std::string out_of_memory_message() {
+  rlimit as{};
+  const bool limited = getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY;
+  return fmt::format("out of memory: an allocation failed (std::bad_alloc) at peak RSS {}{}; a higher "
+                     "--zero-stage (3 partitions the parameters too), more ranks or a smaller model needs less per rank",
+                     mib(static_cast<double>(peak_rss_bytes())),
+                     limited ? fmt::format(", address-space limit {}", mib(static_cast<double>(as.rlim_cur))) : "");
+}
+
 // A time left for progress lines: "42s", "3m07s", "1h02m".
 std::string eta(double seconds) {
   const auto s = static_cast<std::int64_t>(std::max(0.0, seconds) + 0.5);
@@ -307,6 +320,9 @@ int run(const Setup& setup, dist::Communicator& comm) {
   zo.adam = optimizer.adam;
   zo.weight_decay = optimizer.weight_decay;
   dist::ZeroOptimizer opt(model.named_parameters(), std::shared_ptr<dist::Communicator>(&comm, [](auto*) {}), zo);
+  // Stage 3 has just freed the fp32 model it was built from and the full flat buffer (8Ψ bytes): give
+  // them back to the system rather than keep them cached for blocks of other sizes.
+  if (zo.stage == 3) empty_cpu_cache();
   std::int64_t first_step = 0;
   if (resume) {
     const auto t_load = Clock::now();
@@ -738,6 +754,8 @@ int main(int argc, char** argv) {
     auto world = dist::mpi_world();
     const std::shared_ptr<dist::Communicator> comm = make_communicator(a, world);
     return run(setup, *comm);
+  } catch (const std::bad_alloc&) {
+    dist::fail_job(Error(out_of_memory_message()), a.verbose);
   } catch (const std::exception& e) {
     // One line for the whole job, exit code 1; never leaves the other ranks waiting.
     dist::fail_job(e, a.verbose);

@@ -408,12 +408,35 @@ ZERO_DIST_TEST(Stage2Buckets, AutomaticSizeKeepsStage2BelowStage1) {
 
 using CounterFn = std::int64_t (*)();
 
-TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
-  const auto sent = reinterpret_cast<CounterFn>(dlsym(RTLD_DEFAULT, "zero_pmpi_sent_bytes"));
-  if (std::getenv("ZERO_EXPECT_PMPI") != nullptr) {
-    ASSERT_NE(sent, nullptr) << "interposer not preloaded";
+// The interposer's byte counter as sent_(); a test skips without the interposer (ctest preloads it and
+// sets ZERO_EXPECT_PMPI, and then its absence is a failure).
+class WireBytes : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    sent_ = reinterpret_cast<CounterFn>(dlsym(RTLD_DEFAULT, "zero_pmpi_sent_bytes"));
+    if (std::getenv("ZERO_EXPECT_PMPI") != nullptr) {
+      ASSERT_NE(sent_, nullptr) << "interposer not preloaded";
+    }
+    if (sent_ == nullptr) GTEST_SKIP() << "run with LD_PRELOAD=libzero_count_sent_bytes.so (ctest does)";
   }
-  if (sent == nullptr) GTEST_SKIP() << "run with LD_PRELOAD=libzero_count_sent_bytes.so (ctest does)";
+  // Trains `steps` steps of `model` and returns the bytes handed to MPI and the ledger's bytes, each
+  // summed over ranks (a ring's per-rank bytes differ by the uneven slices, their sum does not).
+  std::pair<double, double> train_and_count(nn::GPT& model, ZeroOptimizer& opt, const nn::GPTConfig& cfg, int steps) {
+    auto comm = test_world();
+    comm->barrier();
+    comm->ledger().reset();
+    const std::int64_t before = sent_();
+    for (int s = 0; s < steps; ++s) {
+      auto [x, y] = batch(cfg, s, comm->rank() * 2, 2);
+      opt.backward(model.loss(x, y));
+      opt.step();
+    }
+    return {comm->all_reduce_sum(double(sent_() - before)), comm->all_reduce_sum(comm->ledger().total())};
+  }
+  CounterFn sent_ = nullptr;
+};
+
+TEST_F(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
   auto comm = test_world();
   const int n = comm->world_size();
   const nn::GPTConfig cfg = gpt_config(32);
@@ -428,18 +451,8 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
     Generator gen(5);
     nn::GPT model(cfg, gen);
     ZeroOptimizer opt(model.named_parameters(), comm, o);
-    comm->barrier();
-    comm->ledger().reset();
-    const std::int64_t before = sent();
     const int steps = 3;
-    for (int s = 0; s < steps; ++s) {
-      auto [x, y] = batch(cfg, s, comm->rank() * 2, 2);
-      opt.backward(model.loss(x, y));
-      opt.step();
-    }
-    // Summed over ranks: the ring's per-rank bytes differ by the uneven slices, their sum does not.
-    const double wire = comm->all_reduce_sum(double(sent() - before));
-    const double ledger = comm->all_reduce_sum(comm->ledger().total());
+    const auto [wire, ledger] = train_and_count(model, opt, cfg, steps);
     const double baseline = 2.0 * (n - 1.0) / n * double(opt.layout().padded_numel()) * 2.0 * steps * n;
     if (n == 1) {
       EXPECT_EQ(wire, 0.0);
@@ -473,6 +486,47 @@ TEST(WireBytes, LedgerMatchesBytesSentFp16Stage2) {
   comm->set_reduce_in_fp32(false);
   comm->set_fp32_accumulation(false);
   comm->set_quantized_gradients(0);
+}
+
+// Stage 3 against stage 0 (the ZeRO paper's §7.2.2): per step stage 0 all-reduces the gradient,
+// 2(N-1)/N·Ψ; stage 3 reduce-scatters it, (N-1)/N·Ψ, and all-gathers every gather unit twice (forward
+// and backward), 2(N-1)/N·Ψ: 1.5x. Expected bytes from Ψ counted here from the model's parameters and
+// the bytes of bf16, against the bytes the interposer saw and the ledger.
+TEST_F(WireBytes, Stage3IsOneAndAHalfTimesStage0) {
+  auto comm = test_world();
+  const int n = comm->world_size();
+  if (n == 1) GTEST_SKIP() << "nothing on the wire with one rank";
+  const nn::GPTConfig cfg = gpt_config(32);
+  const int steps = 3;
+  double wire[4] = {}, padding = 0;
+  for (int stage : {0, 3}) {
+    ZeroOptions o;
+    o.stage = stage;
+    o.dtype = DType::bf16;
+    Generator gen(5);
+    nn::GPT model(cfg, gen);
+    double psi = 0;  // counted here, independently of the optimizer's layout
+    for (const auto& p : model.named_parameters()) psi += double(p.tensor.numel());
+    ZeroOptimizer opt(model.named_parameters(), comm, o);
+    padding = double(opt.layout().padded_numel()) - psi;
+    // Summed over ranks, a ring moves (N-1)·S bytes for an all-gather or reduce-scatter of S bytes
+    // and 2(N-1)·S for an all-reduce.
+    const auto [sent, ledger] = train_and_count(model, opt, cfg, steps);
+    wire[stage] = sent;
+    const double b = 2.0, per_step = (stage == 0 ? 2.0 : 3.0) * (n - 1.0) * b * psi;
+    const double expected = per_step * steps;
+    if (comm->rank() == 0)
+      std::printf("[ wire     ] stage %d, bf16, %d ranks, Ψ %.0f: wire %.0f B/step, ledger %.0f B/step, "
+                  "expected %.0f B/step\n",
+                  stage, n, psi, wire[stage] / steps, ledger / steps, expected / steps);
+    EXPECT_NEAR(wire[stage] / ledger, 1.0, 0.02) << "stage " << stage;
+    // Padding: the flat buffer is padded to a multiple of N (and alignment); its bytes move too.
+    const double pad_share = (stage == 0 ? 2.0 : 3.0) * (n - 1.0) * b * padding * steps;
+    EXPECT_GE(wire[stage], expected * 0.98) << "stage " << stage;
+    EXPECT_LE(wire[stage], (expected + pad_share) * 1.02) << "stage " << stage;
+  }
+  if (comm->rank() == 0) std::printf("[ wire     ] stage 3 / stage 0: %.4f\n", wire[3] / wire[0]);
+  EXPECT_NEAR(wire[3] / wire[0], 1.5, 0.02);
 }
 
 #endif  // ZERO_INPROCESS_TESTS
