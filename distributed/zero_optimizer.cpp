@@ -153,8 +153,18 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   comm_->set_fp32_accumulation(opts.reduce_scatter_with_fp32_accumulation);
   comm_->set_quantized_gradients(static_cast<std::size_t>(plan_.options.quantized_gradients_block));
 
-  // ---- flat parameter buffer; module tensors become views into it ----
   const FlatLayout& layout = plan_.layout;
+  if (plan_.options.stage == 3) {
+    // This rank keeps its partition only; the parameters become views of their units' buffers, which
+    // hold values only while a layer uses them. The hooks go on after the reducer's.
+    reducer_ = std::make_unique<GradientReducer>(plan_, rank_, comm_, params_, device);
+    Tensor shard = shard_of_rank0_weights(device);
+    partitioned_ = std::make_unique<PartitionedParameters>(plan_, rank_, comm_, shard, params_);
+    optimizer_ = std::make_unique<ShardedOptimizer>(plan_, rank_, shard);
+    return;
+  }
+
+  // ---- flat parameter buffer; module tensors become views into it ----
   flat_params_ = Tensor::zeros({layout.padded_numel()}, opts.dtype, device);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const ParamRange& r = layout.params()[i];
@@ -168,18 +178,28 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   flat_params_.storage()->bump_version();  // written behind the tensors' back (Note [Compute copies])
 
   reducer_ = std::make_unique<GradientReducer>(plan_, rank_, comm_, params_, device);
-  if (plan_.options.stage == 3) {
-    // This rank keeps its partition only; the parameters become views of their units' buffers, which
-    // hold values only while a layer uses them. The hooks go on after the reducer's.
-    Tensor shard = flat_range(flat_params_, layout.partition_begin(rank_), layout.partition_size()).clone();
-    partitioned_ = std::make_unique<PartitionedParameters>(plan_, rank_, comm_, shard, params_);
-    flat_params_ = Tensor();
-    optimizer_ = std::make_unique<ShardedOptimizer>(plan_, rank_, shard);
-    return;
-  }
   optimizer_ = std::make_unique<ShardedOptimizer>(plan_, rank_,
                                                   flat_range(flat_params_, plan_.region_begin(rank_), plan_.region_size()));
   gather_ = std::make_unique<ParameterGather>(plan_, rank_, comm_, flat_params_, params_);
+}
+
+Tensor ZeroOptimizer::shard_of_rank0_weights(Device device) {
+  // Stage 3: this rank's partition of rank 0's weights, one parameter at a time, so that no rank ever
+  // holds the whole flat buffer: only the model as it was built plus one parameter in the model dtype.
+  const FlatLayout& layout = plan_.layout;
+  const DType dt = plan_.options.dtype;
+  const std::int64_t begin = layout.partition_begin(rank_), end = layout.partition_end(rank_);
+  Tensor shard = Tensor::zeros({layout.partition_size()}, dt, device);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamRange& r = layout.params()[i];
+    const std::int64_t lo = std::max(r.offset, begin), hi = std::min(r.end(), end);
+    if (r.numel == 0 || (world_ == 1 && lo >= hi)) continue;
+    Tensor full = Tensor::empty(r.shape, dt, device);
+    full.copy_(params_[i]);  // converts to the model dtype
+    if (world_ > 1) comm_->broadcast(full.raw_data(), static_cast<std::size_t>(r.numel), dt, 0);
+    if (lo < hi) flat_range(shard, lo - begin, hi - lo).copy_(flat_range(full, lo - r.offset, hi - lo));
+  }
+  return shard;
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;

@@ -171,6 +171,8 @@ class ZeroOptimizer {
   bool step_stage_1();
   bool step_stage_2();
   bool step_stage_3();
+  /// Stage 3's start: this rank's partition [P] (model dtype) of rank 0's parameters. Collective.
+  Tensor shard_of_rank0_weights(Device device);
 
   /// What every rank agrees on before an update (Note [Unused parameters], Note [Non-finite gradients]).
   struct StepDecision {
