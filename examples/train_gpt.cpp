@@ -190,8 +190,13 @@ void move_since(dist::Ledger& ledger, const dist::Ledger& before, dist::Ledger& 
 // every micro-step (GAS + 1); stage 3 reduces and gathers every unit twice every micro-step (3 GAS, the
 // ZeRO paper's 1.5x, §7.2.2); reduce_scatter=false all-reduces instead (2 per reduction).
 double expected_traffic_copies(const dist::ZeroOptions& zo, int gas) {
-  if (zo.stage == 0) return 2.0;
-  const double reduce = zo.reduce_scatter ? 1.0 : 2.0;
+  // With communication_data_type fp32 a 16-bit model's reduce-scatter moves 4 bytes per b-byte element,
+  // and an all-reduce is that reduce-scatter plus a 16-bit all-gather (Note [Wire dtype]).
+  const bool wide = zo.reduce_in_fp32 && zo.dtype != DType::f32;
+  const double reduce_scatter = wide ? 4.0 / static_cast<double>(dtype_size(zo.dtype)) : 1.0;
+  const double all_reduce = reduce_scatter + 1.0;
+  if (zo.stage == 0) return all_reduce;
+  const double reduce = zo.reduce_scatter ? reduce_scatter : all_reduce;
   if (zo.stage == 3) return gas * (reduce + 2.0);
   return (zo.stage == 2 ? gas : 1) * reduce + 1.0;
 }
@@ -637,7 +642,7 @@ int run(const Setup& setup, dist::Communicator& comm) {
                  comm_ms_per_step, 1000.0 * ledger.seconds[int(dist::Collective::reduce_scatter)] / steps_d,
                  1000.0 * ledger.seconds[int(dist::Collective::all_reduce)] / steps_d,
                  1000.0 * ledger.seconds[int(dist::Collective::all_gather)] / steps_d, comm_cpu_ms_per_step);
-    fmt::print("memory per rank: model states {}, buckets {}{}, peak RSS {}\n", mib(mem.model_states()),
+    fmt::print("memory per rank: model states {}, buckets {}{}{}, peak RSS {}\n", mib(mem.model_states()),
                mib(mem.buckets),
                zo.stage == 3 ? fmt::format(", gathered parameters at most {} at once (bound {})", mib(mem.gathered),
                                            mib(opt.plan().memory().gathered))
