@@ -11,10 +11,12 @@
 # Model states per rank (the ZeRO paper's Table 1, K = 12 for Adam; in fp32 the same 16 bytes per
 # parameter: parameters 4, gradients 4, Adam moments 8): stage 0 16Ψ, stage 1 4Ψ + 4Ψ + 8Ψ/N,
 # stage 2 4Ψ + 12Ψ/N, stage 3 16Ψ/N, plus the gathered units at stage 3. Every rank first builds the
-# model in fp32 (4Ψ) and the optimizer copies it into a full flat buffer (4Ψ in fp32) before keeping
-# its partition, so no stage trains below about 8Ψ + 250 MiB (650 + 250 MiB for the default model).
+# model in fp32 (4Ψ); at stages 0-2 the optimizer copies it into a full flat buffer (4Ψ in fp32), so
+# they need about 8Ψ + 250 MiB (650 + 250 MiB for the default model); stage 3 takes its partition one
+# parameter at a time and needs the built model plus its states and the gathered units (bound them
+# with -- --stage3-max-live-parameters N).
 #
-#   bench/stage3_memory_limit.sh                         # 4 ranks, 85M GPT (12 layers, 768 channels), 1100 MiB
+#   bench/stage3_memory_limit.sh --limit-mib 900 -- --stage3-max-live-parameters 15000000
 #   bench/stage3_memory_limit.sh --limit-mib 1500 --stages "0 2 3" -- --dtype bf16
 #
 # Flags: --ranks N (4), --limit-mib M (1100, per rank), --stages "S ..." ("0 1 2 3"), --steps S (3),
