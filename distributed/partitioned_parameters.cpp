@@ -118,7 +118,7 @@ void PartitionedParameters::on_gradient(std::size_t u) {
 void PartitionedParameters::switch_to(std::size_t u) {
   const std::size_t previous = current_;
   current_ = u;
-  autograd::set_record_context(static_cast<std::uint32_t>(u + 1));
+  autograd::set_record_context(static_cast<std::uint32_t>(u + 1));  // context = unit index + 1 (0: none)
   if (!in_backward_ && previous != kNone) free_unit(previous);  // the forward is done with that layer
   gather_now(u);
   prefetch(u);

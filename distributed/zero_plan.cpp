@@ -109,8 +109,8 @@ double StepTraffic::total() const {
 // unit is all-gathered, and it is freed when the forward moves on to another unit (or, in backward,
 // when its gradients have been handed to the reducer). A unit is a module subtree, found from the
 // dotted parameter names: the owning module's path up to and including its first all-digit part
-// ("h.3" for every parameter of a transformer block in a ModuleList-style "h"), else the path's first
-// part ("wte", "ln_f"); parameters of the root module itself form the unit "". Consecutive parameters
+// ("blocks.3" for every parameter of a transformer block in a ModuleList-style "blocks"), else the
+// path's first part ("wte", "lnf"); parameters of the root module itself form the unit "". Consecutive parameters
 // with the same unit name form one unit. That is the granularity PyTorch FSDP users wrap with a
 // transformer-block policy; DeepSpeed gathers each leaf module. Because named_parameters() order is
 // also flat order, a unit is one contiguous range [begin, end) of the flat buffer, so gathering it is

@@ -164,15 +164,15 @@ struct StepTraffic {
 
 /// Stage 3: parameters gathered together, a contiguous range of the flat buffer (Note [Gather units]).
 struct GatherUnit {
-  std::string name;                 // the module path they share: "wte", "h.3", "ln_f" ("" = the root)
+  std::string name;                 // the module path they share: "wte", "blocks.3", "lnf" ("" = the root)
   std::int64_t begin = 0, end = 0;  // flat elements
   std::size_t first_param = 0, end_param = 0;  // layout parameters [first_param, end_param)
   std::int64_t size() const { return end - begin; }
 };
 
 /// The gather units of `layout`: consecutive parameters whose names share a unit name (the owning
-/// module's dotted path up to and including its first all-digit part, as "h.3" for
-/// "h.3.attn.c_attn.weight", else its first part, as "wte" for "wte.weight"; "" for parameters of the
+/// module's dotted path up to and including its first all-digit part, as "blocks.3" for
+/// "blocks.3.attn.qkv.weight", else its first part, as "wte" for "wte.weight"; "" for parameters of the
 /// root module). Note [Gather units] in zero_plan.cpp.
 std::vector<GatherUnit> make_gather_units(const FlatLayout& layout);
 
