@@ -12,7 +12,7 @@
 //   - an INVALID value (wrong JSON type, out of range, stage 3, fp16 and bf16 both on, inconsistent
 //     batch sizes, a missing or malformed file) throws zero::Error with one line naming the key (and
 //     the file), before training starts:
-//       invalid config key 'zero_optimization.stage' in ds.json: stage 3 is not supported (stages 0, 1, 2)
+//       invalid config key 'zero_optimization.stage' in ds.json: stage 4 is not supported (stages 0, 1, 2, 3)
 //   - a DeepSpeed key that changes nothing here (logging, offloading, stage-3 tuning; the list is in
 //     docs/config.md) adds one line to `warnings` for the caller to print (on rank 0 only).
 //
