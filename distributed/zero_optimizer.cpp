@@ -193,7 +193,7 @@ Tensor ZeroOptimizer::shard_of_rank0_weights(Device device) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const ParamRange& r = layout.params()[i];
     const std::int64_t lo = std::max(r.offset, begin), hi = std::min(r.end(), end);
-    if (r.numel == 0 || (world_ == 1 && lo >= hi)) continue;
+    if (r.numel == 0) continue;
     Tensor full = Tensor::empty(r.shape, dt, device);
     full.copy_(params_[i]);  // converts to the model dtype
     if (world_ > 1) comm_->broadcast(full.raw_data(), static_cast<std::size_t>(r.numel), dt, 0);
