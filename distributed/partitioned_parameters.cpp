@@ -91,7 +91,12 @@ PartitionedParameters::~PartitionedParameters() {
 
 void PartitionedParameters::on_use(std::size_t u) {
   if (held_) return;  // gather_all(): everything is gathered and stays so
-  if (autograd::grad_mode_enabled() && (recording_.empty() || recording_.back() != u)) recording_.push_back(u);
+  if (autograd::grad_mode_enabled() && (recording_.empty() || recording_.back() != u)) {
+    // Forwards with grad that no backward follows would grow the record without end: past 64 reads
+    // per unit it starts over (prefetch keeps the last complete order meanwhile).
+    if (recording_.size() >= 64 * units_.size()) recording_.clear();
+    recording_.push_back(u);
+  }
   if (u != current_)
     switch_to(u);
   else if (units_[u].state != State::gathered)
@@ -249,12 +254,13 @@ void PartitionedParameters::free_unit(std::size_t u) {
 
 void PartitionedParameters::make_room(std::int64_t elements, std::size_t keep) {
   const std::int64_t bound = plan_.options.stage3_max_live_parameters;
+  // Gathered units before in-flight ones, least recently used first.
+  auto order = [&](std::size_t w) { return std::make_pair(units_[w].state == State::in_flight, units_[w].last_use); };
   while (live_ + elements > bound) {
     std::size_t victim = kNone;
     for (std::size_t v = 0; v < units_.size(); ++v) {
       if (v == keep || units_[v].state == State::freed) continue;
-      auto rank_of = [&](std::size_t w) { return std::make_pair(units_[w].state == State::in_flight, units_[w].last_use); };
-      if (victim == kNone || rank_of(v) < rank_of(victim)) victim = v;
+      if (victim == kNone || order(v) < order(victim)) victim = v;
     }
     ZERO_CHECK(victim != kNone, "ZeRO stage 3: unit '{}' ({} elements) does not fit stage3_max_live_parameters = {}",
                plan_.units[keep].name, elements, bound);
