@@ -22,11 +22,18 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ModuleNotFoundError as e:  # one line naming the package and how to get it, as the programs fail
+    if e.name.split(".")[0] != "torch":
+        raise
+    sys.exit(f"error: bench/torch_gpt.py needs torch, which {sys.executable} cannot import: "
+             "apt-get install python3-torch, then run it with /usr/bin/python3")
 
 
 class CausalSelfAttention(nn.Module):

@@ -17,10 +17,16 @@ import socket
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch.nn.parallel import DistributedDataParallel
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from torch.nn.parallel import DistributedDataParallel
+except ModuleNotFoundError as e:  # one line naming the package and how to get it, as the programs fail
+    if e.name.split(".")[0] != "torch":
+        raise
+    sys.exit(f"error: bench/torch_gpt_dist.py needs torch, which {sys.executable} cannot import: "
+             "apt-get install python3-torch, then run it with /usr/bin/python3")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_gpt import GPT, add_recipe_args, evaluate, get_batch, load_text, lr_at, param_groups, write_metrics  # noqa: E402

@@ -13,7 +13,13 @@ Prints the largest absolute logit difference and exits non-zero if it exceeds --
 """
 import argparse, json, os, struct, subprocess, sys, tempfile
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as e:  # one line naming the package and how to get it, as the programs fail
+    if e.name.split(".")[0] != "torch":
+        raise
+    sys.exit(f"error: tools/compare_torch_logits.py needs torch, which {sys.executable} cannot import: "
+             "apt-get install python3-torch, then run it with /usr/bin/python3")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_gpt_reference import GPT  # noqa: E402

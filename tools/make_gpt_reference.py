@@ -27,7 +27,15 @@ unsetting OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE as for the benchmarks is not need
 The output is deterministic (fixed seed, one thread). CI never runs this script: the test only reads the
 committed tests/data/gpt_reference.json. Rerun it and commit the result only if the reference must change.
 """
-import copy, json, math, os, torch, torch.nn as nn, torch.nn.functional as F
+import copy, json, math, os, sys
+
+try:
+    import torch, torch.nn as nn, torch.nn.functional as F
+except ModuleNotFoundError as e:  # one line naming the package and how to get it, as the programs fail
+    if e.name.split(".")[0] != "torch":
+        raise
+    sys.exit(f"error: tools/make_gpt_reference.py needs torch, which {sys.executable} cannot import: "
+             "apt-get install python3-torch, then run it with /usr/bin/python3")
 
 V, L, H, C, T, B = 13, 2, 2, 12, 8, 2
 SEED = 1234

@@ -15,10 +15,16 @@ import json
 import os
 import sys
 
-import matplotlib
+try:
+    import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ModuleNotFoundError as e:  # one line naming the package and how to get it, as the programs fail
+    if e.name.split(".")[0] != "matplotlib":
+        raise
+    sys.exit(f"error: tools/plot_run.py needs matplotlib, which {sys.executable} cannot import: "
+             "apt-get install python3-matplotlib, then run it with /usr/bin/python3")
 
 
 def fail(message):
