@@ -20,6 +20,12 @@ void Storage::throw_freed() {
       "in a layer's forward, through nn::Module::compute; Note [Storage that is freed and refilled])");
 }
 
+void Storage::guarded_access() const {
+  // The guard may refill or wait for the contents: logically const for the reader.
+  if (guard_ != nullptr) guard_->before_access(const_cast<Storage&>(*this));
+  if (freed_) throw_freed();
+}
+
 void Storage::free_memory() {
   if (freed_) return;
   backend(device_).deallocate(data_);

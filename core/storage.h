@@ -26,9 +26,12 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  /// Throws zero::Error when the memory is freed (Note [Storage that is freed and refilled]).
+  /// The contents. A guarded storage (set_guard) first asks its guard, which makes them valid or throws
+  /// (Note [Guarded storage]); a freed one without a guard throws zero::Error (Note [Storage that is freed
+  /// and refilled]).
   void* data() const {
-    if (freed_) throw_freed();
+    if (guard_ != nullptr || freed_) [[unlikely]]
+      guarded_access();
     return data_;
   }
   std::size_t nbytes() const { return nbytes_; }
@@ -52,8 +55,30 @@ class Storage {
   void allocate_memory();
   bool freed() const { return freed_; }
 
+  // Note [Guarded storage]
+  // ZeRO stage 3 also has storages whose contents are on their way (an all-gather in flight writes
+  // them) or gone (freed between uses). A read through a Tensor must then wait for the gather, gather
+  // the values through the agreed schedule, or fail naming the parameter: never see garbage or last
+  // step's values. The owner of such a storage installs a guard while the contents are not valid;
+  // data() calls guard->before_access(*this) first, which either makes them valid (and removes
+  // itself) or throws. Reads of unguarded, valid storages cost one extra null check.
+  class Guard {
+   public:
+    virtual ~Guard() = default;
+    /// Makes `storage`'s contents valid (then calls storage.set_guard(nullptr)) or throws zero::Error.
+    virtual void before_access(Storage& storage) = 0;
+  };
+  /// Installs `guard` (nullptr: none). The guard must outlive its installation.
+  void set_guard(Guard* guard) { guard_ = guard; }
+  Guard* guard() const { return guard_; }
+  /// The contents without asking the guard: for the guard's owner, who knows their state (nullptr while
+  /// freed).
+  void* unguarded_data() const { return data_; }
+
  private:
+  void guarded_access() const;
   [[noreturn]] static void throw_freed();
+  Guard* guard_ = nullptr;
   bool freed_ = false;
   std::uint64_t version_ = 0;
   void* data_ = nullptr;

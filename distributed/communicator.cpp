@@ -1,5 +1,7 @@
 #include "distributed/communicator.h"
 
+#include <fmt/ranges.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
@@ -55,6 +57,130 @@ void Communicator::set_quantized_gradients(std::size_t block) {
 void Communicator::set_timeout(double seconds) {
   check_collective_timeout(seconds, "collective timeout");
   timeout_s_ = seconds;
+  for (const auto& weak : duplicates_)
+    if (auto d = weak.lock()) d->set_timeout(seconds);
+}
+
+void Communicator::set_step(std::int64_t step) {
+  step_ = step;
+  for (const auto& weak : duplicates_)
+    if (auto d = weak.lock()) d->set_step(step);
+}
+
+// ---- identities and channels ------------------------------------------------------------------------
+
+// Note [Collective identity]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every rank must issue the same collectives on a communicator in the same order; a program that breaks
+// the rule (ranks running different modules at ZeRO stage 3, a conditional all-reduce) would otherwise
+// exchange the wrong buffers when the counts happen to agree, or stop in a cryptic MPI error or a
+// timeout when they do not. So every collective carries its identity (CollectiveIdentity): its
+// sequence number on this communicator, kind, the purpose its caller gave (with_purpose: "gather of
+// blocks.2", "reduce-scatter of bucket 3"), counts, dtype, root, op and wire format. The backend
+// compares the ranks' identities before any data moves:
+//   - in-process: every rank reads every rank's post (Note [Arrive, read, leave]);
+//   - MPI: each collective starts with an MPI_Iallgather of a fixed 256-byte record (sequence,
+//     digest, description) on the collective's own MPI communicator, so every rank sees every
+//     identity; counted as control traffic in the ledger (Note [Identity records] in
+//     mpi_communicator.cpp);
+//   - NCCL: the same record is all-gathered on the host over the bootstrap MPI communicator when the
+//     collective is issued (Note [Identity on NCCL] in nccl_communicator.cpp).
+// On a mismatch every rank throws CollectiveMismatch naming the collective's number, the step, and
+// both sides ("rank 0 issued all_gather 'gather of blocks.2' (...) but rank 1 issued reduce_scatter
+// 'reduce-scatter of bucket 3' (...)"), and the communicator is broken: the ranks are out of step, so
+// every later collective fails at once. No data of a mismatched collective is exchanged.
+//
+// A second channel (duplicate()) has its own sequence: ZeRO stage 3 gathers parameters on one and
+// reduces gradients on the other, so each channel's order is agreed on its own terms even though the
+// two interleave differently on different ranks.
+
+std::string CollectiveIdentity::describe() const {
+  std::string counts_text;
+  if (counts.size() <= 8) {
+    counts_text = fmt::format("{}", fmt::join(counts, ","));
+  } else {
+    counts_text = fmt::format("{},{},...,{} ({} ranks)", counts[0], counts[1], counts.back(), counts.size());
+  }
+  std::string text = kind;
+  if (!purpose.empty()) text += fmt::format(" '{}'", purpose);
+  text += fmt::format(" (counts {}; {}", counts_text, dtype_name(dtype));
+  if (root >= 0) text += fmt::format("; root {}", root);
+  if (op != 0) text += "; max";
+  if (!wire.empty()) text += "; " + wire;
+  return text + ")";
+}
+
+std::uint64_t CollectiveIdentity::digest() const {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+  auto mix = [&h](const void* data, std::size_t n) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  };
+  auto mix_text = [&](const std::string& t) {
+    const std::size_t n = t.size();
+    mix(&n, sizeof n);
+    mix(t.data(), n);
+  };
+  mix_text(kind);
+  mix_text(purpose);
+  const std::size_t n = counts.size();
+  mix(&n, sizeof n);
+  mix(counts.data(), n * sizeof(std::size_t));
+  mix(&dtype, sizeof dtype);
+  mix(&root, sizeof root);
+  mix(&op, sizeof op);
+  mix_text(wire);
+  return h;
+}
+
+void Communicator::begin_issue(std::string kind, std::vector<std::size_t> counts, DType dtype, int root, int op,
+                               bool reduction) {
+  if (before_collective_ && !in_before_collective_) {
+    in_before_collective_ = true;
+    std::string purpose = std::move(next_purpose_);  // the hook may issue collectives of its own here
+    try {
+      before_collective_();
+    } catch (...) {
+      in_before_collective_ = false;
+      throw;
+    }
+    in_before_collective_ = false;
+    next_purpose_ = std::move(purpose);
+  }
+  issuing_.sequence = ++sequence_;
+  issuing_.kind = std::move(kind);
+  issuing_.purpose = std::move(next_purpose_);
+  next_purpose_.clear();
+  issuing_.counts = std::move(counts);
+  issuing_.dtype = dtype;
+  issuing_.root = root;
+  issuing_.op = op;
+  issuing_.wire.clear();
+  if (reduction && dtype != DType::f32 && reduce_in_fp32_) issuing_.wire = "fp32 wire";
+  else if (reduction && issuing_.kind != "reduce" && accumulates_in_fp32(dtype)) issuing_.wire = "fp32 accumulation";
+  if (reduction && issuing_.kind == "reduce_scatter" && quantized_block_ > 0)
+    issuing_.wire = fmt::format("int8 blocks of {}", quantized_block_);
+}
+
+std::shared_ptr<Communicator> Communicator::make_duplicate() {
+  throw Error(fmt::format("the {} communicator cannot make a second channel (duplicate())", backend_name()));
+}
+
+std::shared_ptr<Communicator> Communicator::duplicate() {
+  begin_issue("duplicate", {}, DType::f32, -1, 0, false);
+  std::shared_ptr<Communicator> d = make_duplicate();
+  d->ledger_ = ledger_;  // its traffic is this communicator's traffic
+  d->set_timeout(timeout_s_);
+  d->set_step(step_);
+  std::erase_if(duplicates_, [](const std::weak_ptr<Communicator>& w) { return w.expired(); });
+  duplicates_.push_back(d);
+  return d;
+}
+
+void Communicator::collect_all_timers() const {
+  collect_timers(*ledger_);
+  for (const auto& weak : duplicates_)
+    if (auto d = weak.lock()) d->collect_all_timers();
 }
 
 // ---- Ledger ---------------------------------------------------------------------------------------
@@ -168,8 +294,9 @@ std::shared_ptr<Work> Communicator::all_reduce_async(void* buf, std::size_t coun
                                                      ReduceOp op) {
   check_dtype(dtype, "all_reduce");
   ZERO_CHECK(buf != nullptr || count == 0, "all_reduce: null buffer for {} elements", count);
+  begin_issue("all_reduce", {count}, dtype, -1, static_cast<int>(op), op == ReduceOp::sum);
   auto work = issue_all_reduce(buf, count, dtype, op);
-  ledger_.add(Collective::all_reduce, wire_bus_bytes(Collective::all_reduce, count, dtype));
+  ledger_->add(Collective::all_reduce, wire_bus_bytes(Collective::all_reduce, count, dtype));
   return work;
 }
 
@@ -182,9 +309,10 @@ std::shared_ptr<Work> Communicator::reduce_scatter_async(const void* send, void*
   ZERO_CHECK(send != nullptr || total == 0, "reduce_scatter: null send buffer for {} elements", total);
   ZERO_CHECK(recv != nullptr || counts[rank()] == 0, "reduce_scatter: null recv buffer for {} elements",
              counts[rank()]);
+  begin_issue("reduce_scatter", {counts.begin(), counts.end()}, dtype, -1, 0, true);
   auto work = issue_reduce_scatter(send, recv, counts, dtype);
   // Note [int8 quantized reduce-scatter] (quantize.cpp): the int8 values and the fp32 scales.
-  ledger_.add(Collective::reduce_scatter,
+  ledger_->add(Collective::reduce_scatter,
               quantized_block_ > 0
                   ? Ledger::bus_bytes(Collective::reduce_scatter, quantized_bytes(counts, quantized_block_), world_size())
                   : wire_bus_bytes(Collective::reduce_scatter, total, dtype));
@@ -200,8 +328,9 @@ std::shared_ptr<Work> Communicator::all_gather_async(const void* send, void* rec
   ZERO_CHECK(send != nullptr || counts[rank()] == 0, "all_gather: null send buffer for {} elements",
              counts[rank()]);
   ZERO_CHECK(recv != nullptr || total == 0, "all_gather: null recv buffer for {} elements", total);
+  begin_issue("all_gather", {counts.begin(), counts.end()}, dtype, -1, 0, false);
   auto work = issue_all_gather(send, recv, counts, dtype);
-  ledger_.add(Collective::all_gather, wire_bus_bytes(Collective::all_gather, total, dtype));
+  ledger_->add(Collective::all_gather, wire_bus_bytes(Collective::all_gather, total, dtype));
   return work;
 }
 
@@ -223,8 +352,9 @@ void Communicator::reduce(void* buf, std::size_t count, DType dtype, int root) {
   check_dtype(dtype, "reduce");
   check_root(root, "reduce");
   ZERO_CHECK(buf != nullptr || count == 0, "reduce: null buffer for {} elements", count);
+  begin_issue("reduce", {count}, dtype, root, 0, true);
   auto work = issue_reduce(buf, count, dtype, root);
-  ledger_.add(Collective::reduce, wire_bus_bytes(Collective::reduce, count, dtype));
+  ledger_->add(Collective::reduce, wire_bus_bytes(Collective::reduce, count, dtype));
   work->wait();
 }
 
@@ -232,28 +362,35 @@ void Communicator::broadcast(void* buf, std::size_t count, DType dtype, int root
   check_dtype(dtype, "broadcast");
   check_root(root, "broadcast");
   ZERO_CHECK(buf != nullptr || count == 0, "broadcast: null buffer for {} elements", count);
+  begin_issue("broadcast", {count}, dtype, root, 0, false);
   auto work = issue_broadcast(buf, count, dtype, root);
-  ledger_.add(Collective::broadcast, wire_bus_bytes(Collective::broadcast, count, dtype));
+  ledger_->add(Collective::broadcast, wire_bus_bytes(Collective::broadcast, count, dtype));
   work->wait();
 }
 
-void Communicator::barrier() { issue_barrier()->wait(); }
+void Communicator::barrier() {
+  begin_issue("barrier", {}, DType::f32, -1, 0, false);
+  issue_barrier()->wait();
+}
 
 double Communicator::all_reduce_sum(double value) {
+  begin_issue("control all_reduce", {1}, DType::f32, -1, 0, false);
   const double result = control_all_reduce(value, ReduceOp::sum);
-  ledger_.record_control(sizeof(double), world_size());
+  ledger_->record_control(sizeof(double), world_size());
   return result;
 }
 
 void Communicator::all_reduce_sum(std::span<double> values) {
   if (values.empty()) return;
+  begin_issue("control all_reduce", {values.size()}, DType::f32, -1, 0, false);
   control_all_reduce_values(values, ReduceOp::sum);
-  ledger_.record_control(static_cast<double>(values.size() * sizeof(double)), world_size());
+  ledger_->record_control(static_cast<double>(values.size() * sizeof(double)), world_size());
 }
 
 double Communicator::all_reduce_max(double value) {
+  begin_issue("control all_reduce", {1}, DType::f32, -1, 1, false);
   const double result = control_all_reduce(value, ReduceOp::max);
-  ledger_.record_control(sizeof(double), world_size());
+  ledger_->record_control(sizeof(double), world_size());
   return result;
 }
 

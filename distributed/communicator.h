@@ -16,9 +16,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/check.h"
 #include "core/dtype.h"
@@ -54,6 +57,14 @@ class PeerGone : public Error {
  private:
   int rank_;
   bool departed_;
+};
+
+/// Ranks issued different collectives at the same position of one communicator's sequence (Note
+/// [Collective identity] in communicator.cpp). what(): "collective #41 at step 3: rank 0 issued all_gather
+/// 'gather of blocks.2' (...) but rank 1 issued reduce_scatter 'reduce-scatter of bucket 3' (...)".
+class CollectiveMismatch : public Error {
+ public:
+  using Error::Error;
 };
 
 /// The collective timeout a new communicator starts with, in seconds: $ZERO_COLLECTIVE_TIMEOUT_S if
@@ -115,6 +126,24 @@ struct Ledger {
   nlohmann::json to_json() const;
 };
 
+/// Who a collective is: what the k-th collective every rank issues on one communicator must agree on
+/// (Note [Collective identity] in communicator.cpp).
+struct CollectiveIdentity {
+  std::int64_t sequence = 0;         // 1, 2, ...: this communicator's collectives so far, control ones included
+  std::string kind;                  // "all_gather", "control all_reduce", "barrier", ...
+  std::string purpose;               // what the caller said it is (Communicator::with_purpose); may be empty
+  std::vector<std::size_t> counts;   // elements: per rank (reduce_scatter, all_gather), else {count}
+  DType dtype = DType::f32;
+  int root = -1;                     // reduce, broadcast; -1 otherwise
+  int op = 0;                        // ReduceOp of the reductions, 0 otherwise
+  std::string wire;                  // how a reduction travels: "", "fp32 wire", "fp32 accumulation", "int8/256"
+
+  /// "all_gather 'gather of blocks.2' (counts 4,4,4; bf16)", at most a few hundred characters.
+  std::string describe() const;
+  /// FNV-1a over every field but `sequence`: equal identities give equal digests.
+  std::uint64_t digest() const;
+};
+
 /// Handle to a collective issued asynchronously.
 class Work {
  public:
@@ -140,6 +169,33 @@ class Communicator {
   virtual int world_size() const = 0;
   /// "mpi", "nccl": for logs.
   virtual std::string_view backend_name() const = 0;
+
+  // ---- channels and identities (Note [Collective identity] in communicator.cpp) ---------------------
+
+  /// A new communicator over the same ranks whose collectives are ordered on their own (its own queue,
+  /// thread and sequence numbers), so that a rank waiting on one of them never holds up the other's
+  /// collectives (ZeRO stage 3 gathers on one, reduces on the other: Note [One schedule] in
+  /// partitioned_parameters.cpp). Its traffic is counted in this communicator's ledger(), and it follows
+  /// this communicator's set_step and set_timeout. Collective: every rank calls it at the same point of
+  /// this communicator's sequence. Throws zero::Error where the backend cannot make one.
+  std::shared_ptr<Communicator> duplicate();
+
+  /// Names the next collective this rank issues here ("gather of blocks.2"): ranks compare it, with the
+  /// kind, counts, dtype, root and sequence number, before any data moves, and a mismatch fails every
+  /// rank with CollectiveMismatch naming both sides. Applies to one collective; returns *this, so
+  /// `comm.with_purpose("...").all_gather_async(...)` reads as one call.
+  Communicator& with_purpose(std::string purpose) {
+    next_purpose_ = std::move(purpose);
+    return *this;
+  }
+  /// Collectives issued here so far (the sequence number of the last one).
+  std::int64_t collectives_issued() const { return sequence_; }
+
+  /// `hook` runs on the issuing thread before each collective issued here from then on (null: none),
+  /// for a part whose own channel must reach an agreed point first: ZeRO stage 3 ends a forward's
+  /// gathers before the program's next collective (Note [One schedule] in partitioned_parameters.cpp).
+  /// Not run for collectives the hook itself issues here.
+  void set_before_collective(std::function<void()> hook) { before_collective_ = std::move(hook); }
 
   // ---- blocking collectives -------------------------------------------------------------------
 
@@ -186,12 +242,12 @@ class Communicator {
 
   /// The traffic counters (and the backend's timers, collected on each call).
   Ledger& ledger() {
-    collect_timers(ledger_);
-    return ledger_;
+    collect_all_timers();
+    return *ledger_;
   }
   const Ledger& ledger() const {
-    collect_timers(ledger_);
-    return ledger_;
+    collect_all_timers();
+    return *ledger_;
   }
 
   // ---- wire dtype (DeepSpeed's communication_data_type) ------------------------------------------------
@@ -237,10 +293,17 @@ class Communicator {
   virtual void set_timeout(double seconds);
   double timeout() const { return timeout_s_; }
   /// The optimizer step in progress (1-based; 0 = before the first), named in timeout messages.
-  virtual void set_step(std::int64_t step) { step_ = step; }
+  virtual void set_step(std::int64_t step);
   std::int64_t step() const { return step_; }
 
  protected:
+  /// The backend's part of duplicate(): a new communicator of the same kind over the same ranks.
+  /// Collective. The default throws zero::Error (the backend has no second channel).
+  virtual std::shared_ptr<Communicator> make_duplicate();
+  /// The identity of the collective being issued: valid inside the issue_* and control hooks, which
+  /// must make the ranks compare it before moving data (Note [Collective identity]).
+  const CollectiveIdentity& issuing() const { return issuing_; }
+
   // Backend hooks, called after the arguments are validated (dtype is f32/f16/bf16, counts.size() ==
   // world_size(), root in range, non-null buffers where count > 0). They must start the collective in
   // issue order and may return before it finishes. A hook that keeps `counts` must copy it.
@@ -272,11 +335,21 @@ class Communicator {
   virtual void collect_timers(Ledger& ledger) const { (void)ledger; }
 
  private:
+  // Fills issuing_ for the collective about to be issued (the next sequence number, the purpose given).
+  void begin_issue(std::string kind, std::vector<std::size_t> counts, DType dtype, int root, int op, bool reduction);
   void check_dtype(DType dtype, const char* what) const;
   void check_counts(std::span<const std::size_t> counts, const char* what) const;
+  void collect_all_timers() const;
   void check_root(int root, const char* what) const;
 
-  mutable Ledger ledger_;
+  // The ledger, shared with every duplicate (theirs add into it); duplicates' timers are collected too.
+  std::shared_ptr<Ledger> ledger_ = std::make_shared<Ledger>();
+  std::vector<std::weak_ptr<Communicator>> duplicates_;
+  std::int64_t sequence_ = 0;
+  std::string next_purpose_;
+  CollectiveIdentity issuing_;
+  std::function<void()> before_collective_;
+  bool in_before_collective_ = false;
   bool reduce_in_fp32_ = false;
   bool fp32_accumulation_ = false;
   std::size_t quantized_block_ = 0;

@@ -203,6 +203,7 @@ void GradientReducer::zero_grad() {
 
 void GradientReducer::begin_backward(bool reduce) {
   reducing_ = reduce;
+  never_wait_ = plan_.options.stage == 3;
   std::fill(delivered_.begin(), delivered_.end(), 0);
   for (Tensor& g : kept_) g = Tensor();
   for (std::size_t k = 0; k < plan_.buckets.size(); ++k) pending_[k] = static_cast<int>(plan_.buckets[k].params.size());
@@ -213,6 +214,7 @@ void GradientReducer::begin_backward(bool reduce) {
 
 void GradientReducer::end_backward() {
   in_backward_ = false;
+  never_wait_ = false;  // the gathers are settled: the remaining buckets may wait for buffers
   if (reducing_) {
     // Note [Bucket order]: every bucket not yet issued goes out now, in order.
     while (next_bucket_ < static_cast<int>(plan_.buckets.size())) issue_bucket(next_bucket_++);
@@ -295,9 +297,21 @@ void GradientReducer::on_gradient(std::size_t i, Tensor& param) {
 }
 
 void GradientReducer::issue_ready_buckets() {
-  // Note [Bucket order]: strictly in bucket order, each once all its parameters have delivered.
-  while (next_bucket_ < static_cast<int>(plan_.buckets.size()) && pending_[static_cast<std::size_t>(next_bucket_)] == 0)
+  // Note [Bucket order]: strictly in bucket order, each once all its parameters have delivered. At
+  // stage 3 a bucket waits (its gradients kept) rather than the training thread waiting for a buffer.
+  while (next_bucket_ < static_cast<int>(plan_.buckets.size()) && pending_[static_cast<std::size_t>(next_bucket_)] == 0) {
+    if (never_wait_ && !has_free_buffer()) return;
     issue_bucket(next_bucket_++);
+  }
+}
+
+void GradientReducer::progress() {
+  if (in_backward_ && reducing_) issue_ready_buckets();
+}
+
+bool GradientReducer::has_free_buffer() {
+  deliver_finished();
+  return !free_buffers_.empty();
 }
 
 // ---- issue and deliver -------------------------------------------------------------------------------
@@ -315,7 +329,7 @@ void GradientReducer::issue_bucket(int k) {
   if (trace::active())
     trace::instant("bucket issued", "bucket", trace::kComputeThread,
                    {{"bucket", k}, {"elements", n}, {"bytes", n * dtype_size(dt)}});
-  const bool async = plan_.options.overlap_comm;
+  const bool async = plan_.options.overlap_comm || never_wait_;
   std::shared_ptr<Work> work;
   try {
     if (plan_.options.stage == 0 || !plan_.options.reduce_scatter) {

@@ -49,6 +49,9 @@ class GradientReducer {
   /// Before autograd runs one micro-step's backward. `reduce`: this backward ends with the reduction
   /// (stage 2: every micro-step; stages 0/1: the one that ends the accumulation).
   void begin_backward(bool reduce);
+  /// During the backward (stage 3, before each autograd node): issues the buckets that are ready and
+  /// find a free pool buffer. Never waits.
+  void progress();
   /// After autograd returned: issues every bucket not yet issued (in order; parameters that delivered
   /// nothing contribute zeros) and waits for every reduction. Rethrows the first failure, once every
   /// collective has finished.
@@ -83,6 +86,7 @@ class GradientReducer {
   void issue_bucket(int k);
   Tensor fill_pool_buffer(int k, int buffer);  // the bucket's b.size() elements of pool buffer `buffer`
   int take_free_buffer();
+  bool has_free_buffer();  // after delivering what has finished; never waits
   void deliver(const InFlight& f);
   void wait_for(const InFlight& f);
   void wait_for_oldest();
@@ -103,6 +107,7 @@ class GradientReducer {
   // One backward (Note [Bucket order]).
   bool in_backward_ = false;
   bool reducing_ = false;
+  bool never_wait_ = false;          // stage 3 until end_backward: never wait on a reduction (Note [Bucket order])
   std::vector<char> delivered_;      // per parameter: its hook fired in this backward
   std::vector<char> used_;           // per parameter: delivered in some backward since zero_grad()
   std::vector<int> pending_;         // per bucket: overlapping parameters not yet delivered

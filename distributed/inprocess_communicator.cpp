@@ -36,6 +36,7 @@ struct Posted {
   bool accumulate = false;   // 16-bit all-to-all summed in fp32 (accumulates_in_fp32() when issued)
   std::size_t quantize_block = 0;  // reduce_scatter: int8 blocks of this size (quantized_gradients() when issued)
   double* values = nullptr;  // control: counts[0] doubles, summed / maxed in place
+  CollectiveIdentity identity;  // Note [Collective identity] in communicator.cpp
 };
 
 // Where a rank stands in the job (the in-process twin of the notices of Note [No hang] in
@@ -63,6 +64,9 @@ class InProcessWorld {
   std::vector<std::int64_t> arrived;
   std::vector<std::int64_t> finished;
   std::vector<Presence> presence;
+  // Second channels (Communicator::duplicate): rank r's k-th duplicate joins children[k], which the
+  // first rank to ask creates.
+  std::vector<std::shared_ptr<InProcessWorld>> children;
 };
 
 // Scratch for reduce_slice, sized before a rank posts its collective (Note [Arrive, read, leave]).
@@ -108,17 +112,12 @@ const char* kind_name(Kind kind) {
   return "?";
 }
 
-// Every rank must issue the same collective with the same arguments (but its own buffers).
+// Every rank must issue the same collective with the same arguments (but its own buffers) and the same
+// identity (Note [Collective identity] in communicator.cpp).
 bool same_collective(const Posted& a, const Posted& b) {
   return a.kind == b.kind && a.counts == b.counts && a.dtype == b.dtype && a.op == b.op && a.root == b.root &&
-         a.fp32 == b.fp32 && a.accumulate == b.accumulate && a.quantize_block == b.quantize_block;
-}
-
-std::string describe(const Posted& p) {
-  return fmt::format("{} (counts {}, {}, {}, root {}{}{}{})", kind_name(p.kind), fmt::join(p.counts, ","),
-                     dtype_name(p.dtype), p.op == ReduceOp::sum ? "sum" : "max", p.root, p.fp32 ? ", fp32 wire" : "",
-                     p.accumulate ? ", fp32 accumulation" : "",
-                     p.quantize_block > 0 ? fmt::format(", int8 blocks of {}", p.quantize_block) : "");
+         a.fp32 == b.fp32 && a.accumulate == b.accumulate && a.quantize_block == b.quantize_block &&
+         a.identity.digest() == b.identity.digest();
 }
 
 // The Ledger::seconds slot of a data collective; -1 for barriers and control scalars (not timed).
@@ -276,6 +275,8 @@ void InProcessCommunicator::leave() {
 }
 
 void InProcessCommunicator::fail() {
+  for (const auto& weak : children_)
+    if (auto child = weak.lock()) child->fail();
   abandon_ = true;
   {
     std::lock_guard lock(world_->mutex);
@@ -416,11 +417,14 @@ void InProcessCommunicator::arrive(const Task& task) {
 // Part of "read": every rank compares every post, so all of them find a mismatch, and each still
 // finishes the collective (wait_until_everyone_has_read) before its post may go away.
 void InProcessCommunicator::check_same_collective(const Task& task) {
-  for (int q = 0; q < world_size_; ++q) {
-    if (same_collective(*peers_[q], *task.posted)) continue;
-    const Error mismatch(fmt::format("collective #{} at step {}: rank {} issued {} but rank {} issued {} (every rank "
-                                     "must issue the same collectives in the same order)",
-                                     sequence_, task.step, rank_, describe(*task.posted), q, describe(*peers_[q])));
+  // Ranks differ iff some rank's post differs from rank 0's; naming the first such pair, every rank
+  // words the same line.
+  for (int q = 1; q < world_size_; ++q) {
+    if (same_collective(*peers_[0], *peers_[q])) continue;
+    const CollectiveMismatch mismatch(
+        fmt::format("collective #{} at step {}: rank 0 issued {} but rank {} issued {} (every rank must issue the same "
+                    "collectives in the same order)",
+                    sequence_, task.step, peers_[0]->identity.describe(), q, peers_[q]->identity.describe()));
     broken_ = std::make_exception_ptr(mismatch);  // the ranks are out of step from here on
     std::lock_guard lock(world_->mutex);
     if (world_->presence[rank_] == Presence::here) world_->presence[rank_] = Presence::failed;
@@ -516,8 +520,10 @@ void InProcessCommunicator::collective(const Task& task) {
 // ---- hooks: describe the collective, queue it ---------------------------------------------------------
 
 namespace {
-std::shared_ptr<Posted> posted(Kind kind, const void* send, void* recv, std::vector<std::size_t> counts, DType dtype) {
+std::shared_ptr<Posted> posted(Kind kind, const void* send, void* recv, std::vector<std::size_t> counts, DType dtype,
+                               const CollectiveIdentity& identity) {
   auto p = std::make_shared<Posted>();
+  p->identity = identity;
   p->kind = kind;
   p->send = send;
   p->recv = recv;
@@ -528,7 +534,7 @@ std::shared_ptr<Posted> posted(Kind kind, const void* send, void* recv, std::vec
 }  // namespace
 
 std::shared_ptr<Work> InProcessCommunicator::issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) {
-  auto p = posted(Kind::all_reduce, buf, buf, {count}, dtype);
+  auto p = posted(Kind::all_reduce, buf, buf, {count}, dtype, issuing());
   p->op = op;
   p->fp32 = reduce_in_fp32();  // read at issue (Note [Wire dtype])
   p->accumulate = op == ReduceOp::sum && accumulates_in_fp32(dtype);
@@ -537,7 +543,7 @@ std::shared_ptr<Work> InProcessCommunicator::issue_all_reduce(void* buf, std::si
 
 std::shared_ptr<Work> InProcessCommunicator::issue_reduce_scatter(const void* send, void* recv,
                                                                   std::span<const std::size_t> counts, DType dtype) {
-  auto p = posted(Kind::reduce_scatter, send, recv, {counts.begin(), counts.end()}, dtype);
+  auto p = posted(Kind::reduce_scatter, send, recv, {counts.begin(), counts.end()}, dtype, issuing());
   p->fp32 = reduce_in_fp32();
   p->accumulate = accumulates_in_fp32(dtype);
   p->quantize_block = quantized_gradients();
@@ -546,24 +552,24 @@ std::shared_ptr<Work> InProcessCommunicator::issue_reduce_scatter(const void* se
 
 std::shared_ptr<Work> InProcessCommunicator::issue_all_gather(const void* send, void* recv,
                                                               std::span<const std::size_t> counts, DType dtype) {
-  return enqueue(posted(Kind::all_gather, send, recv, {counts.begin(), counts.end()}, dtype));
+  return enqueue(posted(Kind::all_gather, send, recv, {counts.begin(), counts.end()}, dtype, issuing()));
 }
 
 std::shared_ptr<Work> InProcessCommunicator::issue_reduce(void* buf, std::size_t count, DType dtype, int root) {
-  auto p = posted(Kind::reduce, buf, buf, {count}, dtype);
+  auto p = posted(Kind::reduce, buf, buf, {count}, dtype, issuing());
   p->root = root;
   p->fp32 = reduce_in_fp32();
   return enqueue(std::move(p));
 }
 
 std::shared_ptr<Work> InProcessCommunicator::issue_broadcast(void* buf, std::size_t count, DType dtype, int root) {
-  auto p = posted(Kind::broadcast, buf, buf, {count}, dtype);
+  auto p = posted(Kind::broadcast, buf, buf, {count}, dtype, issuing());
   p->root = root;
   return enqueue(std::move(p));
 }
 
 std::shared_ptr<Work> InProcessCommunicator::issue_barrier() {
-  return enqueue(posted(Kind::barrier, nullptr, nullptr, {}, DType::f32));
+  return enqueue(posted(Kind::barrier, nullptr, nullptr, {}, DType::f32, issuing()));
 }
 
 double InProcessCommunicator::control_all_reduce(double value, ReduceOp op) {
@@ -572,7 +578,7 @@ double InProcessCommunicator::control_all_reduce(double value, ReduceOp op) {
 }
 
 void InProcessCommunicator::control_all_reduce_values(std::span<double> values, ReduceOp op) {
-  auto p = posted(Kind::control, nullptr, nullptr, {values.size()}, DType::f32);
+  auto p = posted(Kind::control, nullptr, nullptr, {values.size()}, DType::f32, issuing());
   p->op = op;
   p->values = values.data();
   enqueue(std::move(p))->wait();
@@ -593,6 +599,19 @@ void InProcessCommunicator::collect_timers(Ledger& ledger) const {
 }
 
 // ---- worlds ----------------------------------------------------------------------------------------------
+
+std::shared_ptr<Communicator> InProcessCommunicator::make_duplicate() {
+  std::shared_ptr<detail::InProcessWorld> child;
+  {
+    std::lock_guard lock(world_->mutex);
+    const std::size_t k = static_cast<std::size_t>(duplicates_made_++);
+    if (world_->children.size() <= k) world_->children.push_back(std::make_shared<detail::InProcessWorld>(world_size_));
+    child = world_->children[k];
+  }
+  auto d = std::make_shared<InProcessCommunicator>(child, rank_);
+  children_.push_back(d);
+  return d;
+}
 
 std::vector<std::shared_ptr<Communicator>> make_inprocess_world(int world_size) {
   ZERO_CHECK(world_size >= 1, "in-process world: world size must be >= 1, got {}", world_size);

@@ -71,6 +71,8 @@ class InProcessCommunicator final : public Communicator {
   void fail();
 
  protected:
+  /// A communicator of a new world over the same threads (the k-th duplicate of every rank shares one).
+  std::shared_ptr<Communicator> make_duplicate() override;
   std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
   std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
                                              DType dtype) override;
@@ -124,6 +126,8 @@ class InProcessCommunicator final : public Communicator {
   // with it at once: the ranks are no longer in step).
   std::exception_ptr broken_;
   std::atomic<bool> abandon_{false};
+  int duplicates_made_ = 0;  // guarded by the world's mutex
+  std::vector<std::weak_ptr<InProcessCommunicator>> children_;  // fail() fails them too
   // Nanoseconds (wall, thread CPU) the communication thread spent per collective, not yet in a ledger.
   mutable std::atomic<std::int64_t> busy_ns_[kNumCollectives] = {};
   mutable std::atomic<std::int64_t> cpu_ns_{0};

@@ -150,7 +150,9 @@ std::shared_ptr<Communicator> mpi_world() {
     ZERO_MPI_CHECK(MPI_Initialized(&initialised));
     if (!initialised) {
       int provided = MPI_THREAD_SINGLE;
-      ZERO_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided));
+      // MULTIPLE where the library has it: a second channel (Communicator::duplicate, ZeRO stage 3)
+      // runs a second communication thread; one channel needs only SERIALIZED.
+      ZERO_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
       state.initialised_by_us = true;
     }
     control_channel::open();

@@ -21,7 +21,8 @@
 namespace zero::dist {
 
 /// The communicator over MPI_COMM_WORLD (an MpiCommunicator), created on first use. Initialises MPI
-/// (MPI_Init_thread, MPI_THREAD_SERIALIZED) unless it already is; a program started without mpirun
+/// (MPI_Init_thread, asking for MPI_THREAD_MULTIPLE, which a second channel needs: Communicator::duplicate)
+/// unless it already is; a program started without mpirun
 /// gets world_size 1. It also opens the control channel and, with several ranks, installs handlers for
 /// SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT that print "error: rank R: crashed (signal N)" before
 /// the default action (Open MPI then ends the job).

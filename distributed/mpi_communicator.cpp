@@ -96,7 +96,15 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
              provided, int(MPI_THREAD_SERIALIZED));
   // A private duplicate keeps our traffic apart from anyone else's messages on `comm`, and lets us
   // turn MPI errors into exceptions without changing the caller's error handler.
-  ZERO_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  MPI_Comm dup = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(MPI_Comm_dup(comm, &dup));
+  start(dup);
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, Adopt) { start(comm); }
+
+void MpiCommunicator::start(MPI_Comm comm) {
+  comm_ = comm;
   ZERO_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   ZERO_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   ZERO_MPI_CHECK(MPI_Comm_size(comm_, &world_size_));
@@ -111,7 +119,30 @@ MpiCommunicator::~MpiCommunicator() {
   }
 }
 
+std::shared_ptr<Communicator> MpiCommunicator::make_duplicate() {
+  int provided = MPI_THREAD_SINGLE;
+  ZERO_MPI_CHECK(MPI_Query_thread(&provided));
+  ZERO_CHECK(provided >= MPI_THREAD_MULTIPLE || world_size_ == 1,
+             "MpiCommunicator: a second channel runs a second communication thread, which needs MPI initialised "
+             "with MPI_THREAD_MULTIPLE (this MPI gives thread level {})",
+             provided);
+  MPI_Comm dup = MPI_COMM_NULL;
+  enqueue("duplicate", [&dup, this] { ZERO_MPI_CHECK(MPI_Comm_dup(comm_, &dup)); })->wait();
+  std::shared_ptr<MpiCommunicator> d(new MpiCommunicator(dup, Adopt{}));
+  std::erase_if(children_, [](const std::weak_ptr<MpiCommunicator>& w) { return w.expired(); });
+  children_.push_back(d);
+  return d;
+}
+
+void MpiCommunicator::abandon() {
+  abandon_ = true;
+  for (const auto& weak : children_)
+    if (auto child = weak.lock()) child->abandon();
+}
+
 void MpiCommunicator::shutdown() {
+  for (const auto& weak : children_)  // their threads use MPI too: joined before this one's communicator goes
+    if (auto child = weak.lock()) child->shutdown();
   {
     std::lock_guard lock(mutex_);
     if (stopping_) return;
@@ -146,7 +177,7 @@ std::shared_ptr<Work> MpiCommunicator::enqueue(const char* name, std::function<v
   {
     std::lock_guard lock(mutex_);
     ZERO_CHECK(!stopping_, "MpiCommunicator: used after shutdown()");
-    queue_.push_back(Task{std::move(task), work, name, step(), timeout(), bytes});
+    queue_.push_back(Task{std::move(task), work, name, step(), timeout(), bytes, issuing()});
   }
   wake_.notify_one();
   return work;
@@ -169,7 +200,7 @@ void MpiCommunicator::run_queue() {
     if (!broken_ && abandon_) broken_ = std::make_exception_ptr(PeerGone("this rank is leaving the job", rank_, false));
     std::exception_ptr error = broken_;
     if (!error) {
-      current_ = Task{nullptr, nullptr, task.name, task.step, task.timeout_s, task.bytes};
+      current_ = Task{nullptr, nullptr, task.name, task.step, task.timeout_s, task.bytes, {}};
       trace::Span span(task.name, "comm", trace::kCommThread);
       span.arg("bytes", task.bytes);
       const auto started = std::chrono::steady_clock::now();
@@ -179,8 +210,11 @@ void MpiCommunicator::run_queue() {
       for (int c = 0; c < kNumCollectives; ++c)
         if (collective_name(static_cast<Collective>(c)) == task.name) timed = c;
       try {
+        check_identity(task.identity);
         task.fn();
       } catch (const CollectiveTimeout&) {
+        error = broken_ = std::current_exception();
+      } catch (const CollectiveMismatch&) {
         error = broken_ = std::current_exception();
       } catch (const PeerGone&) {
         error = broken_ = std::current_exception();
@@ -195,6 +229,48 @@ void MpiCommunicator::run_queue() {
       }
     }
     task.work->finish(error);
+  }
+}
+
+// Note [Identity records]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Before a collective moves any data its ranks compare identities (Note [Collective identity] in
+// communicator.cpp): each rank contributes a fixed record of 256 bytes (the sequence number, a digest of
+// the identity, and its description for the message) to one MPI_Iallgather on the collective's own MPI
+// communicator. Every task starts with it, the control all-reduces and barriers included, so whatever two
+// ranks issued at the same position, the first MPI call of that position is the same on both and the
+// difference is seen before anything else is exchanged. Every rank sees every record, so every rank
+// throws the same CollectiveMismatch line, naming rank 0 and the first rank that differs from it. Cost:
+// one small collective per collective (bench/bench_collectives: "identity check"); not in the ledger's
+// five counters nor in control_bytes, as it moves no data of the program's.
+namespace {
+struct IdentityRecord {
+  std::int64_t sequence = 0;
+  std::uint64_t digest = 0;
+  char text[240] = {};
+};
+static_assert(sizeof(IdentityRecord) == 256);
+}  // namespace
+
+void MpiCommunicator::check_identity(const CollectiveIdentity& identity) {
+  if (world_size_ == 1) return;
+  IdentityRecord mine;
+  mine.sequence = identity.sequence;
+  mine.digest = identity.digest();
+  const std::string text = identity.describe();
+  std::memcpy(mine.text, text.data(), std::min(text.size(), sizeof(mine.text) - 1));
+  std::vector<IdentityRecord> all(static_cast<std::size_t>(world_size_));
+  MPI_Request request;
+  ZERO_MPI_CHECK(MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm_, &request));
+  wait_all(1, &request);
+  for (int q = 1; q < world_size_; ++q) {
+    const IdentityRecord& a = all[0];
+    const IdentityRecord& b = all[static_cast<std::size_t>(q)];
+    if (a.sequence == b.sequence && a.digest == b.digest) continue;
+    throw CollectiveMismatch(fmt::format(
+        "collective #{} at step {}: rank 0 issued {} but rank {} issued {} (every rank must issue the same collectives "
+        "in the same order)",
+        std::max(a.sequence, b.sequence), current_.step, a.text, q, b.text));
   }
 }
 

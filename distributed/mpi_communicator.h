@@ -74,7 +74,7 @@ class MpiCommunicator final : public Communicator {
   /// Makes the collective in progress and everything queued fail at once (PeerGone) instead of
   /// waiting for peers: for a rank that is leaving the job after an error (fail_job, job_runtime.h).
   /// Thread-safe.
-  void abandon() { abandon_ = true; }
+  void abandon();
 
   /// Size of the pipelining segments of the ring reduce-scatter, ring all-gather and chain broadcast,
   /// in bytes (default 4 MiB, the best measured on one node; rounded down to whole fp32 elements, at
@@ -84,6 +84,9 @@ class MpiCommunicator final : public Communicator {
   std::size_t segment_bytes() const { return segment_bytes_; }
 
  protected:
+  /// MPI_Comm_dup of this communicator's MPI communicator (run on the communication thread, in order)
+  /// and a communication thread of its own. Needs MPI_THREAD_MULTIPLE (throws zero::Error otherwise).
+  std::shared_ptr<Communicator> make_duplicate() override;
   std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype,
                                          ReduceOp op) override;
   std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv,
@@ -101,6 +104,12 @@ class MpiCommunicator final : public Communicator {
   void collect_timers(Ledger& ledger) const override;
 
  private:
+  struct Adopt {};
+  // Takes `comm` as it is (already duplicated): make_duplicate's.
+  MpiCommunicator(MPI_Comm comm, Adopt);
+  void start(MPI_Comm comm);
+  // Note [Identity records]: all-gathers this rank's record of `identity` and compares every rank's.
+  void check_identity(const CollectiveIdentity& identity);
   // Runs `task` on the communication thread after everything queued before it. With one rank there
   // is no traffic to order, so the task runs inline (a local copy costs no thread hand-off).
   // `name` labels the collective in timeout messages; the step and timeout in force are captured.
@@ -174,6 +183,7 @@ class MpiCommunicator final : public Communicator {
     std::int64_t step = 0;
     double timeout_s = 0;
     std::size_t bytes = 0;
+    CollectiveIdentity identity;  // compared across ranks before the task runs
   };
   std::deque<Task> queue_;
   bool stopping_ = false;  // set by shutdown(); the queue drains, then the thread ends
@@ -183,6 +193,7 @@ class MpiCommunicator final : public Communicator {
   Task current_;
   std::exception_ptr broken_;
   std::atomic<bool> abandon_{false};
+  std::vector<std::weak_ptr<MpiCommunicator>> children_;  // duplicates: shut down and abandoned with this one
   // Nanoseconds the communication thread spent per collective, not yet moved into a ledger.
   mutable std::atomic<std::int64_t> busy_ns_[kNumCollectives] = {};
   mutable std::atomic<std::int64_t> cpu_ns_{0};  // the same collectives' thread CPU time

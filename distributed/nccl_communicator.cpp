@@ -238,6 +238,12 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> bootstrap, Nccl
   ZERO_NCCL_CHECK(ncclCommInitRank(&handle_->comm, world_size_, id, rank_));
 }
 
+std::shared_ptr<Communicator> NcclCommunicator::make_duplicate() {
+  NcclOptions options = options_;
+  options.device = device_;
+  return std::make_shared<NcclCommunicator>(bootstrap_, options);
+}
+
 NcclCommunicator::~NcclCommunicator() {
   // Nothing may still use the stream or the control buffers when they go (the members release them
   // after this body, in reverse order of declaration).
@@ -555,26 +561,30 @@ class HostStagedCommunicator final : public Communicator {
   std::string_view backend_name() const override { return "mpi-host-staged"; }
 
  protected:
+  std::shared_ptr<Communicator> make_duplicate() override { return make_host_staged(inner_->duplicate()); }
+  // The inner communicator, told this collective's purpose (Note [Collective identity]).
+  Communicator& inner() { return inner_->with_purpose(issuing().purpose); }
+
   // A world of one rank: a sum or max over one contribution is the contribution, a reduce-scatter or
   // all-gather a copy of this rank's slice (nothing when it is in place), a reduce or broadcast nothing.
   bool solo() const { return inner_->world_size() == 1; }
 
   std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
     if (solo()) return done();
-    if (!cuda::is_device_pointer(buf)) return inner_->all_reduce_async(buf, count, dtype, op);
+    if (!cuda::is_device_pointer(buf)) return inner().all_reduce_async(buf, count, dtype, op);
     const std::size_t bytes = count * dtype_size(dtype);
     auto staging = std::make_unique<Staging>(bytes);
     cuda::copy(staging->host, buf, bytes);
     void* host = staging->host;
-    auto inner = inner_->all_reduce_async(host, count, dtype, op);
-    return std::make_shared<StagedWork>(std::move(inner), std::move(staging), buf, host, bytes);
+    auto work = inner().all_reduce_async(host, count, dtype, op);
+    return std::make_shared<StagedWork>(std::move(work), std::move(staging), buf, host, bytes);
   }
 
   std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
                                              DType dtype) override {
     if (solo()) return local_copy(recv, send, counts[0] * dtype_size(dtype));
     if (!cuda::is_device_pointer(send) && !cuda::is_device_pointer(recv))
-      return inner_->reduce_scatter_async(send, recv, counts, dtype);
+      return inner().reduce_scatter_async(send, recv, counts, dtype);
     const auto offsets = prefix_offsets(counts);
     const std::size_t elem = dtype_size(dtype);
     const std::size_t total = offsets.back() + counts.back();
@@ -582,15 +592,15 @@ class HostStagedCommunicator final : public Communicator {
     cuda::copy(staging->host, send, total * elem);
     char* host = static_cast<char*>(staging->host);
     void* mine = host + offsets[rank()] * elem;  // reduced in place into this rank's slice
-    auto inner = inner_->reduce_scatter_async(host, mine, counts, dtype);
-    return std::make_shared<StagedWork>(std::move(inner), std::move(staging), recv, mine, counts[rank()] * elem);
+    auto work = inner().reduce_scatter_async(host, mine, counts, dtype);
+    return std::make_shared<StagedWork>(std::move(work), std::move(staging), recv, mine, counts[rank()] * elem);
   }
 
   std::shared_ptr<Work> issue_all_gather(const void* send, void* recv, std::span<const std::size_t> counts,
                                          DType dtype) override {
     if (solo()) return local_copy(recv, send, counts[0] * dtype_size(dtype));
     if (!cuda::is_device_pointer(send) && !cuda::is_device_pointer(recv))
-      return inner_->all_gather_async(send, recv, counts, dtype);
+      return inner().all_gather_async(send, recv, counts, dtype);
     const auto offsets = prefix_offsets(counts);
     const std::size_t elem = dtype_size(dtype);
     const std::size_t total = offsets.back() + counts.back();
@@ -598,8 +608,8 @@ class HostStagedCommunicator final : public Communicator {
     char* host = static_cast<char*>(staging->host);
     void* mine = host + offsets[rank()] * elem;
     cuda::copy(mine, send, counts[rank()] * elem);
-    auto inner = inner_->all_gather_async(mine, host, counts, dtype);  // in place
-    return std::make_shared<StagedWork>(std::move(inner), std::move(staging), recv, host, total * elem);
+    auto work = inner().all_gather_async(mine, host, counts, dtype);  // in place
+    return std::make_shared<StagedWork>(std::move(work), std::move(staging), recv, host, total * elem);
   }
 
   // reduce, broadcast and barrier have only blocking public forms on the inner communicator: run them
@@ -608,12 +618,12 @@ class HostStagedCommunicator final : public Communicator {
     if (solo()) return done();
     const std::size_t bytes = count * dtype_size(dtype);
     if (!cuda::is_device_pointer(buf)) {
-      inner_->reduce(buf, count, dtype, root);
+      inner().reduce(buf, count, dtype, root);
       return done();
     }
     Staging staging(bytes);
     cuda::copy(staging.host, buf, bytes);
-    inner_->reduce(staging.host, count, dtype, root);
+    inner().reduce(staging.host, count, dtype, root);
     if (rank() == root) cuda::copy(buf, staging.host, bytes);
     return done();
   }
@@ -622,32 +632,32 @@ class HostStagedCommunicator final : public Communicator {
     if (solo()) return done();
     const std::size_t bytes = count * dtype_size(dtype);
     if (!cuda::is_device_pointer(buf)) {
-      inner_->broadcast(buf, count, dtype, root);
+      inner().broadcast(buf, count, dtype, root);
       return done();
     }
     Staging staging(bytes);
     if (rank() == root) cuda::copy(staging.host, buf, bytes);
-    inner_->broadcast(staging.host, count, dtype, root);
+    inner().broadcast(staging.host, count, dtype, root);
     if (rank() != root) cuda::copy(buf, staging.host, bytes);
     return done();
   }
 
   std::shared_ptr<Work> issue_barrier() override {
-    inner_->barrier();
+    inner().barrier();
     return done();
   }
 
   double control_all_reduce(double value, ReduceOp op) override {
-    return op == ReduceOp::sum ? inner_->all_reduce_sum(value) : inner_->all_reduce_max(value);
+    return op == ReduceOp::sum ? inner().all_reduce_sum(value) : inner().all_reduce_max(value);
   }
   // Control values are host doubles: the inner communicator's own batched all-reduce, one call for the
   // whole vector (a max, which ZeRO never batches, has no vector form there: one call per value).
   void control_all_reduce_values(std::span<double> values, ReduceOp op) override {
     if (op == ReduceOp::sum) {
-      inner_->all_reduce_sum(values);
+      inner().all_reduce_sum(values);
       return;
     }
-    for (double& v : values) v = inner_->all_reduce_max(v);
+    for (double& v : values) v = inner().all_reduce_max(v);
   }
 
  private:

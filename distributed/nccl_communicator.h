@@ -88,6 +88,9 @@ class NcclCommunicator final : public Communicator {
   const NcclOptions& options() const { return options_; }
 
  protected:
+  /// A second NCCL communicator over the same ranks and device, with its own communication stream (so
+  /// neither channel's kernels wait behind the other's), built over the same bootstrap. Collective.
+  std::shared_ptr<Communicator> make_duplicate() override;
   std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override;
   std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
                                              DType dtype) override;

@@ -1,5 +1,7 @@
 #include "distributed/partitioned_parameters.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <exception>
 
@@ -10,57 +12,112 @@
 
 namespace zero::dist {
 
+// Note [One schedule]
+// ~~~~~~~~~~~~~~~~~~~
+// An all-gather needs every rank, so the gathers a rank issues cannot follow what its own forward reads:
+// ranks that run different modules (rank 0 routes to one expert, rank 1 to another) would gather
+// different units, and the exchange mixes their values up when the counts agree. So the ORDER of
+// gathers comes only from what every rank agrees on, and each read is served from it:
+//   - each phase (forward, backward) has an agreed schedule, a list of units; every rank walks it in
+//     order. A read of a unit that is not gathered joins the schedule's gathers up to the unit's next
+//     entry; the units passed on the way are gathered for the others and freed (a rank that does not
+//     run a unit still joins its gather: that is what rank-dependent use costs, one unit's gather per
+//     entry it skips). Prefetch (stage3_prefetch_bucket_size) issues the next entries early, so it
+//     changes when a gather is issued, never which;
+//   - the phase begins with a start round (a small control all-reduce on the gather channel, every rank
+//     either reading or settling: "does anyone read?") and ends with settle(), called where every rank
+//     is at the same point of the program (ZeroOptimizer::backward, step, gather_parameters, and
+//     before any collective the program issues on the optimizer's communicator during a forward). A
+//     settling rank joins what is left of the schedule, then end rounds: each carries, per unit,
+//     whether a rank needs it. A rank that read past the schedule's end asks for its unit there; every
+//     rank then gathers the units asked for, in unit order (an extension), and the rounds go on until
+//     one in which nobody asks, which needs every rank to be settling;
+//   - at the end of a training phase (the forward before a backward, the backward itself) the ranks
+//     compare what they gathered on demand with the schedule; if any differs, they exchange their
+//     records and the next schedule is their shortest common supersequence (computed the same way on
+//     every rank). Schedules start empty: the first step is all extensions, one round per unit, and
+//     from the second step a model whose ranks read the same units costs one round per phase.
+// Everything a rank decides alone (eviction under stage3_max_live_parameters, prefetch, freeing after
+// use) changes only what it keeps, never the sequence of collectives, and a unit it freed too early
+// is gathered again through the schedule. The gathers and rounds travel on their own channel
+// (Communicator::duplicate): the gradient reductions interleave with them differently on each rank
+// (a rank reduces a bucket when its own gradients are ready), and on one channel that order would
+// have to agree too. Note [Bucket order] in gradient_reducer.cpp keeps stage 3's reductions from
+// waiting on a peer before the backward's schedule is settled.
+//
 // Note [Gathering on use]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// What stage 3 keeps in full is decided one unit at a time, from three rules:
+// What stage 3 keeps in full is decided one unit at a time:
 //   - on demand: a unit is gathered when a layer reads one of its parameters (forward) or when autograd
 //     is about to run a node recorded while it was in use (backward, Note [Record context]); if its
-//     gather was prefetched the training thread only waits for the rest of it;
+//     gather was prefetched the training thread only waits for the rest of it. A read outside any
+//     layer (a loss term sum(W), to_vector()) finds the storage guarded (Note [Guarded storage]): it
+//     waits for a gather in flight or gathers the unit through the schedule, never sees stale values;
 //   - release: in forward, the unit in use is freed as soon as the forward reads another unit (the
 //     layer is done: PyTorch FSDP's reshard after forward); in backward, once the reducer has taken
 //     every gradient of the unit (its post-accumulate-grad hooks, which run after the reducer's);
 //     end_backward() frees the rest. A unit read again later in the same forward (GPT's tied token
-//     embedding, read by the LM head) is simply gathered again. So a forward must read a parameter
-//     (Module::compute) after the layers of other units that run before its use: GPT's head runs the
-//     final norm, then reads the embedding weight. A forward that reads it first holds a tensor whose
-//     memory the norm's gather frees, and the op that uses it throws zero::Error ("tensor read while
-//     its storage is freed") instead of computing with stale memory;
-//   - prefetch (DeepSpeed's stage3_prefetch_bucket_size): after each on-demand gather, the units that
-//     follow it in the order recorded during the last forward with grad enabled (or the last
-//     backward) are issued too, as long as they add up to at most stage3_prefetch_bucket_size
-//     elements and fit under stage3_max_live_parameters. Before any order is recorded, forward
-//     assumes flat order and backward its reverse. Prefetching never frees anything.
-// The bound (DeepSpeed's stage3_max_live_parameters) counts gathered and in-flight units. An on-demand
-// gather that does not fit first frees units other than the one it gathers, least recently used first
-// (gathered ones before in-flight ones, which are waited for); since the bound holds the largest unit
-// (plan_zero checks it), this always makes room. Every decision depends only on the order of uses,
-// never on timing, so ranks that run the same forward issue the same all-gathers in the same order.
-// Ranks must therefore read the same units in the same order: a layer that runs on some ranks only
-// (a parameter merely unused on some ranks is fine when its unit is read) makes the ranks' gathers
-// differ, and the collective timeout then ends the job with an error (Note [No hang] in
-// job_runtime.cpp) — DeepSpeed's ZeRO-3 has the same rule. Evicting a unit that
-// is needed again costs a second gather of it, not a wrong result. DeepSpeed's
-// stage3_param_persistence_threshold (small parameters kept gathered) is not implemented: every
-// parameter is partitioned.
+//     embedding, read by the LM head) is simply gathered again, and the schedule learns it;
+//   - the bound (DeepSpeed's stage3_max_live_parameters) counts gathered and in-flight elements. A
+//     gather that does not fit first frees other units, least recently used first (gathered ones before
+//     in-flight ones, which are waited for), never the one in use; since the bound holds the largest
+//     unit (plan_zero checks it), this always makes room. A read outside a layer never evicts (the op
+//     reading it may hold another unit's memory), so it may exceed the bound by one unit.
+// DeepSpeed's stage3_param_persistence_threshold (small parameters kept gathered) is not implemented:
+// every parameter is partitioned.
 
-PartitionedParameters::PartitionedParameters(const ZeroPlan& plan, int rank, std::shared_ptr<Communicator> comm,
+namespace {
+const char* phase_name(int phase) { return phase == 0 ? "forward" : "backward"; }
+
+// The shortest common supersequence of a and b (LCS table, ties broken towards a): a schedule that
+// serves both orders of reads.
+std::vector<std::size_t> merge_orders(const std::vector<std::size_t>& a, const std::vector<std::size_t>& b) {
+  const std::size_t n = a.size(), m = b.size();
+  std::vector<std::vector<std::uint32_t>> lcs(n + 1, std::vector<std::uint32_t>(m + 1, 0));
+  for (std::size_t i = n; i-- > 0;)
+    for (std::size_t j = m; j-- > 0;)
+      lcs[i][j] = a[i] == b[j] ? lcs[i + 1][j + 1] + 1 : std::max(lcs[i + 1][j], lcs[i][j + 1]);
+  std::vector<std::size_t> out;
+  std::size_t i = 0, j = 0;
+  while (i < n || j < m) {
+    if (i < n && j < m && a[i] == b[j]) {
+      out.push_back(a[i]);
+      ++i, ++j;
+    } else if (j == m || (i < n && lcs[i + 1][j] >= lcs[i][j + 1])) {
+      out.push_back(a[i++]);
+    } else {
+      out.push_back(b[j++]);
+    }
+  }
+  return out;
+}
+
+char* unguarded_ptr(const Tensor& t) {
+  return static_cast<char*>(t.storage()->unguarded_data()) + t.offset() * static_cast<std::int64_t>(dtype_size(t.dtype()));
+}
+}  // namespace
+
+PartitionedParameters::PartitionedParameters(const ZeroPlan& plan, int rank, std::shared_ptr<Communicator> channel,
                                              Tensor shard, std::vector<Tensor> params)
-    : plan_(plan), rank_(rank), comm_(std::move(comm)), shard_(std::move(shard)), params_(std::move(params)) {
+    : plan_(plan), rank_(rank), channel_(std::move(channel)), shard_(std::move(shard)), params_(std::move(params)) {
   ZERO_CHECK(shard_.numel() == plan_.layout.partition_size(), "ZeRO stage 3: the shard has {} elements, a partition {}",
              shard_.numel(), plan_.layout.partition_size());
+  ZERO_CHECK(channel_ != nullptr, "ZeRO stage 3: null gather channel");
   unit_of_.assign(params_.size(), kNone);
   units_.resize(plan_.units.size());
   for (std::size_t u = 0; u < units_.size(); ++u) {
     const GatherUnit& g = plan_.units[u];
-    units_[u].buffer = Tensor::empty({g.size()}, plan_.options.dtype, shard_.device());
+    Unit& unit = units_[u];
+    unit.buffer = Tensor::empty({g.size()}, plan_.options.dtype, shard_.device());
     for (std::size_t i = g.first_param; i < g.end_param; ++i) {
       const ParamRange& r = plan_.layout.params()[i];
-      params_[i].set_data(units_[u].buffer.as_strided(r.shape, contiguous_strides(r.shape), r.offset - g.begin));
+      params_[i].set_data(unit.buffer.as_strided(r.shape, contiguous_strides(r.shape), r.offset - g.begin));
       unit_of_[i] = u;
     }
-    units_[u].buffer.storage()->free_memory();
-    forward_order_.push_back(u);
-    backward_order_.insert(backward_order_.begin(), u);
+    unit.guard.owner = this;
+    unit.guard.unit = u;
+    unit.buffer.storage()->free_memory();
+    unit.buffer.storage()->set_guard(&unit.guard);
   }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const std::size_t u = unit_of_[i];
@@ -76,48 +133,43 @@ PartitionedParameters::~PartitionedParameters() {
     autograd::remove_post_accumulate_grad_hook(params_[i], grad_hook_ids_[i]);
   }
   autograd::set_record_context(0);
+  drop_scratch();
   // Gathered units stay as they are: the parameters keep their storage, so what gather_all() gathered
-  // is still readable after the optimizer is gone.
+  // is still readable after the optimizer is gone. A freed one then reads as plainly freed.
   for (Unit& unit : units_) {
     try {
       if (unit.state == State::in_flight) unit.work->wait();  // the communicator writes the buffer until then
     } catch (...) {
       unit.buffer.storage()->free_memory();  // nothing valid arrived; whoever waits on the job reports it
     }
+    unit.buffer.storage()->set_guard(nullptr);
   }
 }
 
-// ---- the three events: a forward use, a backward node, a final gradient --------------------------------
+// ---- the events: a forward use, a backward node, a final gradient, a read anywhere ---------------------
 
 void PartitionedParameters::on_use(std::size_t u) {
   if (held_) return;  // gather_all(): everything is gathered and stays so
-  if (autograd::grad_mode_enabled() && (recording_.empty() || recording_.back() != u)) {
-    // Forwards with grad that no backward follows would grow the record without end: past 64 reads
-    // per unit it starts over (prefetch keeps the last complete order meanwhile).
-    if (recording_.size() >= 64 * units_.size()) recording_.clear();
-    recording_.push_back(u);
-  }
   if (u != current_)
     switch_to(u);
   else if (units_[u].state != State::gathered)
-    gather_now(u);  // evicted by a gather the bound did not leave room for
+    need(u, true);  // evicted by a gather the bound did not leave room for
 }
 
 void PartitionedParameters::before_node(std::uint32_t context) {
-  if (context == 0 || context > units_.size()) return;
+  if (held_ || context == 0 || context > units_.size()) return;
   const std::size_t u = context - 1;
-  if (recording_.empty() || recording_.back() != u) recording_.push_back(u);
   if (u != current_)
     switch_to(u);
   else if (units_[u].state != State::gathered)
-    gather_now(u);
+    need(u, true);
 }
 
 void PartitionedParameters::on_gradient(std::size_t u) {
   if (!in_backward_) return;  // the reducer refuses a gradient outside ZeroOptimizer::backward
   Unit& unit = units_[u];
   const GatherUnit& g = plan_.units[u];
-  if (++unit.final_grads == static_cast<int>(g.end_param - g.first_param)) free_unit(u);
+  if (++unit.final_grads == static_cast<int>(g.end_param - g.first_param) && !held_) free_unit(u);
 }
 
 void PartitionedParameters::switch_to(std::size_t u) {
@@ -125,38 +177,244 @@ void PartitionedParameters::switch_to(std::size_t u) {
   current_ = u;
   autograd::set_record_context(static_cast<std::uint32_t>(u + 1));  // context = unit index + 1 (0: none)
   if (!in_backward_ && previous != kNone) free_unit(previous);  // the forward is done with that layer
-  gather_now(u);
-  prefetch(u);
+  need(u, true);
+  prefetch();
+}
+
+void PartitionedParameters::UnitGuard::before_access(Storage& storage) {
+  PartitionedParameters& p = *owner;
+  if (p.units_[unit].state == State::in_flight) {
+    p.wait(unit);
+    return;
+  }
+  ZERO_CHECK(!p.walking_,
+             "ZeRO stage 3: {} was read while stage 3 was gathering another unit (a read from inside a gather); "
+             "read parameters in a layer's forward or after optimizer.gather_parameters()",
+             p.unit_description(unit));
+  p.need(unit, /*may_evict=*/false);
+  (void)storage;
+}
+
+std::string PartitionedParameters::unit_description(std::size_t u) const {
+  const GatherUnit& g = plan_.units[u];
+  std::string names;
+  for (std::size_t i = g.first_param; i < g.end_param && i < g.first_param + 3; ++i)
+    names += (names.empty() ? "" : ", ") + plan_.layout.params()[i].name;
+  if (g.end_param - g.first_param > 3) names += ", ...";
+  return fmt::format("a parameter of unit '{}' ({})", g.name, names);
+}
+
+// ---- the schedule (Note [One schedule]) ----------------------------------------------------------------
+
+void PartitionedParameters::need(std::size_t u, bool may_evict) {
+  Unit& unit = units_[u];
+  if (unit.state != State::freed) {
+    if (unit.entry >= static_cast<std::int64_t>(read_pos_)) {  // prefetched for this read
+      record_.push_back(u);
+      consume(unit.entry, u);
+    }
+    wait(u);
+    unit.last_use = ++clock_;
+    return;
+  }
+  ZERO_CHECK(!walking_, "ZeRO stage 3: {} was needed while another unit was being gathered (internal error)",
+             unit_description(u));
+  walking_ = true;
+  try {
+    record_.push_back(u);
+    if (!started_) start_round(false);
+    const std::vector<std::size_t>& schedule = schedule_[phase_];
+    bool found = false;
+    while (!found && issue_pos_ < schedule.size()) {
+      const std::size_t e = issue_pos_++;
+      join(static_cast<std::int64_t>(e), schedule[e], may_evict);
+      if (schedule[e] == u) {
+        consume(static_cast<std::int64_t>(e), u);
+        found = true;
+      }
+    }
+    if (!found) extension_rounds(u, may_evict);
+    walking_ = false;
+  } catch (...) {
+    walking_ = false;
+    throw;
+  }
+  wait(u);
+  unit.last_use = ++clock_;
+}
+
+void PartitionedParameters::start_round(bool settling) {
+  double v[2] = {settling ? 0.0 : 1.0, settling ? 1.0 : 0.0};  // {reads, settles}
+  channel_->with_purpose(fmt::format("stage-3 schedule start ({})", phase_name(phase_)))
+      .all_reduce_sum(std::span<double>(v, 2));
+  ++rounds_;
+  started_ = v[0] > 0;
+}
+
+void PartitionedParameters::extension_rounds(std::size_t want, bool may_evict) {
+  const std::size_t n_units = units_.size();
+  for (;;) {
+    // {needs, settles, differs from the schedule, then per unit: asked for}
+    std::vector<double> v(3 + n_units, 0.0);
+    if (want != kNone) {
+      v[0] = 1;
+      v[3 + want] = 1;
+    } else {
+      v[1] = 1;
+      v[2] = record_ != schedule_[phase_] ? 1 : 0;
+    }
+    channel_->with_purpose(fmt::format("stage-3 schedule round ({})", phase_name(phase_))).all_reduce_sum(v);
+    ++rounds_;
+    if (trace::active()) trace::instant("schedule round", "stage3", trace::kComputeThread, {{"needs", v[0]}});
+    std::vector<std::size_t> asked;
+    for (std::size_t x = 0; x < n_units; ++x)
+      if (v[3 + x] > 0) asked.push_back(x);
+    if (asked.empty()) {  // nobody needs anything: every rank is settling
+      if (v[2] > 0) learn(v);
+      return;
+    }
+    std::vector<std::size_t> for_others;
+    for (std::size_t x : asked)
+      if (join(-1, x, may_evict) && x != want && x != current_) for_others.push_back(x);
+    for (std::size_t x : for_others) free_unit(x);  // gathered for the others: not kept
+    drop_scratch();
+    if (want != kNone) return;
+  }
+}
+
+bool PartitionedParameters::join(std::int64_t entry, std::size_t u, bool may_evict) {
+  Unit& unit = units_[u];
+  const std::int64_t size = plan_.units[u].size();
+  if (unit.state == State::freed) {
+    if (may_evict) make_room(size, u);
+    issue(u);
+    unit.entry = entry;
+    return true;
+  }
+  // This rank's copy is busy (gathered, or in flight for an earlier entry): join into scratch.
+  Scratch s;
+  s.buffer = Tensor::empty({size}, plan_.options.dtype, shard_.device());
+  s.elements = size;
+  const GatherUnit& g = plan_.units[u];
+  const std::vector<std::size_t> counts = plan_.layout.range_counts(g.begin, g.end);
+  char* recv = element_ptr(s.buffer, 0);
+  const char* send = recv;
+  const std::int64_t mine = plan_.layout.partition_begin(rank_);
+  if (counts[static_cast<std::size_t>(rank_)] > 0) send = element_ptr(shard_, std::max(g.begin, mine) - mine);
+  s.work = channel_->with_purpose("gather of " + g.name).all_gather_async(send, recv, counts, plan_.options.dtype);
+  live_ += size;
+  max_live_ = std::max(max_live_, live_);
+  ++gathers_;
+  scratch_.push_back(std::move(s));
+  return false;
+}
+
+void PartitionedParameters::consume(std::int64_t entry, std::size_t keep) {
+  // Entries passed by without a read were gathered for the others: free what this rank did not use.
+  const std::vector<std::size_t>& schedule = schedule_[phase_];
+  for (std::size_t i = read_pos_; i < static_cast<std::size_t>(entry) && i < schedule.size(); ++i) {
+    const std::size_t v = schedule[i];
+    if (v != keep && v != current_ && units_[v].entry == static_cast<std::int64_t>(i)) free_unit(v);
+  }
+  read_pos_ = std::max(read_pos_, static_cast<std::size_t>(entry) + 1);
+  drop_scratch();
+}
+
+void PartitionedParameters::learn(const std::vector<double>& round_result) {
+  // Every rank's record of on-demand gathers, one row each (unit + 1; 0 ends a row), summed.
+  (void)round_result;
+  const std::size_t cap = 4 * units_.size() + 16, n = static_cast<std::size_t>(channel_->world_size());
+  std::vector<double> rows(n * cap, 0.0);
+  for (std::size_t k = 0; k < record_.size() && k < cap; ++k)
+    rows[static_cast<std::size_t>(rank_) * cap + k] = static_cast<double>(record_[k] + 1);
+  channel_->with_purpose(fmt::format("stage-3 schedule records ({})", phase_name(phase_))).all_reduce_sum(rows);
+  ++rounds_;
+  std::vector<std::size_t> merged;
+  for (std::size_t r = 0; r < n; ++r) {
+    std::vector<std::size_t> row;
+    for (std::size_t k = 0; k < cap && rows[r * cap + k] > 0; ++k) row.push_back(static_cast<std::size_t>(rows[r * cap + k]) - 1);
+    merged = merge_orders(merged, row);
+  }
+  if (merged.size() <= cap) schedule_[phase_] = std::move(merged);
+}
+
+void PartitionedParameters::end_phase() {
+  started_ = false;
+  issue_pos_ = read_pos_ = 0;
+  record_.clear();
+  for (Unit& unit : units_) unit.entry = -1;
+}
+
+void PartitionedParameters::settle() {
+  if (held_) return;  // gather_all() on every rank: nobody walks until it ends
+  walking_ = settling_ = true;
+  try {
+    if (!started_) start_round(true);
+    if (started_) {
+      const std::vector<std::size_t>& schedule = schedule_[phase_];
+      while (issue_pos_ < schedule.size()) {
+        const std::size_t e = issue_pos_++;
+        join(static_cast<std::int64_t>(e), schedule[e], true);
+      }
+      consume(static_cast<std::int64_t>(schedule.size()), current_);
+      extension_rounds(kNone, true);
+    }
+    walking_ = settling_ = false;
+  } catch (...) {
+    walking_ = settling_ = false;
+    throw;
+  }
+  end_phase();
+}
+
+void PartitionedParameters::prefetch() {
+  const std::int64_t budget = plan_.options.stage3_prefetch_bucket_size;
+  const std::vector<std::size_t>& schedule = schedule_[phase_];
+  std::int64_t ahead = 0;
+  while (budget > 0 && started_ && issue_pos_ < schedule.size()) {
+    const std::size_t v = schedule[issue_pos_];
+    const std::int64_t size = plan_.units[v].size();
+    ahead += size;
+    if (units_[v].state != State::freed || ahead > budget ||
+        live_ + size > plan_.options.stage3_max_live_parameters)
+      break;  // a busy unit is left for the walk, which joins it into scratch if it is still busy
+    join(static_cast<std::int64_t>(issue_pos_++), v, false);
+  }
 }
 
 // ---- backward boundaries -------------------------------------------------------------------------------
 
 void PartitionedParameters::begin_backward() {
-  held_ = false;
-  if (!recording_.empty()) forward_order_.swap(recording_);
-  recording_.clear();
+  if (held_) {  // every rank called gather_all(): every rank frees the same units
+    held_ = false;
+    release_all();
+  }
+  settle();  // the forward phase: it learns here (Note [One schedule])
   for (Unit& unit : units_) unit.final_grads = 0;
-  position_ = 0;
+  phase_ = kBackward;
   in_backward_ = true;
 }
 
+void PartitionedParameters::finish_backward() { settle(); }
+
 void PartitionedParameters::end_backward() {
   in_backward_ = false;
-  if (!recording_.empty()) backward_order_.swap(recording_);
-  recording_.clear();
-  position_ = 0;
+  phase_ = kForward;
+  end_phase();
   current_ = kNone;
   autograd::set_record_context(0);
+  drop_scratch();
   for (std::size_t u = 0; u < units_.size(); ++u) free_unit(u);  // waits for prefetches; rethrows a failure
 }
 
 void PartitionedParameters::release_all() noexcept {
   held_ = false;
   in_backward_ = false;
-  recording_.clear();
-  position_ = 0;
+  phase_ = kForward;
+  end_phase();
   current_ = kNone;
   autograd::set_record_context(0);
+  drop_scratch();
   for (std::size_t u = 0; u < units_.size(); ++u) {
     try {
       free_unit(u);
@@ -168,24 +426,15 @@ void PartitionedParameters::release_all() noexcept {
 }
 
 void PartitionedParameters::gather_all() {
-  for (std::size_t u = 0; u < units_.size(); ++u)
-    if (units_[u].state == State::freed) issue(u);
+  settle();
+  release_all();
+  for (std::size_t u = 0; u < units_.size(); ++u) issue(u);  // every rank, every unit, in unit order
   for (std::size_t u = 0; u < units_.size(); ++u) wait(u);
-  current_ = kNone;
   autograd::set_record_context(0);  // nothing recorded now needs a gather before it runs
   held_ = true;
 }
 
 // ---- one unit's gather and release ---------------------------------------------------------------------
-
-void PartitionedParameters::gather_now(std::size_t u) {
-  if (units_[u].state == State::freed) {
-    make_room(plan_.units[u].size(), u);
-    issue(u);
-  }
-  wait(u);
-  units_[u].last_use = ++clock_;
-}
 
 void PartitionedParameters::issue(std::size_t u) {
   // The unit is the flat range [begin, end): rank r contributes the part inside its partition, so the
@@ -194,17 +443,17 @@ void PartitionedParameters::issue(std::size_t u) {
   Unit& unit = units_[u];
   const std::vector<std::size_t> counts = plan_.layout.range_counts(g.begin, g.end);
   unit.buffer.storage()->allocate_memory();
-  char* recv = element_ptr(unit.buffer, 0);
+  char* recv = unguarded_ptr(unit.buffer);
   const char* send = recv;
   const std::int64_t mine = plan_.layout.partition_begin(rank_);
   if (counts[static_cast<std::size_t>(rank_)] > 0) send = element_ptr(shard_, std::max(g.begin, mine) - mine);
   try {
-    unit.work = comm_->all_gather_async(send, recv, counts, plan_.options.dtype);
+    unit.work = channel_->with_purpose("gather of " + g.name).all_gather_async(send, recv, counts, plan_.options.dtype);
   } catch (...) {
     unit.buffer.storage()->free_memory();
     throw;
   }
-  unit.state = State::in_flight;
+  unit.state = State::in_flight;  // the guard stays: a read waits for the gather
   if (trace::active()) unit.issued_us = trace::now_us();
   live_ += g.size();
   max_live_ = std::max(max_live_, live_);
@@ -230,6 +479,7 @@ void PartitionedParameters::wait(std::size_t u) {
   }
   unit.work.reset();
   unit.state = State::gathered;
+  unit.buffer.storage()->set_guard(nullptr);
   if (trace::active())
     trace::add({"gather " + g.name, "stage3", 'X', unit.issued_us, trace::now_us() - unit.issued_us, trace::kCommThread,
                 {{"elements", g.size()}}});
@@ -244,49 +494,45 @@ void PartitionedParameters::free_unit(std::size_t u) {
   if (unit.state == State::freed) return;
   const GatherUnit& g = plan_.units[u];
   unit.buffer.storage()->free_memory();
+  unit.buffer.storage()->set_guard(&unit.guard);
   for (std::size_t i = g.first_param; i < g.end_param; ++i) free_compute_copy(params_[i]);
   unit.state = State::freed;
+  unit.entry = -1;
   live_ -= g.size();
   if (trace::active()) trace::instant("release", "stage3", trace::kComputeThread, {{"unit", g.name}});
 }
 
-// ---- the bound and the prefetch (Note [Gathering on use]) ----------------------------------------------
+void PartitionedParameters::drop_scratch() noexcept {
+  for (Scratch& s : scratch_) {
+    try {
+      s.work->wait();  // the communicator writes the buffer until then
+    } catch (...) {
+      // reported by whoever waits on the unit gathers that follow it on the channel
+    }
+    live_ -= s.elements;
+  }
+  scratch_.clear();
+}
 
 void PartitionedParameters::make_room(std::int64_t elements, std::size_t keep) {
   const std::int64_t bound = plan_.options.stage3_max_live_parameters;
-  // Gathered units before in-flight ones, least recently used first.
+  // Gathered units before in-flight ones, least recently used first; never the unit in use (while
+  // settling nothing is in use).
   auto order = [&](std::size_t w) { return std::make_pair(units_[w].state == State::in_flight, units_[w].last_use); };
   while (live_ + elements > bound) {
     std::size_t victim = kNone;
     for (std::size_t v = 0; v < units_.size(); ++v) {
-      if (v == keep || units_[v].state == State::freed) continue;
+      if (v == keep || (v == current_ && !settling_) || units_[v].state == State::freed) continue;
       if (victim == kNone || order(v) < order(victim)) victim = v;
     }
-    ZERO_CHECK(victim != kNone, "ZeRO stage 3: unit '{}' ({} elements) does not fit stage3_max_live_parameters = {}",
-               plan_.units[keep].name, elements, bound);
+    if (victim == kNone && !scratch_.empty()) {
+      drop_scratch();
+      continue;
+    }
+    // Only the unit in use is left (a layer's unit beside the one a read outside it needs): the bound
+    // gives way by that unit. plan_zero checks that every unit fits on its own.
+    if (victim == kNone) return;
     free_unit(victim);
-  }
-}
-
-void PartitionedParameters::prefetch(std::size_t u) {
-  const std::int64_t budget = plan_.options.stage3_prefetch_bucket_size;
-  const std::vector<std::size_t>& order = in_backward_ ? backward_order_ : forward_order_;
-  if (budget == 0 || order.empty()) return;
-  // Where u sits in the expected order: the next occurrence from the last position, wrapping around.
-  std::size_t found = kNone;
-  for (std::size_t k = 0; k < order.size() && found == kNone; ++k)
-    if (order[(position_ + k) % order.size()] == u) found = (position_ + k) % order.size();
-  if (found == kNone) return;  // not in last step's order: nothing to predict
-  position_ = found;
-  std::int64_t ahead = 0;
-  for (std::size_t i = found + 1; i < order.size(); ++i) {
-    const std::size_t v = order[i];
-    if (v == u) continue;
-    ahead += plan_.units[v].size();
-    if (ahead > budget) break;
-    if (units_[v].state != State::freed) continue;
-    if (live_ + plan_.units[v].size() > plan_.options.stage3_max_live_parameters) break;
-    issue(v);
   }
 }
 

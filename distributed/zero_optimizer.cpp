@@ -159,8 +159,13 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
     // hold values only while a layer uses them. The hooks go on after the reducer's.
     reducer_ = std::make_unique<GradientReducer>(plan_, rank_, comm_, params_, device);
     Tensor shard = shard_of_rank0_weights(device);
-    partitioned_ = std::make_unique<PartitionedParameters>(plan_, rank_, comm_, shard, params_);
+    // The gathers travel on a channel of their own (Note [One schedule] in partitioned_parameters.cpp),
+    // and a collective the program issues here during a forward first settles that forward's gathers.
+    partitioned_ = std::make_unique<PartitionedParameters>(plan_, rank_, comm_->duplicate(), shard, params_);
     optimizer_ = std::make_unique<ShardedOptimizer>(plan_, rank_, shard);
+    comm_->set_before_collective([this] {
+      if (!in_own_collectives_ && !partitioned_->in_backward()) partitioned_->settle();
+    });
     return;
   }
 
@@ -202,7 +207,9 @@ Tensor ZeroOptimizer::shard_of_rank0_weights(Device device) {
   return shard;
 }
 
-ZeroOptimizer::~ZeroOptimizer() = default;
+ZeroOptimizer::~ZeroOptimizer() {
+  if (partitioned_) comm_->set_before_collective(nullptr);
+}
 
 void ZeroOptimizer::set_lr(float lr) {
   ZERO_CHECK(lr >= 0.0f, "ZeRO: learning rate must be >= 0, got {}", lr);
@@ -262,7 +269,11 @@ void ZeroOptimizer::backward(const Tensor& loss) {
   if (partitioned_) {
     // Stage 3: each node's unit is gathered before it runs (Note [Record context] in autograd.h).
     partitioned_->begin_backward();
-    autograd::backward(loss, seed, false, [this](std::uint32_t c) { partitioned_->before_node(c); });
+    autograd::backward(loss, seed, false, [this](std::uint32_t c) {
+      reducer_->progress();
+      partitioned_->before_node(c);
+    });
+    partitioned_->finish_backward();  // before waiting on a reduction (Note [Bucket order])
   } else {
     autograd::backward(loss, seed);  // the reducer's hooks fill and issue buckets as gradients become final
   }
@@ -275,6 +286,14 @@ void ZeroOptimizer::backward(const Tensor& loss) {
 // ---- step: one function per stage --------------------------------------------------------------------
 
 bool ZeroOptimizer::step() {
+  // Stage 3: the forward gathers since the last backward end here, and the collectives below are the
+  // optimizer's own (the hook set in the constructor leaves them alone).
+  if (partitioned_) partitioned_->settle();
+  in_own_collectives_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{in_own_collectives_};
   // Note [Exception safety]: the previous step's all-gather failed; completing it finishes that step.
   if (gather_ && gather_->failed() && micro_step_ == 0) {
     gather_->complete();
@@ -439,6 +458,7 @@ void ZeroOptimizer::set_param_steps(std::vector<std::int64_t> steps) {
 }
 
 void ZeroOptimizer::sync_params_from_master() {
+  if (partitioned_) partitioned_->settle();
   optimizer_->write_master_to_params();
   if (partitioned_) partitioned_->release_all();
   if (gather_ && plan_.options.stage != 0) gather_->all_gather_and_wait();

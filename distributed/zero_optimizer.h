@@ -203,6 +203,7 @@ class ZeroOptimizer {
   std::int64_t step_count_ = 0;
   std::int64_t skipped_steps_ = 0;
   double last_grad_norm_ = 0.0;
+  bool in_own_collectives_ = false;  // inside step(): stage 3's before-collective hook does nothing
   Tensor grad_backup_;  // the restore point's copy of the accumulated gradient (Note [Exception safety])
 };
 

@@ -51,37 +51,41 @@ class ForwardingCommunicator : public Communicator {
   }
 
   std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
-    return wrap(Collective::all_reduce, inner_->all_reduce_async(buf, count, dtype, op));
+    return wrap(Collective::all_reduce, inner().all_reduce_async(buf, count, dtype, op));
   }
   std::shared_ptr<Work> issue_reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
                                              DType dtype) override {
-    return wrap(Collective::reduce_scatter, inner_->reduce_scatter_async(send, recv, counts, dtype));
+    return wrap(Collective::reduce_scatter, inner().reduce_scatter_async(send, recv, counts, dtype));
   }
   std::shared_ptr<Work> issue_all_gather(const void* send, void* recv, std::span<const std::size_t> counts,
                                          DType dtype) override {
-    return wrap(Collective::all_gather, inner_->all_gather_async(send, recv, counts, dtype));
+    return wrap(Collective::all_gather, inner().all_gather_async(send, recv, counts, dtype));
   }
   std::shared_ptr<Work> issue_reduce(void* buf, std::size_t count, DType dtype, int root) override {
-    inner_->reduce(buf, count, dtype, root);
+    inner().reduce(buf, count, dtype, root);
     return std::make_shared<DoneWork>();
   }
   std::shared_ptr<Work> issue_broadcast(void* buf, std::size_t count, DType dtype, int root) override {
-    inner_->broadcast(buf, count, dtype, root);
+    inner().broadcast(buf, count, dtype, root);
     return std::make_shared<DoneWork>();
   }
   std::shared_ptr<Work> issue_barrier() override {
-    inner_->barrier();
+    inner().barrier();
     return std::make_shared<DoneWork>();
   }
   double control_all_reduce(double value, ReduceOp op) override {
-    return op == ReduceOp::sum ? inner_->all_reduce_sum(value) : inner_->all_reduce_max(value);
+    return op == ReduceOp::sum ? inner().all_reduce_sum(value) : inner().all_reduce_max(value);
   }
   void control_all_reduce_values(std::span<double> values, ReduceOp op) override {
     if (op == ReduceOp::sum)
-      inner_->all_reduce_sum(values);
+      inner().all_reduce_sum(values);
     else
-      for (double& v : values) v = inner_->all_reduce_max(v);
+      for (double& v : values) v = inner().all_reduce_max(v);
   }
+
+  // The inner communicator, told this collective's purpose (Note [Collective identity]).
+  Communicator& inner() { return inner_->with_purpose(issuing().purpose); }
+  std::shared_ptr<Communicator> make_duplicate() override { return inner_->duplicate(); }
 
   std::shared_ptr<Communicator> inner_;
 };

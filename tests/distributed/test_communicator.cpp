@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -605,6 +606,42 @@ TEST(InProcessWorld, BitwiseEqualToMpi) {
     check_inprocess_equals_mpi<half>(*mpi, DType::f16, false, false, 7);
   }
   backend->set_segment_bytes(segment);
+}
+
+// ---- identities (Note [Collective identity]) ---------------------------------------------------------
+
+// Rank 1 issues a reduce-scatter where the others all-gather, with equal counts: on a second channel
+// (so the job's own communicator stays in step for the tests after this one), every rank throws the
+// same line naming both sides, within a second, and no data moves.
+TEST_F(CommunicatorTest, MismatchedCollectiveIsOneLineOnEveryRank) {
+  if (n_ == 1) GTEST_SKIP() << "one rank cannot disagree with itself";
+  std::shared_ptr<Communicator> channel = comm_->duplicate();
+  const std::vector<std::size_t> counts(std::size_t(n_), 4);
+  std::vector<float> send(std::size_t(n_) * 4, 1.0f), recv(send.size(), -1.0f);
+  const auto start = std::chrono::steady_clock::now();
+  std::string line;
+  try {
+    if (rank_ == 1)
+      channel->with_purpose("reduce-scatter of bucket 3").reduce_scatter(send.data(), recv.data(), counts, DType::f32);
+    else
+      channel->with_purpose("gather of blocks.2")
+          .all_gather(send.data() + 4 * std::size_t(rank_), recv.data(), counts, DType::f32);
+    ADD_FAILURE() << "the mismatch went through";
+  } catch (const CollectiveMismatch& e) {
+    line = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 1.0);
+  std::string c = "4";
+  for (int r = 1; r < n_; ++r) c += ",4";
+  EXPECT_EQ(line, "collective #1 at step 0: rank 0 issued all_gather 'gather of blocks.2' (counts " + c +
+                      "; f32) but rank 1 issued reduce_scatter 'reduce-scatter of bucket 3' (counts " + c +
+                      "; f32) (every rank must issue the same collectives in the same order)");
+  EXPECT_EQ(recv[0], -1.0f) << "no data moved";
+  // The job's communicator is untouched.
+  std::vector<float> f(4, 1.0f);
+  comm_->all_reduce(f.data(), f.size(), DType::f32);
+  EXPECT_EQ(f[0], float(n_));
 }
 
 // ---- errors --------------------------------------------------------------------------------------

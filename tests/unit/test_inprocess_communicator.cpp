@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -638,6 +639,67 @@ TEST(InProcessCommunicator, MismatchedCollectivesFailOnEveryRank) {
                  Error);
     EXPECT_EQ(failed.load(), n);
   }
+}
+
+// Equal counts, different purposes (Note [Collective identity]): rank 1 gathers what the others reduce.
+// Without identities the exchange would go through and mix the buffers up; with them every rank throws
+// the same line, naming both sides, before any data moves.
+TEST(InProcessCommunicator, SameCountsDifferentPurposeIsOneLineNamingBothSides) {
+  for (int n = 2; n <= kMaxRanks; ++n) {
+    std::mutex mutex;
+    std::vector<std::string> lines;
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_THROW(run_ranks(n,
+                           [&](std::shared_ptr<Communicator> comm) {
+                             std::vector<float> send(std::size_t(n) * 4, 1.0f), recv(send.size(), 0.0f);
+                             const std::vector<std::size_t> counts(std::size_t(n), 4);
+                             comm->all_reduce_sum(1.0);  // collective #1 agrees
+                             try {
+                               if (comm->rank() == 1)
+                                 comm->with_purpose("gather of blocks.2")
+                                     .all_gather(send.data() + 4, recv.data(), counts, DType::f32);
+                               else
+                                 comm->with_purpose("gather of blocks.3")
+                                     .all_gather(send.data() + 4 * std::size_t(comm->rank()), recv.data(), counts,
+                                                 DType::f32);
+                             } catch (const CollectiveMismatch& e) {
+                               std::lock_guard lock(mutex);
+                               lines.push_back(e.what());
+                               throw;
+                             }
+                           }),
+                 CollectiveMismatch);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 1.0);
+    ASSERT_EQ(lines.size(), std::size_t(n));
+    const std::string counts = n == 2 ? "4,4" : n == 3 ? "4,4,4" : "4,4,4,4";
+    for (const std::string& line : lines)
+      EXPECT_EQ(line, "collective #2 at step 0: rank 0 issued all_gather 'gather of blocks.3' (counts " + counts +
+                          "; f32) but rank 1 issued all_gather 'gather of blocks.2' (counts " + counts +
+                          "; f32) (every rank must issue the same collectives in the same order)");
+  }
+}
+
+// A second channel (duplicate) orders its collectives on its own: rank 0 waits on channel B while rank 1
+// first waits on channel A, which one channel in issue order would deadlock; its bytes count in the
+// first channel's ledger.
+TEST(InProcessCommunicator, ADuplicateIsAnIndependentChannelCountedInTheSameLedger) {
+  run_ranks(2, [](std::shared_ptr<Communicator> comm) {
+    std::shared_ptr<Communicator> other = comm->duplicate();
+    std::vector<float> a(4, 1.0f), b(4, 2.0f);
+    if (comm->rank() == 0) {
+      other->all_reduce(b.data(), b.size(), DType::f32);
+      comm->all_reduce(a.data(), a.size(), DType::f32);
+    } else {
+      auto first = comm->all_reduce_async(a.data(), a.size(), DType::f32);
+      other->all_reduce(b.data(), b.size(), DType::f32);
+      first->wait();
+    }
+    EXPECT_EQ(a[0], 2.0f);
+    EXPECT_EQ(b[0], 4.0f);
+    EXPECT_EQ(comm->ledger().calls[static_cast<int>(Collective::all_reduce)], 2);
+    EXPECT_EQ(comm->ledger()[Collective::all_reduce], 2 * Ledger::bus_bytes(Collective::all_reduce, 16, 2));
+  });
 }
 
 // A collective too large for this process's memory fails on this rank before it is posted; done alike
