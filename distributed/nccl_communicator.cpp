@@ -230,12 +230,16 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> bootstrap, Nccl
   double* control = nullptr;
   ZERO_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&control), sizeof(double)));
   control_dev_.reset(control);
+  // The barrier all-reduces this double: zeroed on the stream the barrier runs on, so every sum is zero
+  // (never uninitialised memory).
+  ZERO_CUDA_CHECK(cudaMemsetAsync(control, 0, sizeof(double), stream));
 
   ncclUniqueId id{};
   if (rank_ == 0) ZERO_NCCL_CHECK(ncclGetUniqueId(&id));
   bootstrap_->broadcast(&id, sizeof(id) / sizeof(float), DType::f32, 0);
   handle_ = std::make_shared<detail::NcclHandle>();
   ZERO_NCCL_CHECK(ncclCommInitRank(&handle_->comm, world_size_, id, rank_));
+  cuda::register_side_stream(stream_.get());  // Backend::synchronize waits for it too; last: nothing throws after
 }
 
 std::shared_ptr<Communicator> NcclCommunicator::make_duplicate() {
@@ -247,6 +251,7 @@ std::shared_ptr<Communicator> NcclCommunicator::make_duplicate() {
 NcclCommunicator::~NcclCommunicator() {
   // Nothing may still use the stream or the control buffers when they go (the members release them
   // after this body, in reverse order of declaration).
+  cuda::unregister_side_stream(stream_.get());
   if (stream_ != nullptr) cudaStreamSynchronize(stream_.get());
   handle_.reset();  // ncclCommDestroy once the last Work is gone too
   cudaGetLastError();

@@ -26,7 +26,7 @@ void CudaBackend::copy_bytes(void* dst, const void* src, std::size_t nbytes) {
   }
 }
 
-void CudaBackend::synchronize() { cuda::synchronize(); }
+void CudaBackend::synchronize() { cuda::synchronize_all(); }
 
 // ---- adaptations ----
 

@@ -101,6 +101,53 @@ void synchronize() {
   check_device_errors();
 }
 
+// ---- side streams ------------------------------------------------------------------------------------
+
+namespace {
+struct SideStreams {
+  std::mutex mutex;
+  std::vector<cudaStream_t> streams;
+};
+SideStreams& side_stream_list() {
+  static SideStreams* s = new SideStreams();  // never destroyed: communicators may outlive static teardown
+  return *s;
+}
+}  // namespace
+
+void register_side_stream(cudaStream_t stream) {
+  SideStreams& s = side_stream_list();
+  std::lock_guard lock(s.mutex);
+  s.streams.push_back(stream);
+}
+
+void unregister_side_stream(cudaStream_t stream) noexcept {
+  SideStreams& s = side_stream_list();
+  std::lock_guard lock(s.mutex);
+  for (auto it = s.streams.begin(); it != s.streams.end(); ++it) {
+    if (*it == stream) {
+      s.streams.erase(it);
+      return;
+    }
+  }
+}
+
+std::vector<cudaStream_t> side_streams() {
+  SideStreams& s = side_stream_list();
+  std::lock_guard lock(s.mutex);
+  return s.streams;
+}
+
+void synchronize_all() {
+  {
+    // Waits holding the lock, so that a communicator destroyed on another thread meanwhile cannot
+    // destroy its stream under this wait (it unregisters first, and waits for the stream itself).
+    SideStreams& s = side_stream_list();
+    std::lock_guard lock(s.mutex);
+    for (cudaStream_t stream : s.streams) ZERO_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  synchronize();
+}
+
 // ---- deferred kernel errors --------------------------------------------------------------------------
 
 int* device_error_flag() {

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/storage.h"
@@ -57,6 +58,21 @@ class StreamGuard {
 /// Blocks until the current stream's work is done, then throws zero::Error if a kernel recorded a
 /// deferred error since the last check (see check_device_errors()).
 void synchronize();
+
+// ---- side streams ------------------------------------------------------------------------------------
+// Streams other layers issue device work on besides the compute stream: the NCCL communicator's
+// communication stream, registered for its lifetime. Backend::synchronize (synchronize_all) waits for
+// them too, as its contract ("every function queued on this device so far") requires.
+
+/// Registers `stream` as a side stream. Registering one stream twice needs two unregisters.
+void register_side_stream(cudaStream_t stream);
+/// Undoes one register_side_stream(stream); a stream not registered is ignored. Never throws.
+void unregister_side_stream(cudaStream_t stream) noexcept;
+/// The registered side streams, in registration order (a snapshot).
+std::vector<cudaStream_t> side_streams();
+/// Blocks until the current stream and every registered side stream are done, then throws as
+/// synchronize() does. Backend::synchronize on cuda.
+void synchronize_all();
 
 // ---- deferred kernel errors --------------------------------------------------------------------------
 // Kernels cannot throw. Those that validate input (embedding indices, cross-entropy targets) set a bit

@@ -62,6 +62,16 @@ for b in zero_tests zero_dist_tests train_gpt; do
   readelf -d "$dir/bin/$b" | grep -qE 'R(UN)?PATH.*\$ORIGIN/\.\./lib' || fail "$b has no \$ORIGIN/../lib RUNPATH"
 done
 pass "ldd: $n binaries and libraries resolve inside the bundle, the base system or the CUDA machine's own libraries"
+# Without NCCL the check still runs the steps of the binaries that do not load it: its list of those
+# that do (NCCL_BINARIES) must be what the binaries' own NEEDED entries say.
+if python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["cuda"] else 1)' "$dir/manifest.json"; then
+  listed=$(python3 -c "import sys; sys.path.insert(0, sys.argv[1]); import gpu_check as g; print(' '.join(sorted(g.NCCL_BINARIES)))" \
+           "$root/scripts")
+  loading=$(for b in zero_tests zero_dist_tests train_gpt; do
+              readelf -d "$dir/bin/$b" | grep -q 'NEEDED.*\[libnccl' && echo "$b"; done | sort | paste -sd' ')
+  [ "$listed" = "$loading" ] || fail "gpu_check.py's NCCL_BINARIES is '$listed'; the binaries that load libnccl are '$loading'"
+  pass "NCCL is loaded by $loading alone, as gpu_check.py's NCCL_BINARIES says"
+fi
 
 # ---- 2. zero_tests: CPU suites, data found beside the binary ----
 filter='GptParity.*:TensorView.*:OptimAdamW.*:Safetensors.*'
@@ -158,7 +168,8 @@ pass "UNIT_FILTER selects $(wc -l <"$scratch/gpu.txt") of $(wc -l <"$scratch/all
 # With CUDA built in, each step's filter lists at least the step's minimum (a CPU-only bundle has only
 # the NotBuilt placeholders: the GPU run itself reports "too_few_tests" then).
 if python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["cuda"] else 1)' "$dir/manifest.json"; then
-  env -i "$dir/bin/zero_dist_tests" --gtest_list_tests 2>/dev/null | awk '/^[^ ]/{s=$1} /^ /{print s $1}' \
+  # An MPI singleton that starts no orted (gpu_check.sh sets the same).
+  env -i OMPI_MCA_ess_singleton_isolated=1 "$dir/bin/zero_dist_tests" --gtest_list_tests 2>/dev/null | awk '/^[^ ]/{s=$1} /^ /{print s $1}' \
     >"$scratch/dist_all.txt"
   short=$(python3 - "$root/scripts" "$scratch/all.txt" "$scratch/dist_all.txt" <<'PY'
 import sys

@@ -14,6 +14,7 @@
 
 #include "core/backend.h"
 #include "core/cuda/runtime.h"
+#include "core/kernels.h"
 #include "core/tensor.h"
 #include "distributed/job_runtime.h"
 #include "distributed/nccl_communicator.h"
@@ -181,6 +182,29 @@ TEST(CudaNccl, GroupedPathsMatchClosedForms) {
   NcclOptions options;
   options.force_grouped = true;
   if (!check_nccl(options)) GTEST_SKIP() << "NCCL needs a GPU per rank (" << cuda::device_count() << " visible)";
+}
+
+// Backend::synchronize waits for every function queued on the device, the communication stream's
+// collectives included (core/cuda/runtime.h, side streams): a collective issued and not waited for is
+// complete once it returns. The barrier, which all-reduces a device double of the communicator's own,
+// runs before and after.
+TEST(CudaNccl, SynchronizeWaitsForTheCommunicationStream) {
+  auto mpi = mpi_world();
+  if (!nccl_usable(mpi->rank(), mpi->world_size()))
+    GTEST_SKIP() << "NCCL needs a GPU per rank (" << cuda::device_count() << " visible)";
+  NcclCommunicator comm(mpi);
+  comm.barrier();
+  const std::size_t count = std::size_t{1} << 26;  // 256 MiB of f32: still running when issue returns
+  Tensor buf = Tensor::ones({static_cast<std::int64_t>(count)}, DType::f32, Device::cuda);
+  std::vector<std::shared_ptr<Work>> works;
+  for (int i = 0; i < 4; ++i) works.push_back(comm.all_reduce_async(buf.raw_data(), count, DType::f32, ReduceOp::sum));
+  kernels(Device::cuda).synchronize();
+  EXPECT_EQ(cudaStreamQuery(comm.comm_stream()), cudaSuccess);
+  for (auto& w : works) EXPECT_TRUE(w->is_completed());
+  for (auto& w : works) w->wait();
+  comm.barrier();
+  const float n = float(comm.world_size());
+  EXPECT_EQ(buf.narrow(0, 0, 1).to_vector(), std::vector<float>{n * n * n * n});
 }
 
 TEST(CudaHostStaged, CollectivesMatchClosedForms) {

@@ -19,9 +19,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/cuda/kernel_math.h"
@@ -512,6 +514,20 @@ struct AdamWTrajectory {
 
 /// |got[i] - want[i]| <= bound[i] everywhere (NaN never passes); the failure names the worst element
 /// (by error / bound) and how far past its bound it is.
+// Each comparison's worst error / bound goes into the running test's report as a property,
+// error_bound_ratio_1, _2, ... in the order compared (the GoogleTest JSON of scripts/gpu_check.sh shows
+// how close a kernel came to its bound, not only whether it stayed within it).
+inline void record_error_bound_ratio(double ratio) {
+  static const ::testing::TestInfo* test = nullptr;
+  static int k = 0;
+  const ::testing::TestInfo* now = ::testing::UnitTest::GetInstance()->current_test_info();
+  if (now == nullptr) return;
+  if (now != test) test = now, k = 0;
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4g", ratio);
+  ::testing::Test::RecordProperty("error_bound_ratio_" + std::to_string(++k), text);
+}
+
 inline ::testing::AssertionResult within_bounds(const std::vector<float>& got, const std::vector<double>& want,
                                                 const std::vector<double>& bound) {
   if (got.size() != want.size() || got.size() != bound.size())
@@ -519,6 +535,7 @@ inline ::testing::AssertionResult within_bounds(const std::vector<float>& got, c
                                          << bound.size();
   Worst w;
   for (std::size_t i = 0; i < got.size(); ++i) w.add(i, got[i], want[i], bound[i]);
+  record_error_bound_ratio(w.ratio);
   if (w.ratio > 1.0)
     return ::testing::AssertionFailure() << "element " << w.index << " of " << got.size() << ": got " << got[w.index]
                                          << ", exact " << want[w.index] << ", bound " << bound[w.index] << " (error "

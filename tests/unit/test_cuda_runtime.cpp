@@ -5,6 +5,8 @@
 
 #ifdef ZERO_HAS_CUDA
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -30,6 +32,32 @@ TEST(CudaAvailability, AnswersWithoutThrowing) {
     EXPECT_THROW(cuda::device_alloc(16), Error);
     EXPECT_FALSE(cuda::is_device_pointer(&available));
   }
+}
+
+// Runs everywhere: the side-stream list is host bookkeeping (the handles below are never passed to CUDA).
+// Backend::synchronize waits for exactly these streams besides the current one, so the NCCL
+// communicator's stream, registered for its lifetime, is waited for (CudaNccl.SynchronizeWaitsFor...
+// in tests/distributed/test_nccl.cpp checks the wait itself on a GPU).
+TEST(CudaSideStreams, ListedFromRegisterUntilUnregister) {
+  const auto a = reinterpret_cast<cudaStream_t>(std::uintptr_t{0x1000});
+  const auto b = reinterpret_cast<cudaStream_t>(std::uintptr_t{0x2000});
+  const auto before = cuda::side_streams();
+  auto listed = [](cudaStream_t s) {
+    const auto v = cuda::side_streams();
+    return std::count(v.begin(), v.end(), s);
+  };
+  cuda::register_side_stream(a);
+  cuda::register_side_stream(b);
+  cuda::register_side_stream(a);
+  EXPECT_EQ(listed(a), 2);
+  EXPECT_EQ(listed(b), 1);
+  cuda::unregister_side_stream(a);
+  EXPECT_EQ(listed(a), 1);
+  cuda::unregister_side_stream(b);
+  cuda::unregister_side_stream(b);  // not registered any more: ignored
+  EXPECT_EQ(listed(b), 0);
+  cuda::unregister_side_stream(a);
+  EXPECT_EQ(cuda::side_streams(), before);
 }
 
 TEST_F(CudaRuntime, AllocatorReusesFreedBlocks) {
