@@ -724,9 +724,9 @@ LoadResult load_residual(const Checkpoint& c, ZeroOptimizer& opt, int rank, int 
   LoadResult result;
   const ZeroOptions& zo = opt.options();
   if (!zo.quantized_gradients_error_feedback) return result;
-  std::string differs;  // "<what> <saved> (this run: <now>)"
+  std::string differs;  // "<what> <saved>, this run <now>"
   auto compare = [&](const char* what, const auto& saved, const auto& now) {
-    if (differs.empty() && saved != now) differs = fmt::format("{} {} (this run: {})", what, saved, now);
+    if (differs.empty() && saved != now) differs = fmt::format("{} {}, this run {}", what, saved, now);
   };
   if (!c.state.contains("error_feedback")) {
     differs = "no residual: it was saved without zero_quantized_gradients_error_feedback";

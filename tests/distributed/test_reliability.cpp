@@ -754,12 +754,12 @@ TEST(ZeroErrorFeedbackCheckpoint, AnotherLayoutStartsTheResidualFromZeroWithOneW
   };
   const Case cases[] = {
       {2, 2, 24, DType::bf16, ""},
-      {3, 2, 24, DType::bf16, "world size 2 (this run: 3)"},
-      {1, 2, 24, DType::bf16, "world size 2 (this run: 1)"},
-      {2, 1, 24, DType::bf16, "ZeRO stage 2 (this run: 1)"},
-      {2, 3, 24, DType::bf16, "ZeRO stage 2 (this run: 3)"},
-      {2, 2, 24, DType::f32, "dtype bf16 (this run: f32)"},
-      {2, 2, 16, DType::bf16, "reduce_bucket_size 24 (this run: 16)"},
+      {3, 2, 24, DType::bf16, "world size 2, this run 3"},
+      {1, 2, 24, DType::bf16, "world size 2, this run 1"},
+      {2, 1, 24, DType::bf16, "ZeRO stage 2, this run 1"},
+      {2, 3, 24, DType::bf16, "ZeRO stage 2, this run 3"},
+      {2, 2, 24, DType::f32, "dtype bf16, this run f32"},
+      {2, 2, 16, DType::bf16, "reduce_bucket_size 24, this run 16"},
   };
   for (const Case& c : cases) {
     const std::string what = fmt::format("{} ranks, stage {}, bucket {}, {}", c.world, c.stage, c.bucket,
