@@ -725,6 +725,30 @@ ZERO_DIST_TEST(ZeroErrorFeedback, ASameLayoutResumeIsBitwise) {
     }
 }
 
+// The count nonfinite_skip_limit compares against is saved too: a run saved right after a skipped step
+// resumes with one skip in a row behind it, so it stops where the uninterrupted run would.
+ZERO_DIST_TEST(ZeroNonfinite, TheSkipsInARowAreSavedInCheckpoints) {
+  auto comm = test_world();
+  const ZeroOptions o = feedback_options(2, 1, false, DType::bf16);
+  const std::filesystem::path dir = shared_temp_dir("skips_in_a_row");
+  {
+    Net net;
+    ZeroOptimizer opt(net.named_parameters(), comm, o);
+    FeedbackRun r;
+    train_feedback(opt, net, 0, 3, r, /*nan_step=*/2);
+    ASSERT_EQ(opt.consecutive_skipped_steps(), 1);
+    save_checkpoint(dir.string(), 2, opt, *comm, nlohmann::json::object(), 0);
+  }
+  Net net;
+  ZeroOptimizer opt(net.named_parameters(), comm, o);
+  load_checkpoint(open_checkpoint(resolve_checkpoint(dir.string()), comm.get()), opt, *comm);
+  EXPECT_EQ(opt.consecutive_skipped_steps(), 1);
+  EXPECT_EQ(opt.skipped_steps(), 1);
+  EXPECT_EQ(opt.steps(), 2);
+  comm->barrier();
+  if (comm->rank() == 0) std::filesystem::remove_all(dir);
+}
+
 #ifdef ZERO_INPROCESS_TESTS
 // Note [Error-feedback checkpoints]: at another world size, stage, dtype or bucket size the residual
 // starts from zero, with one warning line naming the setting that differs; master, m and v are
