@@ -37,6 +37,28 @@ namespace zero::dist {
 // model.safetensors holds the parameters back to back in the same order, so its data section is the
 // master's [0, Ψ) and every rank fills its own range of it in place.
 
+// Note [Error-feedback checkpoints]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With zero_quantized_gradients_error_feedback each rank holds a residual (Note [Error feedback] in
+// gradient_reducer.cpp) that is optimizer state (Note [Error feedback state]) but, unlike master, m
+// and v, is not a range of the flat buffer: rank r's residual covers every element, and holds what
+// rank r lost when IT sent them, as int8 in blocks of each bucket's per-rank slices with one fp32 scale
+// per block. So rank r saves its whole residual into its own shard ("error_feedback_residual": the
+// int8 values in flat order, [padded_numel] bytes, stored four to an I32 element since this reader has
+// no 8-bit type; "error_feedback_scales": F32), and state.json records the layout it belongs to.
+// A resume at the same world size, stage, dtype, bucket size and block size gives each rank its own
+// residual back, so the run continues bit for bit. Anywhere else the residual is reset to zero, with
+// one warning line naming the first setting that differs. Resharding was the alternative, and it is
+// not a range copy: at another N (or bucket size) the slices, hence the blocks and scales, differ, and
+// there is no rank-to-rank correspondence (each old rank's residual is its own share of what was lost:
+// only their sum means anything), so a reshard would have to dequantize every rank's residual, sum
+// them, split the sum over the new ranks and requantize it in the new blocks, reading N residuals of
+// Ψ bytes each. What a reset gives up is bounded: at most half a quantization step per element, the
+// error of one reduction, which is exactly where every run with error feedback starts (the residual is
+// zero at step 0); the Adam moments and master weights, which carry the training, are resharded as
+// always. A checkpoint saved without error feedback (or before residuals were saved) gets the same
+// reset and warning; a run without error feedback ignores a saved residual.
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -265,6 +287,20 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
   parts.push_back({"exp_avg_sq", &opt.exp_avg_sq()});
   std::vector<st::TensorInfo> shard_tensors;
   for (const auto& [tname, t] : parts) shard_tensors.push_back({tname, DType::f32, {n}, 0, 0});
+  // This rank's error-feedback residual, whole (Note [Error-feedback checkpoints]): int8 values packed
+  // four to an I32 element (zero-padded), then the block scales.
+  const bool feedback = zo.quantized_gradients_error_feedback;
+  const std::vector<std::int8_t>& residual = opt.residual_values();
+  const std::vector<float>& residual_scales = opt.residual_scales();
+  std::vector<std::int8_t> residual_packed;
+  if (feedback) {
+    residual_packed.assign((residual.size() + 3) / 4 * 4, 0);
+    std::copy(residual.begin(), residual.end(), residual_packed.begin());
+    shard_tensors.push_back(
+        {"error_feedback_residual", DType::i32, {static_cast<std::int64_t>(residual_packed.size() / 4)}, 0, 0});
+    shard_tensors.push_back(
+        {"error_feedback_scales", DType::f32, {static_cast<std::int64_t>(residual_scales.size())}, 0, 0});
+  }
   const std::string shard_header = st::encode_header(
       shard_tensors, {{"flat_begin", std::to_string(wb)}, {"flat_end", std::to_string(we)},
                       {"rank", std::to_string(rank)}, {"world_size", std::to_string(world)},
@@ -284,6 +320,16 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
           shard_crc = st::crc32(p, bytes, shard_crc);
           pos += bytes;
         });
+      if (feedback) {
+        const std::pair<const void*, std::size_t> raw[] = {
+            {residual_packed.data(), residual_packed.size()},
+            {residual_scales.data(), residual_scales.size() * sizeof(float)}};
+        for (const auto& [p, bytes] : raw) {
+          st::io::pwrite_all(fd, p, bytes, pos, shard_path);
+          shard_crc = st::crc32(p, bytes, shard_crc);
+          pos += bytes;
+        }
+      }
     } catch (...) {
       ::close(fd);
       throw;
@@ -356,6 +402,7 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
       param_steps[opt.layout().params()[i].name] = opt.param_steps()[i];
     state["optimizer"] = {{"steps", opt.steps()},
                           {"skipped_steps", opt.skipped_steps()},
+                          {"consecutive_skipped_steps", opt.consecutive_skipped_steps()},
                           {"param_steps", param_steps},
                           {"lr", opt.lr()},
                           {"loss_scaler",
@@ -364,6 +411,10 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
                             {"iter", ls.iter},
                             {"last_overflow_iter", ls.last_overflow_iter},
                             {"skips_at_min", ls.skips_at_min}}}};
+    if (feedback)  // the layout the shards' residuals belong to (Note [Error-feedback checkpoints])
+      state["error_feedback"] = {{"reduce_bucket_size", zo.reduce_bucket_size},
+                                 {"quantized_gradients_block", zo.quantized_gradients_block},
+                                 {"padded_numel", layout.padded_numel()}};
     state["shards"] = shards;
     state["files"] = files;
     const std::string text = state.dump(1) + "\n";
@@ -665,7 +716,59 @@ void check_parameters(const Checkpoint& c, const std::vector<nn::NamedParameter>
   }
 }
 
-void load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm) {
+namespace {
+
+// Note [Error-feedback checkpoints]: this rank's residual from its own shard when the checkpoint's
+// layout is this run's; else the reason it is not, as the warning line.
+LoadResult load_residual(const Checkpoint& c, ZeroOptimizer& opt, int rank, int world) {
+  LoadResult result;
+  const ZeroOptions& zo = opt.options();
+  if (!zo.quantized_gradients_error_feedback) return result;
+  std::string differs;  // "<what> <saved>, this run <now>"
+  auto compare = [&](const char* what, const auto& saved, const auto& now) {
+    if (differs.empty() && saved != now) differs = fmt::format("{} {}, this run {}", what, saved, now);
+  };
+  if (!c.state.contains("error_feedback")) {
+    differs = "no residual: it was saved without zero_quantized_gradients_error_feedback";
+  } else {
+    const auto& ef = get<nlohmann::json>(c.state, "error_feedback", c.dir);
+    compare("world size", get<int>(c.state, "world_size", c.dir), world);
+    compare("ZeRO stage", get<int>(c.state, "zero_stage", c.dir), zo.stage);
+    compare("dtype", get<std::string>(c.state, "dtype", c.dir), std::string(dtype_name(zo.dtype)));
+    compare("reduce_bucket_size", get<std::int64_t>(ef, "reduce_bucket_size", c.dir), zo.reduce_bucket_size);
+    compare("zero_quantized_gradients_block_size", get<std::int64_t>(ef, "quantized_gradients_block", c.dir),
+            zo.quantized_gradients_block);
+    compare("padded size", get<std::int64_t>(ef, "padded_numel", c.dir), opt.layout().padded_numel());
+  }
+  if (!differs.empty()) {
+    result.warning = fmt::format("warning: checkpoint '{}': the error-feedback residual starts from zero, as in a "
+                                 "fresh run: the checkpoint has {} (docs/checkpoint.md, \"Error feedback\")",
+                                 c.dir, differs);
+    return result;
+  }
+  const std::string file = (fs::path(c.dir) / shard_name(rank)).string();
+  st::Reader r(file);
+  const std::size_t values = opt.residual_values().size(), scales = opt.residual_scales().size();
+  const st::TensorInfo* v = r.find("error_feedback_residual");
+  const st::TensorInfo* s = r.find("error_feedback_scales");
+  ZERO_CHECK(v && v->dtype == DType::i32 && static_cast<std::size_t>(v->numel()) == (values + 3) / 4,
+             "checkpoint '{}': shard '{}' lacks an I32 'error_feedback_residual' of {} elements ({} int8 values)", c.dir,
+             shard_name(rank), (values + 3) / 4, values);
+  ZERO_CHECK(s && s->dtype == DType::f32 && static_cast<std::size_t>(s->numel()) == scales,
+             "checkpoint '{}': shard '{}' lacks an F32 'error_feedback_scales' of {} elements", c.dir, shard_name(rank),
+             scales);
+  std::vector<std::int8_t> residual(values);
+  std::vector<float> residual_scales(scales);
+  r.read_data(v->begin, values, residual.data());
+  r.read_f32(*s, 0, static_cast<std::int64_t>(scales), residual_scales.data());
+  opt.set_residual(residual, residual_scales);
+  result.residual_restored = true;
+  return result;
+}
+
+}  // namespace
+
+LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm) {
   opt.wait_for_params();  // an overlapped all-gather of the last step must not land on the loaded values
   const FlatLayout& layout = opt.layout();
   const std::int64_t numel = layout.numel();
@@ -739,7 +842,10 @@ void load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm
       get<std::int64_t>(ls, "last_overflow_iter", c.dir),
       ls.contains("skips_at_min") ? get<std::int64_t>(ls, "skips_at_min", c.dir) : 0};  // absent before it existed
   opt.restore_counters(get<std::int64_t>(o, "steps", c.dir), get<std::int64_t>(o, "skipped_steps", c.dir),
-                       saved == DType::f16 ? &scaler : nullptr);
+                       saved == DType::f16 ? &scaler : nullptr,
+                       o.contains("consecutive_skipped_steps")  // absent before it existed
+                           ? get<std::int64_t>(o, "consecutive_skipped_steps", c.dir)
+                           : 0);
   // Parameters that went without gradients for some steps have fewer AdamW steps than the optimizer.
   std::vector<std::int64_t> param_steps = opt.param_steps();
   if (o.contains("param_steps")) {
@@ -749,8 +855,9 @@ void load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm
         param_steps[i] = get<std::int64_t>(saved_steps, opt.layout().params()[i].name.c_str(), c.dir);
   }
   opt.set_param_steps(std::move(param_steps));
+  const LoadResult result = load_residual(c, opt, comm.rank(), comm.world_size());
   opt.sync_params_from_master();
-  (void)comm;
+  return result;
 }
 
 void load_weights(const std::string& path, const std::vector<nn::NamedParameter>& params, bool allow_non_finite) {

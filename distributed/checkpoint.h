@@ -5,7 +5,8 @@
 //   DIR/step_00000020/model.safetensors              every trainable parameter in fp32, under its
 //                                                    named_parameters() name (the exact fp32 master)
 //   DIR/step_00000020/optimizer_rank00003.safetensors  rank 3's slice of the flat layout: fp32 master
-//                                                    (16-bit runs), AdamW exp_avg and exp_avg_sq
+//                                                    (16-bit runs), AdamW exp_avg and exp_avg_sq; with
+//                                                    error feedback, rank 3's whole residual too
 //   DIR/step_00000020/state.json                     version, step, counters, loss scaler, the
 //                                                    caller's extra state, CRC-32 of every other file
 //   DIR/latest                                       the newest complete checkpoint's name
@@ -118,11 +119,25 @@ Checkpoint open_checkpoint(const std::string& dir, Communicator* comm);
 /// trainable ones of `params` (in order): a name missing on either side, or a shape (both shapes).
 void check_parameters(const Checkpoint& ckpt, const std::vector<nn::NamedParameter>& params);
 
+/// What load_checkpoint did beyond the ranges every load restores.
+struct LoadResult {
+  /// Error feedback is on and this rank got its saved residual back (same world size, stage, dtype,
+  /// bucket size and block size: Note [Error-feedback checkpoints] in checkpoint.cpp).
+  bool residual_restored = false;
+  /// One line, "warning: ...", when error feedback is on and the residual was reset to zero instead,
+  /// naming the first setting that differs from the checkpoint's (the same on every rank: print it on
+  /// one). Empty otherwise.
+  std::string warning;
+};
+
 /// Restores `opt` from `ckpt` (after check_parameters): this rank's region of the fp32 master (from
 /// the shards for 16-bit checkpoints, from model.safetensors for fp32 ones), AdamW m and v, the step
-/// counters and, when both runs are fp16, the loss scaler; then rounds and all-gathers the
-/// parameters. Any world size, stage and dtype. Collective. Throws zero::Error on an I/O error.
-void load_checkpoint(const Checkpoint& ckpt, ZeroOptimizer& opt, Communicator& comm);
+/// counters and, when both runs are fp16, the loss scaler; with error feedback, this rank's residual
+/// when the layout is the same, else it stays zero (LoadResult says which); then rounds and
+/// all-gathers the parameters. Any world size, stage and dtype. Collective. Throws zero::Error on an
+/// I/O error, or naming the shard when its residual has the wrong type or size (before anything of
+/// the residual is written).
+LoadResult load_checkpoint(const Checkpoint& ckpt, ZeroOptimizer& opt, Communicator& comm);
 
 /// Copies the F32 tensors of safetensors file `path` into the parameters of the same names (before a
 /// ZeroOptimizer takes them over). Every trainable parameter must be present with its shape and F32,

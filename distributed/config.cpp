@@ -408,6 +408,8 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
     fail(src, "collective_timeout_s", fmt::format("must be a number of seconds > 0, got {}", *c.collective_timeout_s));
   if (c.nonfinite_grads != "error" && c.nonfinite_grads != "skip")
     fail(src, "nonfinite_grads", fmt::format("must be \"error\" or \"skip\", got \"{}\"", c.nonfinite_grads));
+  if (c.nonfinite_skip_limit < 0)
+    fail(src, "nonfinite_skip_limit", fmt::format("must be >= 0 (0 = never stop), got {}", c.nonfinite_skip_limit));
 
   const Fp16Config& f = c.fp16;
   if (!(f.loss_scale >= 0.0) || !std::isfinite(f.loss_scale))
@@ -521,6 +523,7 @@ TrainingConfig parse(const json& j, const std::string& src) {
     root.find("collective_timeout_s");  // a null is known too
   }
   root.read("nonfinite_grads", c.nonfinite_grads);
+  root.read("nonfinite_skip_limit", c.nonfinite_skip_limit);
   if (root.has("communication_data_type")) {
     std::string t;
     root.read("communication_data_type", t);
@@ -622,6 +625,7 @@ nlohmann::json TrainingConfig::to_json() const {
       {"gradient_clipping", gradient_clipping},
       {"collective_timeout_s", collective_timeout_s ? json(*collective_timeout_s) : json(nullptr)},
       {"nonfinite_grads", nonfinite_grads},
+      {"nonfinite_skip_limit", nonfinite_skip_limit},
       {"communication_data_type", communication_data_type ? json(*communication_data_type) : json(nullptr)},
       {"fp16",
        {{"enabled", fp16.enabled},
@@ -750,6 +754,7 @@ ZeroOptions TrainingConfig::zero_options() const {
   zo.gradient_clipping = static_cast<float>(gradient_clipping);
   zo.fp16 = loss_scaler_config();
   zo.nonfinite_grads = nonfinite_grads == "skip" ? NonfiniteGrads::skip : NonfiniteGrads::error;
+  zo.nonfinite_skip_limit = nonfinite_skip_limit;
   return zo;
 }
 

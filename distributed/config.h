@@ -144,6 +144,9 @@ struct TrainingConfig {
   // step, "skip" skips the step like an fp16 overflow. fp16 always skips (loss scaling). Not a
   // DeepSpeed key (DeepSpeed applies such a step).
   std::string nonfinite_grads = "error";
+  // fp32/bf16 with nonfinite_grads "skip": the consecutive skipped steps that stop training (>= 0; 0 =
+  // never stop). The default is fp16.min_scale_skip_limit's. Not a DeepSpeed key.
+  int nonfinite_skip_limit = 1;
   // DeepSpeed's communication_data_type: the dtype gradient reductions travel in, "fp32", "fp16" or
   // "bf16". Unset: the model dtype. Supported: the model dtype, or "fp32" for a 16-bit model
   // (partial sums in fp32, rounded once; twice the reduction bytes).

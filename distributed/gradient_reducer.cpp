@@ -87,8 +87,32 @@ namespace zero::dist {
 // Size: a rank quantizes every element it sends, and it sends every bucket, so the residual covers the
 // whole flat buffer, Ψ elements per rank at stage 2 as at stage 1, not the partition's Ψ/N: about Ψ
 // bytes, half of stage 2's partition gradient saving for a 16-bit model at large N (docs/collectives.md,
-// "Error feedback"). A block holding inf/NaN (an fp16 overflow) keeps a zero residual, so a skipped step
-// does not poison the next one. Counted in memory().residual.
+// "Error feedback"). A block holding inf/NaN (an fp16 overflow) keeps a zero residual (the step is then
+// skipped, and the residual put back: Note [Error feedback state]). Counted in memory().residual.
+
+// Note [Error feedback state]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The residual is optimizer state: it changes with every reduction, and it is rewritten during
+// backward (feed_back_error, at bucket issue), before step() knows whether the step will be skipped
+// (an fp16 overflow, or a non-finite fp32/bf16 gradient with nonfinite_grads = skip, on any rank) or
+// whether the backward itself will fail (Note [Exception safety] in zero_optimizer.cpp). A skipped step
+// must leave it bitwise unchanged, as if the step's micro-batches had never been seen, and so must a
+// failed backward. The new residual cannot be recomputed from the old one afterwards (the bucket it
+// came from was reduced in place), so the reducer keeps copies, taken at begin_backward of a backward
+// that reduces:
+//   - window_: the residual before the first reduction of the accumulation (stage 1 reduces once, in
+//     the backward that ends it; stages 2/3 in every micro-step). A skipped step puts it back
+//     (discard_residual_updates, from ZeroOptimizer::skip_step, before zero_grad closes the
+//     accumulation); so does a failure of that first backward (abandon_backward).
+//   - backward_: at stages 2/3 with GAS > 1 the later micro-steps reduce too, and a failure there must
+//     return to the residual after the earlier ones, not to the accumulation's start; so each of them
+//     copies the residual first. Allocated by the first such backward, like the accumulated gradient's
+//     copy, and counted with it in memory().recovery.
+// Cost: one copy of the residual (int8 + scales, Ψ + 4·blocks bytes) per reducing backward, a memcpy
+// next to feed_back_error's several passes over the same elements; memory: window_ always (counted in
+// memory().residual, which is therefore twice the residual's own size), backward_ only at stages 2/3
+// with GAS > 1. Checkpoints save the residual itself (it is per rank: each rank's own sent elements);
+// Note [Error-feedback checkpoints] in checkpoint.cpp says what a resume does with it.
 void GradientReducer::feed_back_error(int k, char* data) {
   const Bucket& b = plan_.buckets[static_cast<std::size_t>(k)];
   const DType dt = plan_.options.dtype;
@@ -152,6 +176,7 @@ GradientReducer::GradientReducer(const ZeroPlan& plan, int rank, std::shared_ptr
       }
     }
     residual_scales_.assign(scales, 0.0f);
+    save_residual(window_);  // allocated now: it exists for the whole run (Note [Error feedback state])
     sent_.resize(max_slice);
     lost_.resize(max_slice);
     wire_values_.resize(max_slice);
@@ -186,7 +211,42 @@ double GradientReducer::pool_bytes() const {
 }
 
 double GradientReducer::residual_bytes() const {
-  return static_cast<double>(residual_.size()) + sizeof(float) * static_cast<double>(residual_scales_.size());
+  // The residual and its copy from the accumulation's start (Note [Error feedback state]).
+  return static_cast<double>(residual_.size() + window_.values.size()) +
+         sizeof(float) * static_cast<double>(residual_scales_.size() + window_.scales.size());
+}
+
+double GradientReducer::residual_recovery_bytes() const {
+  return static_cast<double>(backward_.values.size()) + sizeof(float) * static_cast<double>(backward_.scales.size());
+}
+
+// ---- error feedback's residual as optimizer state (Note [Error feedback state]) ------------------------
+
+void GradientReducer::save_residual(ResidualCopy& to) const {
+  to.values.assign(residual_.begin(), residual_.end());
+  to.scales.assign(residual_scales_.begin(), residual_scales_.end());
+}
+
+void GradientReducer::load_residual(const ResidualCopy& from) {
+  std::copy(from.values.begin(), from.values.end(), residual_.begin());
+  std::copy(from.scales.begin(), from.scales.end(), residual_scales_.begin());
+}
+
+void GradientReducer::discard_residual_updates() {
+  if (window_saved_) load_residual(window_);
+  window_saved_ = false;
+}
+
+void GradientReducer::set_residual(const std::vector<std::int8_t>& values, const std::vector<float>& scales) {
+  ZERO_CHECK(plan_.options.quantized_gradients_error_feedback,
+             "ZeRO: set_residual() without zero_quantized_gradients_error_feedback");
+  ZERO_CHECK(!in_backward_, "ZeRO: set_residual() inside a backward");
+  ZERO_CHECK(values.size() == residual_.size() && scales.size() == residual_scales_.size(),
+             "ZeRO: an error-feedback residual of {} values and {} scales, this run's has {} and {}", values.size(),
+             scales.size(), residual_.size(), residual_scales_.size());
+  residual_ = values;
+  residual_scales_ = scales;
+  window_saved_ = false;
 }
 
 Tensor GradientReducer::gradient() const {
@@ -197,6 +257,7 @@ Tensor GradientReducer::gradient() const {
 void GradientReducer::zero_grad() {
   accumulated_.zero_();
   std::fill(used_.begin(), used_.end(), 0);
+  window_saved_ = false;  // the accumulation is over, applied or skipped (Note [Error feedback state])
 }
 
 // ---- one backward ------------------------------------------------------------------------------------
@@ -209,6 +270,13 @@ void GradientReducer::begin_backward(bool reduce) {
   for (std::size_t k = 0; k < plan_.buckets.size(); ++k) pending_[k] = static_cast<int>(plan_.buckets[k].params.size());
   next_bucket_ = 0;
   if (plan_.options.stage < 2) attach_flat_grads();
+  // Note [Error feedback state]: the residual before this backward's reductions rewrite it.
+  restore_ = ResidualRestore::none;
+  if (reduce && plan_.options.quantized_gradients_error_feedback) {
+    save_residual(window_saved_ ? backward_ : window_);
+    restore_ = window_saved_ ? ResidualRestore::backward : ResidualRestore::window;
+    window_saved_ = true;
+  }
   in_backward_ = true;
 }
 
@@ -222,6 +290,7 @@ void GradientReducer::end_backward() {
   }
   detach_grads();
   for (std::size_t i = 0; i < params_.size(); ++i) used_[i] = used_[i] || delivered_[i];
+  restore_ = ResidualRestore::none;
 }
 
 void GradientReducer::abandon_backward() noexcept {
@@ -234,6 +303,14 @@ void GradientReducer::abandon_backward() noexcept {
   for (int b = 0; b < static_cast<int>(pool_.size()); ++b) free_buffers_.push_back(b);
   for (Tensor& g : kept_) g = Tensor();
   detach_grads();
+  // Note [Error feedback state]: no collective is in flight any more, nothing writes the residual.
+  if (restore_ == ResidualRestore::window) {
+    load_residual(window_);
+    window_saved_ = false;
+  } else if (restore_ == ResidualRestore::backward) {
+    load_residual(backward_);
+  }
+  restore_ = ResidualRestore::none;
 }
 
 void GradientReducer::attach_flat_grads() {

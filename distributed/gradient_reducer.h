@@ -71,8 +71,27 @@ class GradientReducer {
   const std::vector<char>& used() const { return used_; }
   /// Bytes of the stage-2 bucket pool (0 at stages 0/1).
   double pool_bytes() const;
-  /// Bytes of the error-feedback residual (0 without zero_quantized_gradients_error_feedback).
+  /// Bytes error feedback holds for good (0 without zero_quantized_gradients_error_feedback): the
+  /// residual and its copy from the start of the accumulation (Note [Error feedback state]).
   double residual_bytes() const;
+  /// Bytes of the residual's per-backward restore copy (stages 2/3, allocated by the first backward
+  /// after the first of an accumulation; Note [Error feedback state]). 0 until then.
+  double residual_recovery_bytes() const;
+
+  // ---- error feedback's residual as optimizer state (Note [Error feedback state]) ----
+  /// A step was skipped: puts the residual (values and scales) back to what it was before the first
+  /// reduction since the last zero_grad(), so the skipped step leaves it bitwise unchanged. Call before
+  /// zero_grad(). A no-op without error feedback or when nothing was reduced.
+  void discard_residual_updates();
+  /// This rank's residual (Note [Error feedback]): int8 [padded_numel], one per flat element (this rank
+  /// sends every bucket), and fp32 scales, one per quantization block of each bucket's per-rank slices,
+  /// bucket by bucket. Both empty without error feedback.
+  const std::vector<std::int8_t>& residual_values() const { return residual_; }
+  const std::vector<float>& residual_scales() const { return residual_scales_; }
+  /// Replaces the residual with one saved from a run of the same plan (world size, buckets, block).
+  /// Throws zero::Error, changing nothing, when error feedback is off, when a size differs from
+  /// residual_values() / residual_scales() (naming both), or inside a backward.
+  void set_residual(const std::vector<std::int8_t>& values, const std::vector<float>& scales);
 
  private:
   struct InFlight {
@@ -128,6 +147,20 @@ class GradientReducer {
   std::vector<std::size_t> residual_first_scale_;
   std::vector<float> sent_, lost_, wire_scales_;
   std::vector<std::int8_t> wire_values_;
+  // Its restore points (Note [Error feedback state]): the residual before the first reduction of this
+  // accumulation (window_) and, at stages 2/3, before this backward's reductions when an earlier
+  // micro-step already reduced (backward_, allocated on first use); restore_ says which one
+  // abandon_backward() puts back.
+  struct ResidualCopy {
+    std::vector<std::int8_t> values;
+    std::vector<float> scales;
+  };
+  enum class ResidualRestore { none, window, backward };
+  void save_residual(ResidualCopy& to) const;
+  void load_residual(const ResidualCopy& from);
+  ResidualCopy window_, backward_;
+  bool window_saved_ = false;  // window_ holds this accumulation's starting residual
+  ResidualRestore restore_ = ResidualRestore::none;
 };
 
 }  // namespace zero::dist

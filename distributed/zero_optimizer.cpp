@@ -38,8 +38,9 @@ namespace zero::dist {
 //     adding it in afterwards would cost the same memory plus an add pass per micro-step, and would
 //     still need a copy at the boundary, where the in-place reduction destroys the local sum;
 //   - on failure the restore point undoes itself: the reducer waits for every collective in flight
-//     (its buffer is ours until it finishes) and returns its pool buffers, then the accumulated
-//     gradient is put back; micro_step_ is left unchanged;
+//     (its buffer is ours until it finishes) and returns its pool buffers (and, with error feedback,
+//     puts back the residual its bucket issues rewrote: Note [Error feedback state] in
+//     gradient_reducer.cpp), then the accumulated gradient is put back; micro_step_ is left unchanged;
 //   - module parameters carry no grad() outside backward(): the views into the flat gradient are
 //     attached at its start and detached at its end. A plain loss.backward() then makes autograd
 //     allocate fresh gradients, and the hook that refuses it drops them, so nothing reaches our buffers;
@@ -75,7 +76,14 @@ namespace zero::dist {
 // costs no extra sweep and no extra collective. f16 treats it as overflow (skip, lower the scale: the
 // loss scaler's rule); f32/bf16 throw by default, naming the step and, found by a second sweep that
 // runs only on this error path, the first parameter with a non-finite gradient (agreed by a min
-// all-reduce over the owners); nonfinite_grads = skip skips the step as fp16 does.
+// all-reduce over the owners); nonfinite_grads = skip skips the step as fp16 does. A skip is not a cure:
+// a run whose every step is non-finite would "train" forever without changing a weight, so skip mode
+// stops, throwing NonfiniteSkipLimitError, at the nonfinite_skip_limit-th skipped step in a row (an
+// applied step resets the count; 0 never stops). It is fp16's rule at the minimum loss scale (Note
+// [Stopping at the minimum scale] in optim/loss_scaler.cpp), where a smaller scale can no longer help:
+// f32/bf16 have no scale to lower, so every skip counts, and the default limit is the same 1. The count
+// is saved in checkpoints, so a resumed run stops where the uninterrupted one would. Every rank sees
+// the same non-finite norm, so every rank throws at the same step.
 
 namespace {
 
@@ -231,6 +239,7 @@ MemoryBreakdown ZeroOptimizer::memory() const {
   m.buckets = reducer_->pool_bytes();
   m.residual = reducer_->residual_bytes();
   if (grad_backup_.defined()) m.recovery = static_cast<double>(grad_backup_.nbytes());
+  m.recovery += reducer_->residual_recovery_bytes();
   return m;
 }
 
@@ -404,10 +413,21 @@ bool ZeroOptimizer::skip_step(const Tensor& grad) {
   if (dt != DType::f16 && plan_.options.nonfinite_grads == NonfiniteGrads::error)
     throw_nonfinite(grad, step_count_ + skipped_steps_ + 1);
   last_grad_norm_ = std::numeric_limits<double>::infinity();
+  reducer_->discard_residual_updates();  // Note [Error feedback state]: as if the step never happened
   reducer_->zero_grad();
   ++skipped_steps_;
   micro_step_ = 0;
-  if (dt == DType::f16) scaler_.update(true);  // may throw optim::MinLossScaleError, with the step counted
+  if (dt == DType::f16) {
+    scaler_.update(true);  // may throw optim::MinLossScaleError, with the step counted
+    return false;
+  }
+  ++consecutive_skips_;
+  const int limit = plan_.options.nonfinite_skip_limit;
+  if (limit > 0 && consecutive_skips_ >= limit)
+    throw NonfiniteSkipLimitError(fmt::format(
+        "step {}: non-finite gradient (inf or NaN) on {} consecutive step(s), all skipped (nonfinite_skip_limit "
+        "{}): training cannot make progress; check the data and the weights, or lower the learning rate",
+        step_count_ + skipped_steps_, consecutive_skips_, limit));
   return false;
 }
 
@@ -415,6 +435,7 @@ void ZeroOptimizer::update(const Tensor& grad, const StepDecision& d) {
   // From here on nothing can fail before the all-gather (Note [Exception safety]): the step is committed.
   micro_step_ = 0;
   ++step_count_;
+  consecutive_skips_ = 0;
   optimizer_->step(grad, d.grad_factor, d.stepped, lr_);
   reducer_->zero_grad();
   scaler_.update(false);
@@ -443,14 +464,21 @@ void ZeroOptimizer::throw_nonfinite(const Tensor& grad, std::int64_t step) {
 // ---- what a checkpoint reads and restores ------------------------------------------------------------
 
 void ZeroOptimizer::restore_counters(std::int64_t steps, std::int64_t skipped_steps,
-                                     const optim::LossScaler::State* scaler) {
-  ZERO_CHECK(steps >= 0 && skipped_steps >= 0, "ZeRO: step counts must be >= 0, got {} and {}", steps, skipped_steps);
+                                     const optim::LossScaler::State* scaler, std::int64_t consecutive_skips) {
+  ZERO_CHECK(steps >= 0 && skipped_steps >= 0 && consecutive_skips >= 0,
+             "ZeRO: step counts must be >= 0, got {}, {} and {}", steps, skipped_steps, consecutive_skips);
   ZERO_CHECK(micro_step_ == 0, "ZeRO: restore_counters() between backward() and step()");
   step_count_ = steps;
   skipped_steps_ = skipped_steps;
+  consecutive_skips_ = consecutive_skips;
   // Every parameter stepped every step unless the checkpoint says otherwise (set_param_steps).
   optimizer_->reset_param_steps(steps);
   if (scaler != nullptr && plan_.options.dtype == DType::f16) scaler_.set_state(*scaler);
+}
+
+void ZeroOptimizer::set_residual(const std::vector<std::int8_t>& values, const std::vector<float>& scales) {
+  ZERO_CHECK(micro_step_ == 0, "ZeRO: set_residual() between backward() and step()");
+  reducer_->set_residual(values, scales);
 }
 
 void ZeroOptimizer::set_param_steps(std::vector<std::int64_t> steps) {

@@ -50,6 +50,13 @@
 
 namespace zero::dist {
 
+/// What step() throws when f32/bf16 training with nonfinite_grads = skip has skipped
+/// nonfinite_skip_limit steps in a row (Note [Non-finite gradients] in zero_optimizer.cpp).
+class NonfiniteSkipLimitError : public Error {
+ public:
+  using Error::Error;
+};
+
 class ZeroOptimizer {
  public:
   /// Takes over the trainable parameters of `params` (requires_grad; frozen ones are left alone).
@@ -83,7 +90,11 @@ class ZeroOptimizer {
   /// unscale + clip, AdamW on this rank's partition (parameters no rank produced a gradient for are
   /// left alone: Note [Unused parameters]), cast back, all-gather. Returns false (parameters untouched,
   /// gradients cleared) if the gradient is non-finite on any rank and the step is skipped: always for
-  /// f16 (the loss scale is lowered), for f32/bf16 with nonfinite_grads = skip. Collective. Throws
+  /// f16 (the loss scale is lowered), for f32/bf16 with nonfinite_grads = skip. A skipped step leaves
+  /// every optimizer state bitwise as before its accumulation, the error-feedback residual included
+  /// (Note [Error feedback state] in gradient_reducer.cpp). Collective. Throws
+  /// NonfiniteSkipLimitError (the step counted as skipped) when it is the nonfinite_skip_limit-th
+  /// f32/bf16 step in a row skipped, naming the step and the limit. Throws
   /// zero::Error if fewer than gradient_accumulation_steps backward() calls preceded it, and for a
   /// non-finite f32/bf16 gradient with nonfinite_grads = error, naming the step and the first
   /// parameter whose gradient is non-finite. An error before the update changes nothing (step() may be
@@ -114,6 +125,8 @@ class ZeroOptimizer {
   float loss_scale() const;
   /// Steps skipped for overflow so far.
   std::int64_t skipped_steps() const { return skipped_steps_; }
+  /// f32/bf16: steps skipped in a row since the last applied one (what nonfinite_skip_limit counts).
+  std::int64_t consecutive_skipped_steps() const { return consecutive_skips_; }
   /// Steps applied so far (the AdamW step count).
   std::int64_t steps() const { return step_count_; }
   /// Global L2 norm of the last step's averaged gradient, unscaled and before clipping (inf/NaN on an
@@ -133,8 +146,10 @@ class ZeroOptimizer {
   /// (stage 3: the shard); grads = full flat gradient (stages 0/1) or the partition gradient (2/3);
   /// optimizer_states = fp32 master (none for f32: the model's parameters are the master) + m + v,
   /// for everything (stage 0) or the partition (1-3); buckets = the stage-2/3 bucket pool (stages 0/1
-  /// reduce in place and hold none); recovery = the restore point's copy (allocated by the first
-  /// backward with GAS > 1); gathered = stage 3's most gathered parameter bytes alive at once so far.
+  /// reduce in place and hold none); recovery = the restore point's copies (allocated by the first
+  /// backward with GAS > 1: the accumulated gradient's and, at stages 2/3 with error feedback, the
+  /// residual's); gathered = stage 3's most gathered parameter bytes alive at once so far; residual =
+  /// error feedback's residual and its copy from the accumulation's start (Note [Error feedback state]).
   MemoryBreakdown memory() const;
 
   // ---- what a checkpoint reads and restores (distributed/checkpoint.h) ----
@@ -149,9 +164,18 @@ class ZeroOptimizer {
   const Tensor& exp_avg() const { return optimizer_->exp_avg(); }
   const Tensor& exp_avg_sq() const { return optimizer_->exp_avg_sq(); }
   const optim::LossScaler& loss_scaler() const { return scaler_; }
-  /// Sets the step counters and, for f16, the loss scaler's state. Throws zero::Error for negative
-  /// counts or between backward() and step().
-  void restore_counters(std::int64_t steps, std::int64_t skipped_steps, const optim::LossScaler::State* scaler);
+  /// Sets the step counters (`consecutive_skips`: consecutive_skipped_steps()) and, for f16, the loss
+  /// scaler's state. Throws zero::Error for negative counts or between backward() and step().
+  void restore_counters(std::int64_t steps, std::int64_t skipped_steps, const optim::LossScaler::State* scaler,
+                        std::int64_t consecutive_skips = 0);
+  /// Error feedback's residual of this rank (GradientReducer::residual_values / residual_scales: int8
+  /// [padded_numel] and fp32 block scales, per bucket per rank slice); empty without error feedback.
+  const std::vector<std::int8_t>& residual_values() const { return reducer_->residual_values(); }
+  const std::vector<float>& residual_scales() const { return reducer_->residual_scales(); }
+  /// Replaces this rank's residual with one saved by a run of the same plan (a checkpoint load).
+  /// Throws zero::Error without error feedback, for sizes that differ from this run's, or between
+  /// backward() and step().
+  void set_residual(const std::vector<std::int8_t>& values, const std::vector<float>& scales);
   /// Rounds the master region into the model-dtype flat buffer (f16/bf16; f32 shares it) and
   /// all-gathers it (stages 1/2), as the end of step() does (stage 3: into the shard, and every gathered
   /// unit is freed). Collective.
@@ -202,6 +226,7 @@ class ZeroOptimizer {
   int micro_step_ = 0;  // backward() calls since the last step()
   std::int64_t step_count_ = 0;
   std::int64_t skipped_steps_ = 0;
+  std::int64_t consecutive_skips_ = 0;  // f32/bf16 skipped steps since the last applied one
   double last_grad_norm_ = 0.0;
   bool in_own_collectives_ = false;  // inside step(): stage 3's before-collective hook does nothing
   Tensor grad_backup_;  // the restore point's copy of the accumulated gradient (Note [Exception safety])

@@ -71,6 +71,8 @@ void check_zero_options(const ZeroOptions& o) {
   ZERO_CHECK(o.gradient_clipping >= 0.0f, "ZeRO: gradient_clipping must be >= 0 (0 = off), got {}",
              o.gradient_clipping);
   ZERO_CHECK(o.weight_decay >= 0.0f, "ZeRO: weight_decay must be >= 0, got {}", o.weight_decay);
+  ZERO_CHECK(o.nonfinite_skip_limit >= 0, "ZeRO: nonfinite_skip_limit must be >= 0 (0 = never stop), got {}",
+             o.nonfinite_skip_limit);
   const optim::AdamWOptions& a = o.adam;
   ZERO_CHECK(a.eps >= 0.0f, "ZeRO: AdamW eps must be >= 0, got {}", a.eps);
   ZERO_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "ZeRO: AdamW beta1 must be in [0, 1), got {}", a.beta1);
@@ -217,7 +219,8 @@ MemoryBreakdown ZeroPlan::memory() const {
     for (const GatherUnit& u : units) all += u.size();
     m.gathered = b * static_cast<double>(std::min(all, options.stage3_max_live_parameters));
   }
-  if (options.quantized_gradients_error_feedback) m.residual = residual_bytes(*this);
+  // The residual and its copy from the accumulation's start (Note [Error feedback state]).
+  if (options.quantized_gradients_error_feedback) m.residual = 2.0 * residual_bytes(*this);
   return m;
 }
 

@@ -115,6 +115,10 @@ struct ZeroOptions {
   optim::AdamWOptions adam;
   float weight_decay = 0.0f;  // AdamW decay, for parameters whose decay flag is set
   NonfiniteGrads nonfinite_grads = NonfiniteGrads::error;  // f32/bf16 only (Note [Non-finite gradients])
+  // f32/bf16 with nonfinite_grads = skip: the consecutive skipped steps that stop training (step()
+  // throws NonfiniteSkipLimitError at the limit-th); 0 = never stop. The default is fp16's
+  // min_scale_skip_limit default (Note [Non-finite gradients]).
+  int nonfinite_skip_limit = 1;
   // Stage 3 (DeepSpeed's keys, in elements; Note [Gathering on use] in partitioned_parameters.cpp):
   // the elements of the units gathered ahead of the one in use (0: no prefetch), and the most
   // gathered elements alive at once, in flight included (at least the largest gather unit).
@@ -128,7 +132,8 @@ inline constexpr std::int64_t kMaxQuantizationBlock = std::int64_t{1} << 20;
 /// Throws zero::Error naming the first invalid option: a stage outside 0..3, a negative
 /// stage3_prefetch_bucket_size or a stage3_max_live_parameters < 1, a
 /// non-float dtype, a bucket size < 1 (other than kAutoBucketSize), gradient_accumulation_steps < 1,
-/// negative clipping or weight decay, AdamW eps < 0 or a beta outside [0, 1), lr < 0. The loss-scaler
+/// negative clipping or weight decay, AdamW eps < 0 or a beta outside [0, 1), lr < 0, a negative
+/// nonfinite_skip_limit. The loss-scaler
 /// options are checked by optim::LossScaler.
 void check_zero_options(const ZeroOptions& options);
 
@@ -138,9 +143,11 @@ struct MemoryBreakdown {
   double grads = 0;             // gradient storage kept across a step
   double optimizer_states = 0;  // fp32 master + AdamW m + v
   double buckets = 0;           // IPG bucket buffers (stage 2), reported apart from the model states
-  double recovery = 0;          // restore point of a failed backward (GAS > 1 only; Note [Exception safety])
+  double recovery = 0;          // restore points of a failed backward (GAS > 1 only; Note [Exception safety],
+                                // Note [Error feedback state])
   double gathered = 0;          // stage 3: gathered parameters alive at once (at most; not a model state)
   double residual = 0;          // error feedback's quantization residual (int8 + block scales; Note [Error feedback])
+                                // and its copy from the accumulation's start (Note [Error feedback state])
   /// params + grads + optimizer_states (the ZeRO paper's "model states"; buckets excluded).
   double model_states() const { return params + grads + optimizer_states; }
 };

@@ -167,6 +167,7 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
       {"/gradient_accumulation_steps", "--grad-accum"},
       {"/gradient_clipping", "--clip"},
       {"/nonfinite_grads", "--nonfinite-grads"},
+      {"/nonfinite_skip_limit", "--nonfinite-skip-limit"},
       {"/fp16/raise_error_at_min_scale", "--min-scale-skip-limit"},
       {"/fp16/min_scale_skip_limit", "--min-scale-skip-limit"},
       {"/communication_data_type", "--communication-data-type"},

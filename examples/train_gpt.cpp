@@ -331,7 +331,8 @@ int run(const Setup& setup, dist::Communicator& comm) {
   std::int64_t first_step = 0;
   if (resume) {
     const auto t_load = Clock::now();
-    dist::load_checkpoint(*resume, opt, comm);
+    const dist::LoadResult loaded = dist::load_checkpoint(*resume, opt, comm);
+    if (lead && !loaded.warning.empty()) fmt::print(stderr, "{}\n", loaded.warning);
     const auto& rng = resume->state.at("rng");
     dist::set_generator_state(init_gen, rng.at("init_and_dropout").get<std::string>());
     dist::set_generator_state(data_gen, rng.at("batches").get<std::string>());
@@ -526,6 +527,10 @@ int run(const Setup& setup, dist::Communicator& comm) {
       // Every rank saw the same overflow (Note [Stopping at the minimum scale] in optim/loss_scaler.cpp).
       throw Error(fmt::format("step {}: {} ({} of {} steps skipped; --min-scale-skip-limit 0 keeps skipping)", step + 1,
                               e.what(), opt.skipped_steps(), opt.steps() + opt.skipped_steps()));
+    } catch (const dist::NonfiniteSkipLimitError& e) {
+      // Every rank saw the same non-finite norm (Note [Non-finite gradients] in distributed/zero_optimizer.cpp).
+      throw Error(fmt::format("{} ({} of {} steps skipped; --nonfinite-skip-limit 0 keeps skipping)", e.what(),
+                              opt.skipped_steps(), opt.steps() + opt.skipped_steps()));
     }
     backend(device).synchronize();
     step_span.reset();

@@ -105,6 +105,10 @@ void add_options(CLI::App& app, Args& a) {
                  "fp16: stop after N consecutive steps that overflow at the minimum loss scale (0 = never stop; "
                  "config fp16.min_scale_skip_limit / raise_error_at_min_scale)")
       ->capture_default_str();
+  app.add_option("--nonfinite-skip-limit", a.nonfinite_skip_limit,
+                 "fp32/bf16 with --nonfinite-grads skip: stop after N consecutive skipped steps (0 = never stop; "
+                 "config nonfinite_skip_limit)")
+      ->capture_default_str();
   app.add_flag("--allow-non-finite-weights", a.allow_non_finite_weights,
                "--init-from: load weights that hold NaN or inf (refused by default, naming the tensor)");
   app.add_flag("--verbose", a.verbose, "add the C++ source location to error messages");
@@ -241,6 +245,8 @@ void validate(const Args& a, const Given& given) {
              "--nonfinite-grads must be error or skip, got '{}'", a.nonfinite_grads);
   ZERO_CHECK(a.min_scale_skip_limit >= 0, "--min-scale-skip-limit must be >= 0 (0 = never stop), got {}",
              a.min_scale_skip_limit);
+  ZERO_CHECK(a.nonfinite_skip_limit >= 0, "--nonfinite-skip-limit must be >= 0 (0 = never stop), got {}",
+             a.nonfinite_skip_limit);
   ZERO_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got {}", a.dropout);
   ZERO_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got {}", a.grad_accum);
   if (given.has("--reduce-bucket-size"))
@@ -344,6 +350,7 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
     if (cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size) cfg.train_micro_batch_size_per_gpu.reset();
   }
   if (given.has("--nonfinite-grads")) cfg.nonfinite_grads = a.nonfinite_grads;
+  if (given.has("--nonfinite-skip-limit")) cfg.nonfinite_skip_limit = a.nonfinite_skip_limit;
   if (given.has("--min-scale-skip-limit")) {
     cfg.fp16.raise_error_at_min_scale = a.min_scale_skip_limit > 0;
     if (a.min_scale_skip_limit > 0) cfg.fp16.min_scale_skip_limit = a.min_scale_skip_limit;

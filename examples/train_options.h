@@ -55,6 +55,7 @@ struct Args {
   double collective_timeout = 0;  // seconds; given or not (Given)
   std::string nonfinite_grads = "error";
   int min_scale_skip_limit = 1;  // fp16: 0 = never stop at the minimum loss scale
+  int nonfinite_skip_limit = 1;  // fp32/bf16 with --nonfinite-grads skip: 0 = never stop skipping
   bool allow_non_finite_weights = false;  // --init-from a file holding NaN / inf
   bool verbose = false;
 };

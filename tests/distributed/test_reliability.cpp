@@ -1,5 +1,6 @@
 // Reliability of the ZeRO optimizer: exception safety under injected faults, non-finite gradients,
-// and PyTorch's rule for parameters without a gradient.
+// PyTorch's rule for parameters without a gradient, and error feedback's residual as optimizer state
+// (skipped steps, failed backwards, checkpoints).
 //
 // Faults are injected consistently on every rank (the same call fails everywhere), by a Communicator
 // wrapper that makes the k-th collective throw (before it starts, or after it finished), by user
@@ -10,11 +11,13 @@
 // Models are tiny (a 70-parameter MLP) so the few hundred fault runs take seconds on 4 ranks. The tests run
 // under mpirun and with the ranks as threads of one process (ZERO_DIST_TEST, tests/distributed/world.h).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -25,6 +28,8 @@
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "core/check.h"
+#include "distributed/checkpoint.h"
+#include "distributed/inprocess_communicator.h"
 #include "distributed/job_runtime.h"
 #include "distributed/zero_optimizer.h"
 #include "nn/module.h"
@@ -86,6 +91,11 @@ class FaultyCommunicator final : public Communicator {
     Communicator::set_step(step);
     inner_->set_step(step);
   }
+  void set_quantized_gradients(std::size_t block) override {
+    Communicator::set_quantized_gradients(block);
+    inner_->set_quantized_gradients(block);
+  }
+  bool supports_quantized_gradients() const override { return inner_->supports_quantized_gradients(); }
 
  protected:
   std::shared_ptr<Work> issue_all_reduce(void* buf, std::size_t count, DType dtype, ReduceOp op) override {
@@ -207,10 +217,12 @@ struct RunSetup {
   int gas = 2;
   bool overlap = false;
   DType dtype = DType::f32;
+  bool feedback = false;  // int8 gradients with error feedback (4-element blocks)
 };
 
 std::string describe(const RunSetup& s) {
-  return fmt::format("stage {}, GAS {}, overlap {}, {}", s.stage, s.gas, s.overlap, dtype_name(s.dtype));
+  return fmt::format("stage {}, GAS {}, overlap {}, {}{}", s.stage, s.gas, s.overlap, dtype_name(s.dtype),
+                     s.feedback ? ", error feedback" : "");
 }
 
 ZeroOptions options_for(const RunSetup& s) {
@@ -225,6 +237,10 @@ ZeroOptions options_for(const RunSetup& s) {
   o.weight_decay = 0.1f;
   o.gradient_clipping = 0.5f;
   o.fp16.initial_scale_power = 8;
+  if (s.feedback) {
+    o.quantized_gradients_block = 4;
+    o.quantized_gradients_error_feedback = true;
+  }
   return o;
 }
 
@@ -235,6 +251,8 @@ struct Outcome {
   std::int64_t steps = 0, skipped = 0;
   std::map<std::string, long> seen;  // fault sites reached
   int faults = 0;                    // injected faults caught and retried
+  std::vector<std::int8_t> residual;  // error feedback's residual and its scales
+  std::vector<float> residual_scales;
 };
 
 // Trains `steps` steps of Net on every rank with faults from `fault`; each failed backward() is
@@ -286,6 +304,8 @@ Outcome train(const RunSetup& s, std::shared_ptr<Fault> fault, int steps = 2,
   out.steps = opt.steps();
   out.skipped = opt.skipped_steps();
   out.seen = fault->seen;
+  out.residual = opt.residual_values();
+  out.residual_scales = opt.residual_scales();
   return out;
 }
 
@@ -381,10 +401,11 @@ struct Plain {
   std::int64_t skipped = 0, steps = 0;
 };
 
-// Trains Net for `steps` steps (2 rows per rank per micro-step); rows of step `nan_step` on the last
-// rank get a NaN input; step `skip` is left out entirely. Stops at the first error.
+// Trains Net for `steps` steps (2 rows per rank per micro-step); rows of step `nan_step` (and of every
+// step nan_at says) on the last rank get a NaN input; step `skip` is left out entirely. Stops at the
+// first error.
 Plain run_plain(const ZeroOptions& o, int steps, const std::function<bool(int, std::int64_t)>& use_extra,
-                int nan_step = -1, int skip = -1) {
+                int nan_step = -1, int skip = -1, const std::function<bool(int)>& nan_at = {}) {
   auto comm = test_world();
   const int n = comm->world_size(), rank = comm->rank();
   Net net;
@@ -394,7 +415,8 @@ Plain run_plain(const ZeroOptions& o, int steps, const std::function<bool(int, s
     if (step == skip) continue;
     for (int g = 0; g < o.gradient_accumulation_steps; ++g) {
       const std::int64_t row0 = (std::int64_t{g} * n + rank) * 2;
-      const std::int64_t nan_row = step == nan_step && rank == n - 1 && g == 0 ? row0 : -1;
+      const bool nan = step == nan_step || (nan_at && nan_at(step));
+      const std::int64_t nan_row = nan && rank == n - 1 && g == 0 ? row0 : -1;
       opt.backward(net.loss(step, row0, 2, [&](std::int64_t r) { return use_extra(step, r); }, nullptr, nan_row));
     }
     try {
@@ -440,6 +462,7 @@ ZERO_DIST_TEST(ZeroNonfinite, SkipModeSkipsExactlyThatStep) {
     for (int stage : {0, 1, 2}) {
       ZeroOptions o = options_for({stage, 2, stage == 2, dt});
       o.nonfinite_grads = NonfiniteGrads::skip;
+      o.nonfinite_skip_limit = 2;  // one skip in a row goes on
       const std::string what = fmt::format("stage {}, {}", stage, dtype_name(dt));
       const Plain r = run_plain(o, 5, always, /*nan_step=*/2);
       const Plain without = run_plain(o, 5, always, -1, /*skip=*/2);  // never sees step 3's batch
@@ -452,6 +475,385 @@ ZERO_DIST_TEST(ZeroNonfinite, SkipModeSkipsExactlyThatStep) {
       expect_replicas_identical(r.params, what);
     }
 }
+
+// The nonfinite_skip_limit-th skipped step in a row stops training (NonfiniteSkipLimitError naming the
+// step and the limit) with the step counted; an applied step in between starts the count again; 0
+// never stops; the default is 1, fp16's min_scale_skip_limit default.
+ZERO_DIST_TEST(ZeroNonfinite, SkipModeStopsAtTheLimitOfSkipsInARow) {
+  const auto always = [](int, std::int64_t) { return true; };
+  // Steps 1, 2 and 4 on (0-based) are non-finite: a run of 2 skips, then one of 5.
+  const auto nan_at = [](int step) { return step == 1 || step == 2 || step >= 4; };
+  EXPECT_EQ(ZeroOptions{}.nonfinite_skip_limit, optim::LossScalerConfig{}.min_scale_skip_limit);
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int stage : {1, 2}) {
+      ZeroOptions o = options_for({stage, 1, false, dt});
+      o.nonfinite_grads = NonfiniteGrads::skip;
+      const std::string what = fmt::format("stage {}, {}", stage, dtype_name(dt));
+      for (const int limit : {1, 3}) {
+        o.nonfinite_skip_limit = limit;
+        const Plain r = run_plain(o, 9, always, -1, -1, nan_at);
+        // limit 1 stops at the first skip (0-based step 1 = step 2); limit 3 rides out the run of two
+        // and stops at the third skip of the second run (0-based step 6 = step 7).
+        const int stop = limit == 1 ? 1 : 6;
+        EXPECT_EQ(r.error_step, stop) << what << ", limit " << limit << ": " << r.error;
+        EXPECT_NE(r.error.find(fmt::format("step {}: non-finite gradient (inf or NaN) on {} consecutive step(s), all "
+                                           "skipped (nonfinite_skip_limit {})", stop + 1, limit, limit)),
+                  std::string::npos)
+            << what << ": " << r.error;
+        EXPECT_EQ(r.skipped, limit == 1 ? 1 : 5) << what << ", limit " << limit;
+        EXPECT_TRUE(all_finite(r.params)) << what;
+      }
+      o.nonfinite_skip_limit = 0;
+      const Plain never = run_plain(o, 9, always, -1, -1, nan_at);
+      EXPECT_TRUE(never.error.empty()) << what << ": " << never.error;
+      EXPECT_EQ(never.skipped, 7) << what;
+      EXPECT_EQ(never.steps, 2) << what;
+    }
+  ZeroOptions bad;
+  bad.nonfinite_skip_limit = -1;
+  Net net;
+  try {
+    ZeroOptimizer opt(net.named_parameters(), test_world(), bad);
+    ADD_FAILURE() << "a negative nonfinite_skip_limit was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nonfinite_skip_limit must be >= 0"), std::string::npos) << e.what();
+  }
+}
+
+// =====================================================================================================
+// Error feedback is optimizer state (Note [Error feedback state] in distributed/gradient_reducer.cpp,
+// Note [Error-feedback checkpoints] in distributed/checkpoint.cpp)
+// =====================================================================================================
+
+// int8 gradients with error feedback; a non-finite step is skipped however many come in a row; fp16
+// with a static scale, so that a skipped step leaves the scale as it was.
+ZeroOptions feedback_options(int stage, int gas, bool overlap, DType dt) {
+  ZeroOptions o = options_for({stage, gas, overlap, dt, true});
+  o.nonfinite_grads = NonfiniteGrads::skip;
+  o.nonfinite_skip_limit = 0;
+  if (dt == DType::f16) o.fp16.loss_scale = 64.0f;
+  return o;
+}
+
+struct FeedbackRun {
+  std::vector<float> params;  // every parameter, gathered, in layout order, as float
+  std::vector<std::int8_t> residual;
+  std::vector<float> residual_scales;
+  std::vector<float> losses;  // this rank's loss of every micro-step trained
+  std::vector<char> applied;
+};
+
+// Trains steps [from, to) of Net on `opt` (row pattern of the unused-parameter tests: `extra` on two
+// rows in three); the last rank's first row of step `nan_step` is NaN; step `leave_out` is never seen.
+void train_feedback(ZeroOptimizer& opt, const Net& net, int from, int to, FeedbackRun& out, int nan_step = -1,
+                    int leave_out = -1) {
+  auto comm = test_world();
+  const int n = comm->world_size(), rank = comm->rank();
+  const int gas = opt.options().gradient_accumulation_steps;
+  for (int step = from; step < to; ++step) {
+    if (step == leave_out) continue;
+    for (int g = 0; g < gas; ++g) {
+      const std::int64_t row0 = (std::int64_t{g} * n + rank) * 2;
+      const std::int64_t nan_row = step == nan_step && rank == n - 1 && g == 0 ? row0 : -1;
+      const Tensor loss = net.loss(step, row0, 2, [step](std::int64_t r) { return (step + r) % 3 != 0; }, nullptr,
+                                   nan_row);
+      if (step != nan_step) out.losses.push_back(loss.to(DType::f32).item());
+      opt.backward(loss);
+    }
+    out.applied.push_back(opt.step());
+  }
+}
+
+FeedbackRun finish(ZeroOptimizer& opt, const Net& net, FeedbackRun out) {
+  opt.gather_parameters();
+  out.params.clear();
+  for (const auto& p : net.named_parameters()) {
+    const std::vector<float> v = p.tensor.to(DType::f32).to_vector();
+    out.params.insert(out.params.end(), v.begin(), v.end());
+  }
+  out.residual = opt.residual_values();
+  out.residual_scales = opt.residual_scales();
+  return out;
+}
+
+bool all_zero(const std::vector<std::int8_t>& v) {
+  return std::all_of(v.begin(), v.end(), [](std::int8_t x) { return x == 0; });
+}
+
+struct FeedbackSetup {
+  int gas;
+  bool overlap;
+  DType dtype;
+};
+const FeedbackSetup kFeedbackSetups[] = {{1, false, DType::f32}, {2, true, DType::bf16}, {2, false, DType::f16}};
+
+// A run with a skipped step equals, bit for bit, the run that never saw that step's micro-batches:
+// parameters, this rank's residual (values and scales) and every loss after it.
+ZERO_DIST_TEST(ZeroErrorFeedback, ASkippedStepLeavesTheResidualAsIfItNeverHappened) {
+  for (int stage : {1, 2, 3})
+    for (const FeedbackSetup& s : kFeedbackSetups) {
+      const ZeroOptions o = feedback_options(stage, s.gas, s.overlap, s.dtype);
+      const std::string what = describe({stage, s.gas, s.overlap, s.dtype, true});
+      FeedbackRun with, without;
+      {
+        Net net;
+        ZeroOptimizer opt(net.named_parameters(), test_world(), o);
+        train_feedback(opt, net, 0, 5, with, /*nan_step=*/2);
+        with = finish(opt, net, with);
+        EXPECT_EQ(opt.skipped_steps(), 1) << what;
+      }
+      {
+        Net net;
+        ZeroOptimizer opt(net.named_parameters(), test_world(), o);
+        train_feedback(opt, net, 0, 5, without, -1, /*leave_out=*/2);
+        without = finish(opt, net, without);
+      }
+      EXPECT_EQ(with.applied, (std::vector<char>{1, 1, 0, 1, 1})) << what;
+      EXPECT_FALSE(all_zero(with.residual)) << what << ": error feedback kept nothing";
+      EXPECT_EQ(with.residual, without.residual) << what;
+      EXPECT_EQ(with.residual_scales, without.residual_scales) << what;
+      EXPECT_EQ(with.params, without.params) << what;
+      EXPECT_EQ(with.losses, without.losses) << what;
+      EXPECT_TRUE(all_finite(with.params)) << what;
+      expect_replicas_identical(with.params, what);
+    }
+}
+
+// What error feedback holds, counted: the residual and its copy from the accumulation's start
+// (memory().residual, twice the residual), and at stages 2/3 with GAS > 1 the per-backward copy next to
+// the accumulated gradient's (memory().recovery).
+ZERO_DIST_TEST(ZeroErrorFeedback, MemoryCountsTheResidualAndItsCopies) {
+  for (int stage : {1, 2})
+    for (int gas : {1, 2}) {
+      const ZeroOptions o = feedback_options(stage, gas, false, DType::bf16);
+      Net net;
+      ZeroOptimizer opt(net.named_parameters(), test_world(), o);
+      const double one = static_cast<double>(opt.residual_values().size()) +
+                         4.0 * static_cast<double>(opt.residual_scales().size());
+      EXPECT_EQ(opt.residual_values().size(), static_cast<std::size_t>(opt.layout().padded_numel()));
+      EXPECT_DOUBLE_EQ(opt.memory().residual, 2 * one);
+      EXPECT_DOUBLE_EQ(opt.plan().memory().residual, 2 * one);
+      FeedbackRun r;
+      train_feedback(opt, net, 0, 2, r);
+      // bf16: the flat gradient (stage 1) or the partition gradient (stage 2)
+      const double grad_copy = gas == 1 ? 0.0 : 2.0 * static_cast<double>(stage == 1 ? opt.layout().padded_numel()
+                                                                                    : opt.region_size());
+      const double residual_copy = gas > 1 && stage >= 2 ? one : 0.0;
+      EXPECT_DOUBLE_EQ(opt.memory().recovery, grad_copy + residual_copy) << "stage " << stage << ", GAS " << gas;
+      EXPECT_DOUBLE_EQ(opt.memory().residual, 2 * one);
+    }
+}
+
+// A backward that fails anywhere (a collective before or after it ran, a hook, the model's backward)
+// leaves the residual as it was, so the retried run ends where the run without the fault ends.
+ZERO_DIST_TEST(ZeroErrorFeedback, AFailedBackwardLeavesTheResidualAsBefore) {
+  const std::vector<RunSetup> setups = {{1, 2, false, DType::f32, true}, {2, 1, true, DType::bf16, true},
+                                        {2, 2, false, DType::f32, true}, {2, 2, true, DType::bf16, true}};
+  for (const RunSetup& s : setups) {
+    const Outcome clean = train(s, std::make_shared<Fault>());
+    ASSERT_FALSE(all_zero(clean.residual)) << describe(s);
+    for (const std::string site : {"collective", "collective_wait", "hook_after", "model_backward"}) {
+      const long total = clean.seen.count(site) ? clean.seen.at(site) : 0;
+      ASSERT_GT(total, 0) << site << ", " << describe(s);
+      for (long k = 0; k < total; ++k) {
+        auto fault = std::make_shared<Fault>();
+        fault->site = site;
+        fault->target = k;
+        const Outcome o = train(s, fault);
+        const std::string what = fmt::format("{} #{} of {}, {}", site, k, total, describe(s));
+        EXPECT_EQ(o.faults, 1) << what;
+        EXPECT_EQ(o.residual, clean.residual) << what;
+        EXPECT_EQ(o.residual_scales, clean.residual_scales) << what;
+        EXPECT_EQ(o.params, clean.params) << what;
+      }
+    }
+  }
+}
+
+// A checkpoint directory every rank agrees on (rank 0's process id).
+std::filesystem::path shared_temp_dir(const std::string& what) {
+  double pid = test_world()->rank() == 0 ? static_cast<double>(::getpid()) : 0.0;
+  pid = test_world()->all_reduce_sum(pid);
+  return std::filesystem::temp_directory_path() /
+         fmt::format("zero_ef_{}_{}_{}", static_cast<long>(pid), test_world()->world_size(), what);
+}
+
+// Saved after step 3 and resumed by a fresh optimizer at the same world size, stage and dtype, the run
+// continues bit for bit as the uninterrupted one: parameters, residual, losses.
+ZERO_DIST_TEST(ZeroErrorFeedback, ASameLayoutResumeIsBitwise) {
+  auto comm = test_world();
+  for (int stage : {1, 2, 3})
+    for (const FeedbackSetup& s : kFeedbackSetups) {
+      const ZeroOptions o = feedback_options(stage, s.gas, s.overlap, s.dtype);
+      const std::string what = describe({stage, s.gas, s.overlap, s.dtype, true});
+      const std::filesystem::path dir = shared_temp_dir(fmt::format("resume_{}_{}", stage, dtype_name(s.dtype)));
+      FeedbackRun whole, first, resumed;
+      {
+        Net net;
+        ZeroOptimizer opt(net.named_parameters(), comm, o);
+        train_feedback(opt, net, 0, 5, whole, /*nan_step=*/1);
+        whole = finish(opt, net, whole);
+      }
+      {
+        Net net;
+        ZeroOptimizer opt(net.named_parameters(), comm, o);
+        train_feedback(opt, net, 0, 3, first, /*nan_step=*/1);
+        first = finish(opt, net, first);
+        save_checkpoint(dir.string(), 3, opt, *comm, nlohmann::json::object(), 0);
+      }
+      {
+        Net net;
+        ZeroOptimizer opt(net.named_parameters(), comm, o);
+        const Checkpoint ckpt = open_checkpoint(resolve_checkpoint(dir.string()), comm.get());
+        check_parameters(ckpt, net.named_parameters());
+        const LoadResult loaded = load_checkpoint(ckpt, opt, *comm);
+        EXPECT_TRUE(loaded.residual_restored) << what;
+        EXPECT_EQ(loaded.warning, "") << what;
+        EXPECT_EQ(opt.residual_values(), first.residual) << what;
+        EXPECT_EQ(opt.residual_scales(), first.residual_scales) << what;
+        resumed.losses = first.losses;
+        train_feedback(opt, net, 3, 5, resumed);
+        resumed = finish(opt, net, resumed);
+      }
+      comm->barrier();
+      if (comm->rank() == 0) std::filesystem::remove_all(dir);
+      EXPECT_FALSE(all_zero(whole.residual)) << what;
+      EXPECT_EQ(resumed.residual, whole.residual) << what;
+      EXPECT_EQ(resumed.residual_scales, whole.residual_scales) << what;
+      EXPECT_EQ(resumed.params, whole.params) << what;
+      EXPECT_EQ(resumed.losses, whole.losses) << what;
+    }
+}
+
+// The count nonfinite_skip_limit compares against is saved too: a run saved right after a skipped step
+// resumes with one skip in a row behind it, so it stops where the uninterrupted run would.
+ZERO_DIST_TEST(ZeroNonfinite, TheSkipsInARowAreSavedInCheckpoints) {
+  auto comm = test_world();
+  const ZeroOptions o = feedback_options(2, 1, false, DType::bf16);
+  const std::filesystem::path dir = shared_temp_dir("skips_in_a_row");
+  {
+    Net net;
+    ZeroOptimizer opt(net.named_parameters(), comm, o);
+    FeedbackRun r;
+    train_feedback(opt, net, 0, 3, r, /*nan_step=*/2);
+    ASSERT_EQ(opt.consecutive_skipped_steps(), 1);
+    save_checkpoint(dir.string(), 2, opt, *comm, nlohmann::json::object(), 0);
+  }
+  Net net;
+  ZeroOptimizer opt(net.named_parameters(), comm, o);
+  load_checkpoint(open_checkpoint(resolve_checkpoint(dir.string()), comm.get()), opt, *comm);
+  EXPECT_EQ(opt.consecutive_skipped_steps(), 1);
+  EXPECT_EQ(opt.skipped_steps(), 1);
+  EXPECT_EQ(opt.steps(), 2);
+  comm->barrier();
+  if (comm->rank() == 0) std::filesystem::remove_all(dir);
+}
+
+#ifdef ZERO_INPROCESS_TESTS
+// Note [Error-feedback checkpoints]: at another world size, stage, dtype or bucket size the residual
+// starts from zero, with one warning line naming the setting that differs; master, m and v are
+// resharded as always (the parameters come back as saved). Worlds of several sizes in one test, so
+// in-process only.
+TEST(ZeroErrorFeedbackCheckpoint, AnotherLayoutStartsTheResidualFromZeroWithOneWarning) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("zero_ef_layout_{}", static_cast<long>(::getpid()));
+  std::filesystem::remove_all(dir);
+  const ZeroOptions saved = feedback_options(2, 1, false, DType::bf16);
+  std::vector<float> saved_params;
+  run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    Net net;
+    ZeroOptimizer opt(net.named_parameters(), comm, saved);
+    for (int step = 0; step < 2; ++step) {
+      opt.backward(net.loss(step, comm->rank() * 2, 2, [](std::int64_t) { return true; }));
+      opt.step();
+    }
+    save_checkpoint(dir.string(), 2, opt, *comm, nlohmann::json::object(), 0);
+    if (comm->rank() == 0) saved_params = opt.flat_params().to(DType::f32).to_vector();
+  });
+  struct Case {
+    int world, stage;
+    std::int64_t bucket;
+    DType dtype;
+    std::string differs;  // "" = restored
+  };
+  const Case cases[] = {
+      {2, 2, 24, DType::bf16, ""},
+      {3, 2, 24, DType::bf16, "world size 2, this run 3"},
+      {1, 2, 24, DType::bf16, "world size 2, this run 1"},
+      {2, 1, 24, DType::bf16, "ZeRO stage 2, this run 1"},
+      {2, 3, 24, DType::bf16, "ZeRO stage 2, this run 3"},
+      {2, 2, 24, DType::f32, "dtype bf16, this run f32"},
+      {2, 2, 16, DType::bf16, "reduce_bucket_size 24, this run 16"},
+  };
+  for (const Case& c : cases) {
+    const std::string what = fmt::format("{} ranks, stage {}, bucket {}, {}", c.world, c.stage, c.bucket,
+                                         dtype_name(c.dtype));
+    run_ranks(c.world, [&](std::shared_ptr<Communicator> comm) {
+      ZeroOptions o = feedback_options(c.stage, 1, false, c.dtype);
+      o.reduce_bucket_size = c.bucket;
+      Net net;
+      ZeroOptimizer opt(net.named_parameters(), comm, o);
+      const Checkpoint ckpt = open_checkpoint(resolve_checkpoint(dir.string()), comm.get());
+      check_parameters(ckpt, net.named_parameters());
+      const LoadResult loaded = load_checkpoint(ckpt, opt, *comm);
+      EXPECT_EQ(loaded.residual_restored, c.differs.empty()) << what;
+      if (c.differs.empty()) {
+        EXPECT_EQ(loaded.warning, "") << what;
+        EXPECT_FALSE(all_zero(opt.residual_values())) << what;
+      } else {
+        EXPECT_EQ(loaded.warning.rfind("warning: checkpoint '", 0), 0u) << what << ": " << loaded.warning;
+        EXPECT_NE(loaded.warning.find("error-feedback residual starts from zero"), std::string::npos) << loaded.warning;
+        EXPECT_NE(loaded.warning.find("the checkpoint has " + c.differs), std::string::npos) << what << ": "
+                                                                                             << loaded.warning;
+        EXPECT_EQ(loaded.warning.find('\n'), std::string::npos) << loaded.warning;
+        EXPECT_TRUE(all_zero(opt.residual_values())) << what;
+        EXPECT_TRUE(std::all_of(opt.residual_scales().begin(), opt.residual_scales().end(),
+                                [](float x) { return x == 0.0f; }))
+            << what;
+      }
+      opt.gather_parameters();
+      if (c.dtype == DType::bf16) {
+        std::vector<float> params;
+        for (const auto& p : net.named_parameters()) {
+          const std::vector<float> v = p.tensor.to(DType::f32).to_vector();
+          params.insert(params.end(), v.begin(), v.end());
+        }
+        EXPECT_EQ(params, std::vector<float>(saved_params.begin(), saved_params.begin() + 70)) << what;
+      }
+      opt.backward(net.loss(2, comm->rank() * 2, 2, [](std::int64_t) { return true; }));
+      EXPECT_TRUE(opt.step()) << what;
+    });
+  }
+  // A run without error feedback ignores the saved residual, silently.
+  run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    Net net;
+    ZeroOptimizer opt(net.named_parameters(), comm, options_for({2, 1, false, DType::bf16}));
+    const LoadResult loaded = load_checkpoint(open_checkpoint(resolve_checkpoint(dir.string()), comm.get()), opt, *comm);
+    EXPECT_FALSE(loaded.residual_restored);
+    EXPECT_EQ(loaded.warning, "");
+  });
+  // A checkpoint saved without error feedback, resumed with it: the same reset and line.
+  const std::filesystem::path plain = dir / "plain";
+  run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    Net net;
+    ZeroOptimizer opt(net.named_parameters(), comm, options_for({2, 1, false, DType::bf16}));
+    opt.backward(net.loss(0, comm->rank() * 2, 2, [](std::int64_t) { return true; }));
+    opt.step();
+    save_checkpoint(plain.string(), 1, opt, *comm, nlohmann::json::object(), 0);
+  });
+  run_ranks(2, [&](std::shared_ptr<Communicator> comm) {
+    Net net;
+    ZeroOptimizer opt(net.named_parameters(), comm, saved);
+    const LoadResult loaded = load_checkpoint(open_checkpoint(resolve_checkpoint(plain.string()), comm.get()), opt, *comm);
+    EXPECT_FALSE(loaded.residual_restored);
+    EXPECT_NE(loaded.warning.find("the checkpoint has no residual: it was saved without "
+                                  "zero_quantized_gradients_error_feedback"),
+              std::string::npos)
+        << loaded.warning;
+  });
+  std::filesystem::remove_all(dir);
+}
+#endif
 
 // =====================================================================================================
 // Parameters without a gradient (Note [Unused parameters])

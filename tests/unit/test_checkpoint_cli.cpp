@@ -169,6 +169,32 @@ TEST_F(CheckpointCli, BitwiseResumeFourRanksStage2Fp16) {
   EXPECT_GT(skipped, 0) << "the test should exercise overflow steps";
 }
 
+// int8 gradients with error feedback (Note [Error-feedback checkpoints] in distributed/checkpoint.cpp):
+// each rank's residual is in the checkpoint, so a resume at the same world size, stage and dtype is bit
+// for bit the straight run; at another world size the residual starts from zero, which rank 0 says in
+// one warning line.
+TEST_F(CheckpointCli, ErrorFeedbackResumesBitwiseAndWarnsOnceElsewhere) {
+  const std::string flags =
+      "--steps 8 --zero-stage 2 --dtype bf16 --zero-quantized-gradients --zero-quantized-gradients-error-feedback ";
+  ASSERT_EQ(train(flags + "--save-every 4 --save-dir " + p("ck") + " --log-file " + p("a.jsonl"), 2).exit_code, 0);
+  const Result same = train(flags + "--resume " + p("ck/step_00000004") + " --log-file " + p("b.jsonl"), 2);
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_EQ(same.output.find("error-feedback residual starts from zero"), std::string::npos) << same.output;
+  expect_bitwise(read_log(p("a.jsonl")), read_log(p("b.jsonl")), 4, 8);
+  const Result other = train(flags + "--resume " + p("ck/step_00000004") + " --log-file " + p("c.jsonl"), 3);
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  std::istringstream in(other.output);
+  int warnings = 0;
+  for (std::string line; std::getline(in, line);)
+    if (line.find("error-feedback residual starts from zero") != std::string::npos) {
+      ++warnings;
+      EXPECT_EQ(line.rfind("warning: checkpoint '", 0), 0u) << line;
+      EXPECT_NE(line.find("the checkpoint has world size 2, this run 3"), std::string::npos) << line;
+    }
+  EXPECT_EQ(warnings, 1) << other.output;
+  EXPECT_EQ(read_log(p("c.jsonl")).size(), 4u);
+}
+
 // Resharding: a 4-rank stage-2 fp32 checkpoint continued at 1 (stage 0), 2 (stage 1), 3 and 8 (stage 2);
 // and a 2-rank stage-1 one at 4 ranks (stage 2). 20 continued steps within 1e-5 relative.
 TEST_F(CheckpointCli, ReshardAcrossWorldSizesAndStages) {
@@ -493,6 +519,36 @@ TEST_F(CheckpointCli, Fp16StopsAtTheMinimumLossScale) {
   EXPECT_NE(r.output.find("fp16: final loss scale 1, 20 skipped step(s)"), std::string::npos) << r.output;
   std::ifstream in(metrics);
   EXPECT_EQ(nlohmann::json::parse(in).at("skipped_steps"), 20);
+}
+
+// bf16 with --nonfinite-grads skip, on weights that make every gradient NaN: the run stops at the
+// --nonfinite-skip-limit-th skipped step with one error line naming the step and the limit and exit
+// code 1, on one rank and under mpirun alike (Note [Non-finite gradients] in
+// distributed/zero_optimizer.cpp); the default limit is fp16's (1); 0 keeps skipping to the end.
+TEST_F(CheckpointCli, Bf16SkipModeStopsAtTheSkipLimit) {
+  ASSERT_EQ(train("--steps 1 --save-dir " + p("a")).exit_code, 0);
+  const std::string bad =
+      broken_weights(p("a/step_00000001/model.safetensors"), p("nan.safetensors"), 1.0f, "blocks.0.attn.qkv.weight", 5);
+  const std::string flags = "--dtype bf16 --steps 10 --nonfinite-grads skip --allow-non-finite-weights --init-from " + bad;
+  for (const int np : {1, 2})
+    for (const int limit : {0, 1, 3}) {  // 0: the flag not given (the default, 1)
+      SCOPED_TRACE(fmt::format("{} rank(s), limit {}", np, limit));
+      const Result r = train(flags + (limit > 0 ? fmt::format(" --nonfinite-skip-limit {}", limit) : ""), np);
+      const int stop = limit > 0 ? limit : 1;
+      EXPECT_EQ(r.exit_code, 1) << r.output;
+      EXPECT_EQ(error_lines(r.output), 1) << r.output;
+      EXPECT_NE(r.output.find(fmt::format("error: step {}: non-finite gradient (inf or NaN) on {} consecutive step(s), "
+                                          "all skipped (nonfinite_skip_limit {})", stop, stop, stop)),
+                std::string::npos)
+          << r.output;
+      EXPECT_NE(r.output.find(fmt::format("({} of {} steps skipped; --nonfinite-skip-limit 0 keeps skipping)", stop,
+                                          stop)),
+                std::string::npos)
+          << r.output;
+    }
+  const Result never = train(flags + " --nonfinite-skip-limit 0");
+  EXPECT_EQ(never.exit_code, 0) << never.output;
+  EXPECT_EQ(error_lines(never.output), 0) << never.output;
 }
 
 // NaN in a weights file is named with its tensor before any work (Note [Bounded header] covers the

@@ -271,6 +271,8 @@ TEST(ConfigInvalid, EachInvalidValueNamesItsKey) {
       {R"({"collective_timeout_s": "300"})", "collective_timeout_s", "expected a number"},
       {R"({"nonfinite_grads": "warn"})", "nonfinite_grads", "\"error\" or \"skip\""},
       {R"({"nonfinite_grads": true})", "nonfinite_grads", "expected a string"},
+      {R"({"nonfinite_skip_limit": -1})", "nonfinite_skip_limit", ">= 0 (0 = never stop)"},
+      {R"({"nonfinite_skip_limit": 1.5})", "nonfinite_skip_limit", "whole number"},
       {R"({"zero_optimization": {"stage": -1}})", "zero_optimization.stage", "not supported"},
       {R"({"zero_optimization": {"stage": "2"}})", "zero_optimization.stage", "expected an integer"},
       {R"({"zero_optimization": {"stage": 2.5}})", "zero_optimization.stage", "whole number"},
@@ -579,15 +581,21 @@ TEST(ConfigParse, ReliabilityKeys) {
   const TrainingConfig none = TrainingConfig::from_json(json::object());
   EXPECT_FALSE(none.collective_timeout_s.has_value());  // the communicator's default applies
   EXPECT_EQ(none.nonfinite_grads, "error");
+  EXPECT_EQ(none.nonfinite_skip_limit, none.fp16.min_scale_skip_limit);  // fp16's default
+  EXPECT_EQ(none.zero_options().nonfinite_skip_limit, 1);
   const TrainingConfig c = TrainingConfig::from_json(json::parse(R"({"collective_timeout_s": 12.5,
-                                                                    "nonfinite_grads": "skip"})"));
+                                                                    "nonfinite_grads": "skip",
+                                                                    "nonfinite_skip_limit": 7})"));
   ASSERT_TRUE(c.collective_timeout_s.has_value());
   EXPECT_EQ(*c.collective_timeout_s, 12.5);
   EXPECT_EQ(c.nonfinite_grads, "skip");
+  EXPECT_EQ(c.nonfinite_skip_limit, 7);
+  EXPECT_EQ(c.zero_options().nonfinite_skip_limit, 7);
   EXPECT_TRUE(c.warnings.empty());
   const TrainingConfig back = TrainingConfig::from_json(c.to_json());
   EXPECT_EQ(back.collective_timeout_s, c.collective_timeout_s);
   EXPECT_EQ(back.nonfinite_grads, "skip");
+  EXPECT_EQ(back.nonfinite_skip_limit, 7);
   EXPECT_TRUE(TrainingConfig::from_json(json::parse(R"({"collective_timeout_s": null})")).warnings.empty());
 }
 

@@ -288,6 +288,7 @@ TEST_F(TrainGptCli, EveryFlagsBadValueIsOneLineNamingTheFlag) {
       {"--collective-timeout", "-2", "--collective-timeout", 1},
       {"--nonfinite-grads", "warn", "--nonfinite-grads", 1},
       {"--min-scale-skip-limit", "-1", "--min-scale-skip-limit", 1},
+      {"--nonfinite-skip-limit", "-1", "--nonfinite-skip-limit", 1},
       {"--allow-non-finite-weights", "", "--allow-non-finite-weights needs --init-from", 1},
       {"--verbose=x", "", "--verbose", 2},
   };
