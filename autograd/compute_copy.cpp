@@ -52,4 +52,9 @@ void free_compute_copy(const Tensor& p) {
   if (m != nullptr && m->compute_copy.value.defined()) m->compute_copy.value.storage()->free_memory();
 }
 
+Storage* compute_copy_storage(const Tensor& p) {
+  const autograd::AutogradMeta* m = p.impl()->autograd.get();
+  return m != nullptr && m->compute_copy.value.defined() ? m->compute_copy.value.storage().get() : nullptr;
+}
+
 }  // namespace zero

@@ -105,6 +105,9 @@ Tensor to_f32_cached(const Tensor& p, autograd::ComputeCopy& cache);
 void refresh_compute_copy(const Tensor& p);
 /// Frees the memory of `p`'s cached f32 copy, if it has one (refresh_compute_copy refills it).
 void free_compute_copy(const Tensor& p);
+/// The storage of `p`'s cached f32 copy (to guard it while freed: Note [Guarded storage] in
+/// core/storage.h); null when it has none.
+Storage* compute_copy_storage(const Tensor& p);
 
 namespace detail {
 /// The device of the defined tensors of `inputs` (cpu when none is defined). Throws zero::Error naming

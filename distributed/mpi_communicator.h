@@ -168,6 +168,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int world_size_ = 1;
   std::size_t segment_bytes_ = std::size_t{4} << 20;
+  bool check_identities_ = true;  // Note [Identity records]
 
   // fp32 scratch reused across calls (first-touching fresh pages on every call costs more than the
   // copy itself): 0/1 the ring's one-segment double buffer, 2/3 widened fp16/bf16 send/recv buffers,

@@ -144,6 +144,8 @@ PartitionedParameters::~PartitionedParameters() {
     }
     unit.buffer.storage()->set_guard(nullptr);
   }
+  for (const Tensor& p : params_)
+    if (Storage* copy = compute_copy_storage(p)) copy->set_guard(nullptr);
 }
 
 // ---- the events: a forward use, a backward node, a final gradient, a read anywhere ---------------------
@@ -187,12 +189,15 @@ void PartitionedParameters::UnitGuard::before_access(Storage& storage) {
     p.wait(unit);
     return;
   }
+  if (p.units_[unit].state == State::gathered) {  // a compute copy made after its unit's gather
+    storage.set_guard(nullptr);
+    return;
+  }
   ZERO_CHECK(!p.walking_,
              "ZeRO stage 3: {} was read while stage 3 was gathering another unit (a read from inside a gather); "
              "read parameters in a layer's forward or after optimizer.gather_parameters()",
              p.unit_description(unit));
   p.need(unit, /*may_evict=*/false);
-  (void)storage;
 }
 
 std::string PartitionedParameters::unit_description(std::size_t u) const {
@@ -480,6 +485,8 @@ void PartitionedParameters::wait(std::size_t u) {
   unit.work.reset();
   unit.state = State::gathered;
   unit.buffer.storage()->set_guard(nullptr);
+  for (std::size_t i = g.first_param; i < g.end_param; ++i)
+    if (Storage* copy = compute_copy_storage(params_[i])) copy->set_guard(nullptr);
   if (trace::active())
     trace::add({"gather " + g.name, "stage3", 'X', unit.issued_us, trace::now_us() - unit.issued_us, trace::kCommThread,
                 {{"elements", g.size()}}});
@@ -495,7 +502,10 @@ void PartitionedParameters::free_unit(std::size_t u) {
   const GatherUnit& g = plan_.units[u];
   unit.buffer.storage()->free_memory();
   unit.buffer.storage()->set_guard(&unit.guard);
-  for (std::size_t i = g.first_param; i < g.end_param; ++i) free_compute_copy(params_[i]);
+  for (std::size_t i = g.first_param; i < g.end_param; ++i) {
+    free_compute_copy(params_[i]);
+    if (Storage* copy = compute_copy_storage(params_[i])) copy->set_guard(&unit.guard);
+  }
   unit.state = State::freed;
   unit.entry = -1;
   live_ -= g.size();
