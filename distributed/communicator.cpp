@@ -2,8 +2,10 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string>
 
@@ -77,18 +79,17 @@ void Communicator::set_step(std::int64_t step) {
 // timeout when they do not. So every collective carries its identity (CollectiveIdentity): its
 // sequence number on this communicator, kind, the purpose its caller gave (with_purpose: "gather of
 // blocks.2", "reduce-scatter of bucket 3"), counts, dtype, root, op and wire format. The backend
-// compares the ranks' identities before any data moves:
-//   - in-process: every rank reads every rank's post (Note [Arrive, read, leave]);
-//   - MPI: each collective starts with an MPI_Iallgather of a fixed 256-byte record (sequence,
-//     digest, description) on the collective's own MPI communicator, so every rank sees every
-//     identity; counted as control traffic in the ledger (Note [Identity records] in
-//     mpi_communicator.cpp);
-//   - NCCL: the same record is all-gathered on the host over the bootstrap MPI communicator when the
-//     collective is issued (Note [Identity on NCCL] in nccl_communicator.cpp).
+// compares the ranks' identities:
+//   - in-process: every rank reads every rank's post before any data moves (Note [Arrive, read, leave]);
+//   - MPI: each collective posts an MPI_Iallgather of a fixed 256-byte record (sequence, digest,
+//     description) on the collective's own MPI communicator, which travels while the data does and is
+//     polled by every wait (Note [Identity records] in mpi_communicator.cpp);
+//   - NCCL: the same record is all-gathered on the host over an MPI channel when the collective is
+//     issued and compared when it is waited for (Note [Identity on NCCL] in nccl_communicator.cpp).
 // On a mismatch every rank throws CollectiveMismatch naming the collective's number, the step, and
 // both sides ("rank 0 issued all_gather 'gather of blocks.2' (...) but rank 1 issued reduce_scatter
 // 'reduce-scatter of bucket 3' (...)"), and the communicator is broken: the ranks are out of step, so
-// every later collective fails at once. No data of a mismatched collective is exchanged.
+// every later collective fails at once, and the mismatched collective's results are never used.
 //
 // A second channel (duplicate()) has its own sequence: ZeRO stage 3 gathers parameters on one and
 // reduces gradients on the other, so each channel's order is agreed on its own terms even though the
@@ -131,6 +132,27 @@ std::uint64_t CollectiveIdentity::digest() const {
   mix(&op, sizeof op);
   mix_text(wire);
   return h;
+}
+
+IdentityRecord make_identity_record(const CollectiveIdentity& identity) {
+  IdentityRecord r;
+  r.sequence = identity.sequence;
+  r.digest = identity.digest();
+  const std::string text = identity.describe();
+  std::memcpy(r.text, text.data(), std::min(text.size(), sizeof(r.text) - 1));
+  return r;
+}
+
+void check_identity_records(std::span<const IdentityRecord> records, std::int64_t step) {
+  for (std::size_t q = 1; q < records.size(); ++q) {
+    const IdentityRecord& a = records[0];
+    const IdentityRecord& b = records[q];
+    if (a.sequence == b.sequence && a.digest == b.digest) continue;
+    throw CollectiveMismatch(fmt::format(
+        "collective #{} at step {}: rank 0 issued {} but rank {} issued {} (every rank must issue the same collectives "
+        "in the same order)",
+        std::max(a.sequence, b.sequence), step, a.text, q, b.text));
+  }
 }
 
 void Communicator::begin_issue(std::string kind, std::vector<std::size_t> counts, DType dtype, int root, int op,

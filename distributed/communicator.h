@@ -144,6 +144,19 @@ struct CollectiveIdentity {
   std::uint64_t digest() const;
 };
 
+/// The fixed record backends exchange to compare identities (Note [Identity records] in
+/// mpi_communicator.cpp): 256 bytes, the description cut to 239 characters.
+struct IdentityRecord {
+  std::int64_t sequence = 0;
+  std::uint64_t digest = 0;
+  char text[240] = {};
+};
+static_assert(sizeof(IdentityRecord) == 256);
+IdentityRecord make_identity_record(const CollectiveIdentity& identity);
+/// Throws CollectiveMismatch naming rank 0 and the first rank whose record differs from rank 0's
+/// (records[r] is rank r's), at optimizer step `step`; returns when they all agree.
+void check_identity_records(std::span<const IdentityRecord> records, std::int64_t step);
+
 /// Handle to a collective issued asynchronously.
 class Work {
  public:
@@ -181,8 +194,8 @@ class Communicator {
   std::shared_ptr<Communicator> duplicate();
 
   /// Names the next collective this rank issues here ("gather of blocks.2"): ranks compare it, with the
-  /// kind, counts, dtype, root and sequence number, before any data moves, and a mismatch fails every
-  /// rank with CollectiveMismatch naming both sides. Applies to one collective; returns *this, so
+  /// kind, counts, dtype, root and sequence number, and a mismatch fails every rank with
+  /// CollectiveMismatch naming both sides (Note [Collective identity] in communicator.cpp says when). Applies to one collective; returns *this, so
   /// `comm.with_purpose("...").all_gather_async(...)` reads as one call.
   Communicator& with_purpose(std::string purpose) {
     next_purpose_ = std::move(purpose);

@@ -218,8 +218,9 @@ void MpiCommunicator::run_queue() {
       for (int c = 0; c < kNumCollectives; ++c)
         if (collective_name(static_cast<Collective>(c)) == task.name) timed = c;
       try {
-        check_identity(task.identity);
+        post_identity(task.identity);  // Note [Identity records]: compared while the data moves
         task.fn();
+        finish_identity();
       } catch (const CollectiveTimeout&) {
         error = broken_ = std::current_exception();
       } catch (const CollectiveMismatch&) {
@@ -228,7 +229,14 @@ void MpiCommunicator::run_queue() {
         error = broken_ = std::current_exception();
       } catch (...) {
         error = std::current_exception();  // e.g. a buffer too large for this rank: the peers did not start
+        try {
+          finish_identity();  // an MPI error of mismatched counts: the mismatch is the line to report
+        } catch (const CollectiveMismatch&) {
+          error = broken_ = std::current_exception();
+        } catch (...) {
+        }
       }
+      identity_request_ = MPI_REQUEST_NULL;  // left pending after a failure (Note [Never cancel a collective])
       // Before finish(): whoever waited on the work then sees its time in the ledger.
       if (timed >= 0) {
         busy_ns_[timed] +=
@@ -242,44 +250,40 @@ void MpiCommunicator::run_queue() {
 
 // Note [Identity records]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// Before a collective moves any data its ranks compare identities (Note [Collective identity] in
-// communicator.cpp): each rank contributes a fixed record of 256 bytes (the sequence number, a digest of
-// the identity, and its description for the message) to one MPI_Iallgather on the collective's own MPI
-// communicator. Every task starts with it, the control all-reduces and barriers included, so whatever two
-// ranks issued at the same position, the first MPI call of that position is the same on both and the
-// difference is seen before anything else is exchanged. Every rank sees every record, so every rank
+// Ranks compare a collective's identities (Note [Collective identity] in communicator.cpp): each rank
+// contributes a fixed record of 256 bytes (the sequence number, a digest of the identity, and its
+// description for the message) to one MPI_Iallgather on the collective's own MPI communicator. Every task
+// starts by posting it, the control all-reduces and barriers included, so whatever two ranks issued at
+// the same position, the first MPI call of that position is the same on both. The data then moves while
+// the records travel (waiting for them first would add a collective's latency to every collective), and
+// every wait of the task polls them: a mismatch ends the task as soon as the records are in, cancelling
+// its point-to-point messages, and an MPI error of the data phase (mismatched counts truncate a message)
+// is reported as the mismatch it comes from. Equal counts may let some data of a mismatched collective
+// arrive before the records do; the task then fails all the same, so its results are never used. Every rank sees every record, so every rank
 // throws the same CollectiveMismatch line, naming rank 0 and the first rank that differs from it. Cost:
 // one small collective per collective (bench/bench_collectives: "identity check"); not in the ledger's
 // five counters nor in control_bytes, as it moves no data of the program's.
-namespace {
-struct IdentityRecord {
-  std::int64_t sequence = 0;
-  std::uint64_t digest = 0;
-  char text[240] = {};
-};
-static_assert(sizeof(IdentityRecord) == 256);
-}  // namespace
-
-void MpiCommunicator::check_identity(const CollectiveIdentity& identity) {
+void MpiCommunicator::post_identity(const CollectiveIdentity& identity) {
+  identity_request_ = MPI_REQUEST_NULL;
   if (world_size_ == 1 || !check_identities_) return;
-  IdentityRecord mine;
-  mine.sequence = identity.sequence;
-  mine.digest = identity.digest();
-  const std::string text = identity.describe();
-  std::memcpy(mine.text, text.data(), std::min(text.size(), sizeof(mine.text) - 1));
-  std::vector<IdentityRecord> all(static_cast<std::size_t>(world_size_));
-  MPI_Request request;
-  ZERO_MPI_CHECK(MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, comm_, &request));
+  identity_mine_ = make_identity_record(identity);
+  identity_all_.resize(static_cast<std::size_t>(world_size_));
+  ZERO_MPI_CHECK(MPI_Iallgather(&identity_mine_, sizeof identity_mine_, MPI_BYTE, identity_all_.data(),
+                                sizeof identity_mine_, MPI_BYTE, comm_, &identity_request_));
+}
+
+void MpiCommunicator::poll_identity() {
+  int done = 0;
+  ZERO_MPI_CHECK(MPI_Test(&identity_request_, &done, MPI_STATUS_IGNORE));
+  if (done) check_identity_records(identity_all_, current_.step);
+}
+
+void MpiCommunicator::finish_identity() {
+  if (identity_request_ == MPI_REQUEST_NULL) return;
+  MPI_Request request = identity_request_;
+  identity_request_ = MPI_REQUEST_NULL;  // wait_all polls nothing else meanwhile
   wait_all(1, &request);
-  for (int q = 1; q < world_size_; ++q) {
-    const IdentityRecord& a = all[0];
-    const IdentityRecord& b = all[static_cast<std::size_t>(q)];
-    if (a.sequence == b.sequence && a.digest == b.digest) continue;
-    throw CollectiveMismatch(fmt::format(
-        "collective #{} at step {}: rank 0 issued {} but rank {} issued {} (every rank must issue the same collectives "
-        "in the same order)",
-        std::max(a.sequence, b.sequence), current_.step, a.text, q, b.text));
-  }
+  check_identity_records(identity_all_, current_.step);
 }
 
 float* MpiCommunicator::scratch(int which, std::size_t elems) {
@@ -410,6 +414,18 @@ void MpiCommunicator::wait_all(int count, MPI_Request* requests, const int* peer
   int* indices = count > 4 ? large.data() : small;
   int remaining = count;
   for (;;) {
+    if (identity_request_ != MPI_REQUEST_NULL) {
+      try {
+        poll_identity();  // Note [Identity records]: a mismatch ends the wait at once
+      } catch (const CollectiveMismatch&) {
+        for (int i = 0; i < count && peers; ++i) {  // point-to-point requests only (Note [Never cancel a collective])
+          if (requests[i] == MPI_REQUEST_NULL) continue;
+          MPI_Cancel(&requests[i]);
+          MPI_Request_free(&requests[i]);
+        }
+        throw;
+      }
+    }
     int completed = 0;
     ZERO_MPI_CHECK(MPI_Testsome(count, requests, &completed, indices, MPI_STATUSES_IGNORE));
     if (completed != MPI_UNDEFINED) remaining -= completed;

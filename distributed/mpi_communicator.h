@@ -108,8 +108,11 @@ class MpiCommunicator final : public Communicator {
   // Takes `comm` as it is (already duplicated): make_duplicate's.
   MpiCommunicator(MPI_Comm comm, Adopt);
   void start(MPI_Comm comm);
-  // Note [Identity records]: all-gathers this rank's record of `identity` and compares every rank's.
-  void check_identity(const CollectiveIdentity& identity);
+  // Note [Identity records]: posts the all-gather of this rank's record of `identity`; polls it (throws
+  // CollectiveMismatch when the records are in and differ); waits for it and compares.
+  void post_identity(const CollectiveIdentity& identity);
+  void poll_identity();
+  void finish_identity();
   // Runs `task` on the communication thread after everything queued before it. With one rank there
   // is no traffic to order, so the task runs inline (a local copy costs no thread hand-off).
   // `name` labels the collective in timeout messages; the step and timeout in force are captured.
@@ -169,6 +172,10 @@ class MpiCommunicator final : public Communicator {
   int world_size_ = 1;
   std::size_t segment_bytes_ = std::size_t{4} << 20;
   bool check_identities_ = true;  // Note [Identity records]
+  // Communication thread only: the record exchange of the task in progress.
+  MPI_Request identity_request_ = MPI_REQUEST_NULL;
+  IdentityRecord identity_mine_;
+  std::vector<IdentityRecord> identity_all_;
 
   // fp32 scratch reused across calls (first-touching fresh pages on every call costs more than the
   // copy itself): 0/1 the ring's one-segment double buffer, 2/3 widened fp16/bf16 send/recv buffers,

@@ -86,10 +86,32 @@ bool event_done(cudaEvent_t event) {
   return false;
 }
 
+// Note [Identity on NCCL]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// NCCL queues a collective's kernels when it is issued, and no rank may wait for its peers at issue: a
+// ZeRO stage-3 rank issues a gradient reduction while a peer may still need it to join gathers on the
+// other channel (Note [One schedule] in partitioned_parameters.cpp). So each collective's identity
+// record (Note [Identity records] in mpi_communicator.cpp) is all-gathered asynchronously over a host
+// MPI channel (a duplicate of the bootstrap communicator) when the collective is issued, and the
+// records are compared when the collective is waited for. A mismatch throws the same CollectiveMismatch
+// line on every rank that waits, and aborts the NCCL communicator (ncclCommAbort) so that its
+// mismatched kernels end instead of hanging the device. What this covers: a mismatch is named, never a
+// silent exchange or a hang. What it does not: by the time the line appears the device may already have
+// exchanged the mismatched buffers (which the error then discards), and NCCL's own kernels are not
+// inspected.
+struct IdentityCheck {
+  IdentityRecord mine;
+  std::vector<IdentityRecord> all;
+  std::shared_ptr<Work> work;
+  std::int64_t step = 0;
+  bool verified = false;
+};
+
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<detail::NcclHandle> handle, cudaEvent_t done, std::shared_ptr<void> scratch)
-      : handle_(std::move(handle)), done_(done), scratch_(std::move(scratch)) {}
+  NcclWork(std::shared_ptr<detail::NcclHandle> handle, cudaEvent_t done, std::shared_ptr<void> scratch,
+           std::shared_ptr<IdentityCheck> identity)
+      : handle_(std::move(handle)), done_(done), scratch_(std::move(scratch)), identity_(std::move(identity)) {}
 
   ~NcclWork() override {
     // Scratch must outlive the collective: wait for it if nobody did.
@@ -128,7 +150,9 @@ class NcclWork final : public Work {
   void poll() {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
-      if (event_done(done_)) return;
+      if (identity_ && !identity_->verified && identity_->work->is_completed()) verify_identity();
+      if (event_done(done_) && (!identity_ || identity_->verified)) return;
+      ZERO_CHECK(handle_->comm != nullptr, "NCCL communicator was aborted after a mismatched collective");
       ncclResult_t state = ncclSuccess;
       ZERO_NCCL_CHECK(ncclCommGetAsyncError(handle_->comm, &state));
       ZERO_CHECK(state == ncclSuccess || state == ncclInProgress, "NCCL collective failed asynchronously: {} ({})",
@@ -140,9 +164,23 @@ class NcclWork final : public Work {
     }
   }
 
+  // Note [Identity on NCCL]: the ranks' records are in; a mismatch aborts NCCL and throws.
+  void verify_identity() {
+    identity_->work->wait();
+    try {
+      check_identity_records(identity_->all, identity_->step);
+    } catch (const CollectiveMismatch&) {
+      ncclCommAbort(handle_->comm);  // the mismatched kernels end; the communicator is unusable from here
+      handle_->comm = nullptr;
+      throw;
+    }
+    identity_->verified = true;
+  }
+
   std::shared_ptr<detail::NcclHandle> handle_;
   cudaEvent_t done_;
   std::shared_ptr<void> scratch_;
+  std::shared_ptr<IdentityCheck> identity_;  // null: not checked (one rank)
   bool finished_ = false;
   std::exception_ptr error_;
 };
@@ -239,6 +277,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> bootstrap, Nccl
   bootstrap_->broadcast(&id, sizeof(id) / sizeof(float), DType::f32, 0);
   handle_ = std::make_shared<detail::NcclHandle>();
   ZERO_NCCL_CHECK(ncclCommInitRank(&handle_->comm, world_size_, id, rank_));
+  if (world_size_ > 1) identity_channel_ = bootstrap_->duplicate();  // Note [Identity on NCCL]
   cuda::register_side_stream(stream_.get());  // Backend::synchronize waits for it too; last: nothing throws after
 }
 
@@ -268,7 +307,17 @@ std::shared_ptr<Work> NcclCommunicator::finish(std::shared_ptr<void> scratch) {
   const cudaError_t rc = cudaEventRecord(done, stream_.get());
   if (rc != cudaSuccess) cudaEventDestroy(done);
   ZERO_CUDA_CHECK(rc);
-  return std::make_shared<NcclWork>(handle_, done, std::move(scratch));
+  // Note [Identity on NCCL]: this collective's record goes out on the host channel now, checked at wait.
+  std::shared_ptr<IdentityCheck> identity;
+  if (identity_channel_) {
+    identity = std::make_shared<IdentityCheck>();
+    identity->mine = make_identity_record(issuing());
+    identity->all.resize(static_cast<std::size_t>(world_size_));
+    identity->step = step();
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(world_size_), sizeof(IdentityRecord) / sizeof(float));
+    identity->work = identity_channel_->all_gather_async(&identity->mine, identity->all.data(), counts, DType::f32);
+  }
+  return std::make_shared<NcclWork>(handle_, done, std::move(scratch), std::move(identity));
 }
 
 std::shared_ptr<void> NcclCommunicator::fp32_scratch(std::size_t count) {

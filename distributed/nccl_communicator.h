@@ -117,6 +117,7 @@ class NcclCommunicator final : public Communicator {
                                                 DType dtype);
 
   std::shared_ptr<Communicator> bootstrap_;
+  std::shared_ptr<Communicator> identity_channel_;  // host MPI channel for identity records (Note [Identity on NCCL])
   NcclOptions options_;
   int rank_ = 0;
   int world_size_ = 1;
