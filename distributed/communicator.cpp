@@ -137,13 +137,14 @@ std::uint64_t CollectiveIdentity::digest() const {
 IdentityRecord make_identity_record(const CollectiveIdentity& identity) {
   IdentityRecord r;
   r.sequence = identity.sequence;
+  r.step = identity.step;
   r.digest = identity.digest();
   const std::string text = identity.describe();
   std::memcpy(r.text, text.data(), std::min(text.size(), sizeof(r.text) - 1));
   return r;
 }
 
-void check_identity_records(std::span<const IdentityRecord> records, std::int64_t step) {
+void check_identity_records(std::span<const IdentityRecord> records) {
   for (std::size_t q = 1; q < records.size(); ++q) {
     const IdentityRecord& a = records[0];
     const IdentityRecord& b = records[q];
@@ -151,7 +152,7 @@ void check_identity_records(std::span<const IdentityRecord> records, std::int64_
     throw CollectiveMismatch(fmt::format(
         "collective #{} at step {}: rank 0 issued {} but rank {} issued {} (every rank must issue the same collectives "
         "in the same order)",
-        std::max(a.sequence, b.sequence), step, a.text, q, b.text));
+        std::max(a.sequence, b.sequence), a.step, a.text, q, b.text));
   }
 }
 
@@ -178,6 +179,7 @@ void Communicator::begin_issue(std::string kind, std::vector<std::size_t> counts
   issuing_.root = root;
   issuing_.op = op;
   issuing_.wire.clear();
+  issuing_.step = step_;
   if (reduction && dtype != DType::f32 && reduce_in_fp32_) issuing_.wire = "fp32 wire";
   else if (reduction && issuing_.kind != "reduce" && accumulates_in_fp32(dtype)) issuing_.wire = "fp32 accumulation";
   if (reduction && issuing_.kind == "reduce_scatter" && quantized_block_ > 0)

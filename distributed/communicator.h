@@ -137,25 +137,27 @@ struct CollectiveIdentity {
   int root = -1;                     // reduce, broadcast; -1 otherwise
   int op = 0;                        // ReduceOp of the reductions, 0 otherwise
   std::string wire;                  // how a reduction travels: "", "fp32 wire", "fp32 accumulation", "int8/256"
+  std::int64_t step = 0;             // the issuing rank's optimizer step (set_step), for messages; not compared
 
   /// "all_gather 'gather of blocks.2' (counts 4,4,4; bf16)", at most a few hundred characters.
   std::string describe() const;
-  /// FNV-1a over every field but `sequence`: equal identities give equal digests.
+  /// FNV-1a over every field but `sequence` and `step`: equal identities give equal digests.
   std::uint64_t digest() const;
 };
 
 /// The fixed record backends exchange to compare identities (Note [Identity records] in
-/// mpi_communicator.cpp): 256 bytes, the description cut to 239 characters.
+/// mpi_communicator.cpp): 256 bytes, the description cut to 231 characters.
 struct IdentityRecord {
   std::int64_t sequence = 0;
+  std::int64_t step = 0;
   std::uint64_t digest = 0;
-  char text[240] = {};
+  char text[232] = {};
 };
 static_assert(sizeof(IdentityRecord) == 256);
 IdentityRecord make_identity_record(const CollectiveIdentity& identity);
 /// Throws CollectiveMismatch naming rank 0 and the first rank whose record differs from rank 0's
-/// (records[r] is rank r's), at optimizer step `step`; returns when they all agree.
-void check_identity_records(std::span<const IdentityRecord> records, std::int64_t step);
+/// (records[r] is rank r's), at rank 0's optimizer step; returns when they all agree.
+void check_identity_records(std::span<const IdentityRecord> records);
 
 /// Handle to a collective issued asynchronously.
 class Work {

@@ -416,7 +416,7 @@ void InProcessCommunicator::arrive(const Task& task) {
 
 // Part of "read": every rank compares every post, so all of them find a mismatch, and each still
 // finishes the collective (wait_until_everyone_has_read) before its post may go away.
-void InProcessCommunicator::check_same_collective(const Task& task) {
+void InProcessCommunicator::check_same_collective() {
   // Ranks differ iff some rank's post differs from rank 0's; naming the first such pair, every rank
   // words the same line.
   for (int q = 1; q < world_size_; ++q) {
@@ -424,7 +424,8 @@ void InProcessCommunicator::check_same_collective(const Task& task) {
     const CollectiveMismatch mismatch(
         fmt::format("collective #{} at step {}: rank 0 issued {} but rank {} issued {} (every rank must issue the same "
                     "collectives in the same order)",
-                    sequence_, task.step, peers_[0]->identity.describe(), q, peers_[q]->identity.describe()));
+                    sequence_, peers_[0]->identity.step, peers_[0]->identity.describe(), q,
+                    peers_[q]->identity.describe()));
     broken_ = std::make_exception_ptr(mismatch);  // the ranks are out of step from here on
     std::lock_guard lock(world_->mutex);
     if (world_->presence[rank_] == Presence::here) world_->presence[rank_] = Presence::failed;
@@ -469,7 +470,7 @@ void InProcessCommunicator::collective(const Task& task) {
 
   std::exception_ptr error;
   try {
-    check_same_collective(task);
+    check_same_collective();
     auto buffers = [&](bool send) {  // every rank's input buffer
       std::vector<const void*> b;
       for (const Posted* q : peers_) b.push_back(send ? q->send : q->recv);

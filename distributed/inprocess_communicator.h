@@ -103,7 +103,7 @@ class InProcessCommunicator final : public Communicator {
   void run(const Task& task);
   void collective(const Task& task);
   void arrive(const Task& task);
-  void check_same_collective(const Task& task);
+  void check_same_collective();
   void wait_until_everyone_has_read();
 
   std::shared_ptr<detail::InProcessWorld> world_;

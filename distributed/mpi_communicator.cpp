@@ -275,7 +275,7 @@ void MpiCommunicator::post_identity(const CollectiveIdentity& identity) {
 void MpiCommunicator::poll_identity() {
   int done = 0;
   ZERO_MPI_CHECK(MPI_Test(&identity_request_, &done, MPI_STATUS_IGNORE));
-  if (done) check_identity_records(identity_all_, current_.step);
+  if (done) check_identity_records(identity_all_);
 }
 
 void MpiCommunicator::finish_identity() {
@@ -283,7 +283,7 @@ void MpiCommunicator::finish_identity() {
   MPI_Request request = identity_request_;
   identity_request_ = MPI_REQUEST_NULL;  // wait_all polls nothing else meanwhile
   wait_all(1, &request);
-  check_identity_records(identity_all_, current_.step);
+  check_identity_records(identity_all_);
 }
 
 float* MpiCommunicator::scratch(int which, std::size_t elems) {

@@ -103,7 +103,6 @@ struct IdentityCheck {
   IdentityRecord mine;
   std::vector<IdentityRecord> all;
   std::shared_ptr<Work> work;
-  std::int64_t step = 0;
   bool verified = false;
 };
 
@@ -168,7 +167,7 @@ class NcclWork final : public Work {
   void verify_identity() {
     identity_->work->wait();
     try {
-      check_identity_records(identity_->all, identity_->step);
+      check_identity_records(identity_->all);
     } catch (const CollectiveMismatch&) {
       ncclCommAbort(handle_->comm);  // the mismatched kernels end; the communicator is unusable from here
       handle_->comm = nullptr;
@@ -313,7 +312,6 @@ std::shared_ptr<Work> NcclCommunicator::finish(std::shared_ptr<void> scratch) {
     identity = std::make_shared<IdentityCheck>();
     identity->mine = make_identity_record(issuing());
     identity->all.resize(static_cast<std::size_t>(world_size_));
-    identity->step = step();
     const std::vector<std::size_t> counts(static_cast<std::size_t>(world_size_), sizeof(IdentityRecord) / sizeof(float));
     identity->work = identity_channel_->all_gather_async(&identity->mine, identity->all.data(), counts, DType::f32);
   }
