@@ -4,7 +4,8 @@
 // (or, for the NCCL backend, device) buffers: all-reduce (stage 0 and the reduce_scatter=false path),
 // reduce-scatter (partition-aware gradient reduction), all-gather (parameters after the step), reduce
 // and broadcast. All of them are collective: every rank must issue the same calls, with the same
-// counts, dtypes and roots, in the same order (Note [Bucket order] in gradient_reducer.cpp).
+// counts, dtypes and roots, in the same order (Note [Bucket order] in gradient_reducer.cpp), and the
+// ranks check it: every collective carries its identity (Note [Collective identity] in communicator.cpp).
 //
 // The public methods here validate their arguments, record the call in the ledger and then hand it
 // to a backend (MpiCommunicator in mpi_communicator.h; an NCCL backend implements the same hooks).

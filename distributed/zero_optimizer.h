@@ -29,8 +29,10 @@
 // and re-points the module's tensors at views of it (Tensor::set_data), so the model computes from the
 // flat buffer; it also broadcasts rank 0's values so every rank starts from the same weights. At stage
 // 3 it keeps only this rank's partition of that buffer (the shard) and re-points the tensors at views
-// of their gather unit's buffer, which holds values only while a layer uses it. The
-// object must outlive every backward of the model and cannot be copied or moved (its parts' hooks
+// of their gather unit's buffer, which holds values only while a layer uses it; the gathers travel on a
+// second channel of `comm` (Communicator::duplicate), and a collective the program issues on `comm`
+// during a forward first ends that forward's gathers (Note [One schedule] in partitioned_parameters.cpp).
+// The object must outlive every backward of the model and cannot be copied or moved (its parts' hooks
 // point at them).
 #pragma once
 
@@ -110,7 +112,8 @@ class ZeroOptimizer {
   /// all-gather (the next step() or backward() then redoes it). A no-op when nothing is in flight.
   void wait_for_params();
 
-  /// wait_for_params(), and at stage 3 an all-gather of every unit: afterwards the module's parameters
+  /// wait_for_params(), and at stage 3 the end of the forward's gathers and an all-gather of every unit
+  /// (Note [One schedule] in partitioned_parameters.cpp): afterwards the module's parameters
   /// hold the last step's values, and forwards neither gather nor free anything, until the next
   /// backward() or step() (DeepSpeed's GatheredParameters), whatever stage3_max_live_parameters says.
   /// For code that reads parameters outside a forward (a comparison across ranks, a state_dict()) and
