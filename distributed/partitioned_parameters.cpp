@@ -24,8 +24,9 @@ namespace zero::dist {
 //     run a unit still joins its gather: that is what rank-dependent use costs, one unit's gather per
 //     entry it skips). Prefetch (stage3_prefetch_bucket_size) issues the next entries early, so it
 //     changes when a gather is issued, never which;
-//   - the phase begins with a start round (a small control all-reduce on the gather channel, every rank
-//     either reading or settling: "does anyone read?") and ends with settle(), called where every rank
+//   - a forward phase begins with a start round (a small control all-reduce on the gather channel, every
+//     rank either reading or settling: "does anyone read?"; a backward phase needs none, every rank
+//     being in ZeroOptimizer::backward) and a phase ends with settle(), called where every rank
 //     is at the same point of the program (ZeroOptimizer::backward, step, gather_parameters, and
 //     before any collective the program issues on the optimizer's communicator during a forward). A
 //     settling rank joins what is left of the schedule, then end rounds: each carries, per unit,
@@ -397,6 +398,7 @@ void PartitionedParameters::begin_backward() {
   settle();  // the forward phase: it learns here (Note [One schedule])
   for (Unit& unit : units_) unit.final_grads = 0;
   phase_ = kBackward;
+  started_ = true;  // every rank is here (begin_backward is collective): no start round needed
   in_backward_ = true;
 }
 

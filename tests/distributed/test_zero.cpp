@@ -1344,8 +1344,8 @@ ZERO_DIST_TEST(ZeroStage3Schedule, RankDependentUseIsBitwiseStage2) {
 }
 
 // The schedule is agreed, and learned: after the first step a model whose ranks all read the same units
-// needs one round per phase, and its gathers are those of the units it reads (GPT: every unit twice).
-ZERO_DIST_TEST(ZeroStage3Schedule, LearnedScheduleCostsOneRoundPerPhase) {
+// needs four rounds a step, and its gathers are those of the units it reads (GPT: every unit twice).
+ZERO_DIST_TEST(ZeroStage3Schedule, LearnedScheduleCostsFourRoundsAStep) {
   const Task task = gpt_task();
   auto model = task.make();
   ZeroOptions o = base_options();
@@ -1366,8 +1366,8 @@ ZERO_DIST_TEST(ZeroStage3Schedule, LearnedScheduleCostsOneRoundPerPhase) {
   EXPECT_EQ(p.schedule(true).size(), units - 1);
   const std::int64_t rounds = p.rounds(), gathers = p.gathers();
   train_step(1);
-  // forward: a start round and a last round; backward the same; step: one start round.
-  EXPECT_EQ(p.rounds() - rounds, 5) << n << " ranks";
+  // forward: a start round and a last round; backward: a last round; step: one start round.
+  EXPECT_EQ(p.rounds() - rounds, 4) << n << " ranks";
   EXPECT_EQ(p.gathers() - gathers, static_cast<std::int64_t>(2 * units));
 }
 
@@ -1388,14 +1388,14 @@ ZERO_DIST_TEST(ZeroStage3Schedule, RanksOutOfStepFailWithOneLine) {
       opt.backward(task.loss(*model, 0, world_rank() * 2, 2));
     ADD_FAILURE() << "ranks out of step went on";
   } catch (const CollectiveMismatch& e) {
-    EXPECT_NE(std::string(e.what()).find("rank 0 issued control all_reduce 'stage-3 schedule start (backward)'"),
+    EXPECT_NE(std::string(e.what()).find("rank 0 issued control all_reduce 'stage-3 schedule round (backward)'"),
               std::string::npos)
         << e.what();
     EXPECT_NE(std::string(e.what()).find("rank 1 issued all_gather 'gather of wte'"), std::string::npos) << e.what();
     if (world_size() == 2) {  // the line docs/zero.md §8 quotes
       EXPECT_EQ(std::string(e.what()),
-                "collective #16 at step 1: rank 0 issued control all_reduce 'stage-3 schedule start (backward)' "
-                "(counts 2; f32) but rank 1 issued all_gather 'gather of wte' (counts 88,0; f32) (every rank must "
+                "collective #16 at step 1: rank 0 issued control all_reduce 'stage-3 schedule round (backward)' "
+                "(counts 8; f32) but rank 1 issued all_gather 'gather of wte' (counts 88,0; f32) (every rank must "
                 "issue the same collectives in the same order)");
     }
   }
