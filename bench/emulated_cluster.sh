@@ -98,6 +98,8 @@ echo "ranks $ranks, $steps steps x $rounds rounds, results in $out"
 echo '{"zero_optimization": {"reduce_scatter": false}}' > "$out/rs_off.json"
 mpirun_flags=(--allow-run-as-root --oversubscribe --bind-to none --mca btl tcp,self --mca btl_tcp_if_include lo
               --mca oob_tcp_if_include lo --mca pml ob1 -x OMP_NUM_THREADS=1)
+# ZERO_COLLECTIVE_IDENTITY=0 in the environment reaches every rank (bench/identity_cost.sh says what it is).
+[[ -n ${ZERO_COLLECTIVE_IDENTITY:-} ]] && mpirun_flags+=(-x ZERO_COLLECTIVE_IDENTITY)
 common=(--data "$data" --steps "$steps" --batch "$batch" --threads 1 --eval-every 0 --eval-iters 2 --sample 0 --log-every "$steps")
 
 flags_of() {

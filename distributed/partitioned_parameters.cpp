@@ -33,11 +33,13 @@ namespace zero::dist {
 //     whether a rank needs it. A rank that read past the schedule's end asks for its unit there; every
 //     rank then gathers the units asked for, in unit order (an extension), and the rounds go on until
 //     one in which nobody asks, which needs every rank to be settling;
-//   - at the end of a training phase (the forward before a backward, the backward itself) the ranks
-//     compare what they gathered on demand with the schedule; if any differs, they exchange their
-//     records and the next schedule is their shortest common supersequence (computed the same way on
-//     every rank). Schedules start empty: the first step is all extensions, one round per unit, and
-//     from the second step a model whose ranks read the same units costs one round per phase.
+//   - at the end of a training phase (a forward that ends in ZeroOptimizer::backward, the backward
+//     itself; not evaluation forwards, which may run many passes) the ranks compare what they gathered
+//     on demand with the schedule; if any differs, they exchange their records and the next schedule is
+//     their shortest common supersequence (computed the same way on every rank). Schedules start empty:
+//     the first step is all extensions, one round per unit, and from the second step a model whose
+//     ranks read the same units costs four rounds a step (forward start and end, backward end, and
+//     step's start round).
 // Everything a rank decides alone (eviction under stage3_max_live_parameters, prefetch, freeing after
 // use) changes only what it keeps, never the sequence of collectives, and a unit it freed too early
 // is gathered again through the schedule. The gathers and rounds travel on their own channel
@@ -239,7 +241,7 @@ void PartitionedParameters::need(std::size_t u, bool may_evict) {
         found = true;
       }
     }
-    if (!found) extension_rounds(u, may_evict);
+    if (!found) extension_rounds(u, may_evict, false);
     walking_ = false;
   } catch (...) {
     walking_ = false;
@@ -257,7 +259,7 @@ void PartitionedParameters::start_round(bool settling) {
   started_ = v[0] > 0;
 }
 
-void PartitionedParameters::extension_rounds(std::size_t want, bool may_evict) {
+void PartitionedParameters::extension_rounds(std::size_t want, bool may_evict, bool learn_schedule) {
   const std::size_t n_units = units_.size();
   for (;;) {
     // {needs, settles, differs from the schedule, then per unit: asked for}
@@ -267,7 +269,7 @@ void PartitionedParameters::extension_rounds(std::size_t want, bool may_evict) {
       v[3 + want] = 1;
     } else {
       v[1] = 1;
-      v[2] = record_ != schedule_[phase_] ? 1 : 0;
+      v[2] = learn_schedule && record_ != schedule_[phase_] ? 1 : 0;
     }
     channel_->with_purpose(fmt::format("stage-3 schedule round ({})", phase_name(phase_))).all_reduce_sum(v);
     ++rounds_;
@@ -276,7 +278,7 @@ void PartitionedParameters::extension_rounds(std::size_t want, bool may_evict) {
     for (std::size_t x = 0; x < n_units; ++x)
       if (v[3 + x] > 0) asked.push_back(x);
     if (asked.empty()) {  // nobody needs anything: every rank is settling
-      if (v[2] > 0) learn(v);
+      if (v[2] > 0) learn();
       return;
     }
     std::vector<std::size_t> for_others;
@@ -326,9 +328,8 @@ void PartitionedParameters::consume(std::int64_t entry, std::size_t keep) {
   drop_scratch();
 }
 
-void PartitionedParameters::learn(const std::vector<double>& round_result) {
+void PartitionedParameters::learn() {
   // Every rank's record of on-demand gathers, one row each (unit + 1; 0 ends a row), summed.
-  (void)round_result;
   const std::size_t cap = 4 * units_.size() + 16, n = static_cast<std::size_t>(channel_->world_size());
   std::vector<double> rows(n * cap, 0.0);
   for (std::size_t k = 0; k < record_.size() && k < cap; ++k)
@@ -351,7 +352,9 @@ void PartitionedParameters::end_phase() {
   for (Unit& unit : units_) unit.entry = -1;
 }
 
-void PartitionedParameters::settle() {
+void PartitionedParameters::settle() { end_schedule(false); }
+
+void PartitionedParameters::end_schedule(bool learn_schedule) {
   if (held_) return;  // gather_all() on every rank: nobody walks until it ends
   walking_ = settling_ = true;
   try {
@@ -363,7 +366,7 @@ void PartitionedParameters::settle() {
         join(static_cast<std::int64_t>(e), schedule[e], true);
       }
       consume(static_cast<std::int64_t>(schedule.size()), current_);
-      extension_rounds(kNone, true);
+      extension_rounds(kNone, true, learn_schedule);
     }
     walking_ = settling_ = false;
   } catch (...) {
@@ -395,14 +398,15 @@ void PartitionedParameters::begin_backward() {
     held_ = false;
     release_all();
   }
-  settle();  // the forward phase: it learns here (Note [One schedule])
+  end_schedule(true);  // the forward phase; a forward that ends in a backward teaches the schedule
   for (Unit& unit : units_) unit.final_grads = 0;
   phase_ = kBackward;
   started_ = true;  // every rank is here (begin_backward is collective): no start round needed
   in_backward_ = true;
+  prefetch();  // the backward's first units, before autograd asks for them
 }
 
-void PartitionedParameters::finish_backward() { settle(); }
+void PartitionedParameters::finish_backward() { end_schedule(true); }
 
 void PartitionedParameters::end_backward() {
   in_backward_ = false;

@@ -123,11 +123,14 @@ class PartitionedParameters {
   // Note [One schedule]: makes unit u valid through the agreed schedule (walk, rounds) and waits for it.
   void need(std::size_t u, bool may_evict);
   void start_round(bool settling);
-  void extension_rounds(std::size_t want, bool may_evict);
+  void extension_rounds(std::size_t want, bool may_evict, bool learn_schedule);
+  // settle(); `learn_schedule`: at the end of a training phase, which teaches the next schedule.
+  void end_schedule(bool learn_schedule);
   // Issues entry `entry` (-1: an extension) of unit u; true when into u's own buffer, false into scratch.
   bool join(std::int64_t entry, std::size_t u, bool may_evict);
   void consume(std::int64_t entry, std::size_t keep);
-  void learn(const std::vector<double>& round_result);
+  // The next schedule of the phase: every rank's record exchanged and merged (Note [One schedule]).
+  void learn();
   void end_phase();
   void prefetch();
   // One unit's gather and release.
