@@ -30,6 +30,7 @@
 #include "distributed/zero_plan.h"
 #include "examples/cli_errors.h"
 #include "examples/model_options.h"
+#include "examples/setting_flags.h"
 #include "examples/text_data.h"
 #include "nn/gpt.h"
 
@@ -40,13 +41,11 @@ using dist::Collective;
 using nlohmann::json;
 
 struct Args {
-  std::string data, config, dtype = "fp32", format = "text", svg, communication_data_type;
+  std::string data, config, dtype = "fp32", format = "text", svg;
   std::int64_t vocab_size = 0;
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
-  int world_size = 1, zero_stage = 0, grad_accum = 1;
-  double reduce_bucket_size = 0, stage3_prefetch_bucket_size = 0, stage3_max_live_parameters = 0;
-  bool overlap_comm = false, fp32_accumulation = false, quantized_gradients = false, error_feedback = false;
-  std::int64_t quantized_block = 256;
+  int world_size = 1, grad_accum = 1;
+  examples::SettingFlags settings;  // the ZeRO flags of the settings table (distributed/settings.h)
   double bandwidth = 0, latency = 0;
   std::vector<double> params;
 };
@@ -77,43 +76,20 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
-// A flag's count of elements: a whole number >= `least` (and <= 9e15, exact in a double). Throws
-// zero::Error naming the flag otherwise.
-std::int64_t whole_elements(double value, double least, const char* flag) {
-  ZERO_CHECK(value >= least && value <= 9.0e15 && std::floor(value) == value,
-             "{} must be a whole number of elements >= {}, got {}", flag, least, value);
-  return static_cast<std::int64_t>(value);
-}
-
-// The ZeRO options train_gpt would run with: the --config file (or defaults), then the flags given.
+// The ZeRO options train_gpt would run with, by its merge rule (examples/setting_flags.h): the
+// defaults, the --config file, the flags given, then validation of the result.
 dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
-  dist::TrainingConfig tc =
-      a.config.empty() ? dist::TrainingConfig::from_json(json::object()) : dist::TrainingConfig::from_file(a.config);
+  const json file = a.config.empty() ? json::object() : dist::read_config_file(a.config);
+  const auto given = [&](std::string_view flag) {
+    const CLI::Option* o = app.get_option_no_throw(std::string(flag));
+    return o != nullptr && o->count() > 0;
+  };
+  const dist::TrainingConfig tc =
+      examples::merge_config(file, a.config, a.settings, given, [&](dist::TrainingConfig& c) {
+        if (given("--dtype")) c.set_model_dtype(parse_float_dtype(a.dtype));
+        if (given("--grad-accum")) c.gradient_accumulation_steps = a.grad_accum;
+      });
   for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
-  if (app.count("--zero-stage")) tc.zero_optimization.stage = a.zero_stage;
-  if (app.count("--dtype")) tc.set_model_dtype(parse_float_dtype(a.dtype));
-  if (app.count("--reduce-bucket-size")) {
-    ZERO_CHECK(a.reduce_bucket_size >= 1 && std::floor(a.reduce_bucket_size) == a.reduce_bucket_size,
-               "--reduce-bucket-size must be a positive whole number of elements, got {}", a.reduce_bucket_size);
-    tc.zero_optimization.reduce_bucket_size = static_cast<std::int64_t>(a.reduce_bucket_size);
-  }
-  if (app.count("--overlap-comm")) tc.zero_optimization.overlap_comm = a.overlap_comm;
-  if (app.count("--communication-data-type")) tc.communication_data_type = a.communication_data_type;
-  if (app.count("--reduce-scatter-with-fp32-accumulation"))
-    tc.zero_optimization.reduce_scatter_with_fp32_accumulation = a.fp32_accumulation;
-  if (app.count("--grad-accum")) tc.gradient_accumulation_steps = a.grad_accum;
-  if (app.count("--stage3-prefetch-bucket-size"))
-    tc.zero_optimization.stage3_prefetch_bucket_size =
-        whole_elements(a.stage3_prefetch_bucket_size, 0, "--stage3-prefetch-bucket-size");
-  if (app.count("--stage3-max-live-parameters"))
-    tc.zero_optimization.stage3_max_live_parameters =
-        whole_elements(a.stage3_max_live_parameters, 1, "--stage3-max-live-parameters");
-  if (app.count("--zero-quantized-gradients")) tc.zero_optimization.zero_quantized_gradients = a.quantized_gradients;
-  if (app.count("--zero-quantized-gradients-block-size"))
-    tc.zero_optimization.zero_quantized_gradients_block_size = a.quantized_block;
-  if (app.count("--zero-quantized-gradients-error-feedback"))
-    tc.zero_optimization.zero_quantized_gradients_error_feedback = a.error_feedback;
-  tc.validate();
   dist::ZeroOptions zo = tc.zero_options();
   // Note [Automatic bucket size]: with a link model, automatic buckets grow with N.
   zo.link = {a.bandwidth, a.latency};
@@ -647,25 +623,9 @@ int main(int argc, char** argv) {
   app.add_option("--vocab-size", a.vocab_size, "vocabulary size instead of --data (default 65)");
   examples::add_model_options(app, a.model);
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
-  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0, 1, 2 or 3")->capture_default_str();
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
-  app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
-  app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
-  app.add_option("--stage3-prefetch-bucket-size", a.stage3_prefetch_bucket_size,
-                 "stage 3: elements of the layers gathered ahead of the one computing (0 = no prefetch; default 5e7)");
-  app.add_option("--stage3-max-live-parameters", a.stage3_max_live_parameters,
-                 "stage 3: the most gathered parameter elements alive at once (default 1e9)");
-  app.add_option("--communication-data-type", a.communication_data_type,
-                 "dtype of reductions on the wire: fp32, fp16 or bf16 (default: the model dtype)");
-  app.add_flag("--reduce-scatter-with-fp32-accumulation", a.fp32_accumulation,
-               "16-bit reductions as an all-to-all summed in fp32 at the owner (the same bytes as the ring)");
-  app.add_flag("--zero-quantized-gradients", a.quantized_gradients,
-               "stages 1-3: int8 gradient reduce-scatter with one fp32 scale per block (as train_gpt)");
-  app.add_option("--zero-quantized-gradients-block-size", a.quantized_block, "elements per int8 block")
-      ->capture_default_str();
-  app.add_flag("--zero-quantized-gradients-error-feedback", a.error_feedback,
-               "keep an int8 residual of the quantization error (counted in memory)");
+  examples::add_setting_flags(app, a.settings, examples::FlagSet::layout);
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
   app.add_option("--latency", a.latency, "per-message latency in seconds for the time model")->capture_default_str();
