@@ -127,6 +127,86 @@ std::string encode_header(std::vector<TensorInfo>& tensors, const std::map<std::
   return out + json;
 }
 
+namespace {
+
+// The header's JSON text of the open file `fd` (`size` bytes): its length checked against the file
+// and kMaxHeader, its nesting depth bounded (Note [Bounded header]) before any of it is kept.
+std::string read_header_text(int fd, const std::string& path, std::uint64_t size) {
+  ZERO_CHECK(size >= 8, "'{}' is not a safetensors file: {} bytes, shorter than the 8-byte header length", path,
+             size);
+  unsigned char len_bytes[8];
+  io::pread_all(fd, len_bytes, 8, 0, path);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+  ZERO_CHECK(n <= kMaxHeader && n <= size - 8, "'{}' is truncated or not a safetensors file: header length {} with "
+             "{} bytes in the file", path, n, size);
+  DepthScan scan;
+  std::vector<char> chunk(static_cast<std::size_t>(std::min<std::uint64_t>(n, kScanChunk)));
+  for (std::uint64_t done = 0; done < n;) {
+    const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(n - done, kScanChunk));
+    io::pread_all(fd, chunk.data(), len, 8 + done, path);
+    const std::size_t at = scan.feed(chunk.data(), len, kMaxDepth);
+    ZERO_CHECK(at == len, "'{}': the safetensors header nests deeper than {} levels (at byte {} of {}); not a "
+               "safetensors file", path, kMaxDepth, done + at, n);
+    done += len;
+  }
+  std::string text(static_cast<std::size_t>(n), '\0');
+  io::pread_all(fd, text.data(), text.size(), 8, path);
+  return text;
+}
+
+// One tensor's header entry: dtype, shape and data offsets, each checked (sizes for 64-bit overflow).
+TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, const nlohmann::json& e) {
+  ZERO_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"),
+             "'{}': tensor '{}' lacks dtype, shape or data_offsets", path, name);
+  TensorInfo t;
+  t.name = name;
+  const auto& code = e["dtype"];
+  ZERO_CHECK(code.is_string(), "'{}': tensor '{}' has a non-string dtype", path, name);
+  bool known = false;
+  for (const DTypeCode& c : kCodes)
+    if (code.get<std::string>() == c.code) {
+      t.dtype = c.dtype;
+      known = true;
+    }
+  ZERO_CHECK(known, "'{}': tensor '{}' has unsupported dtype {}", path, name, code.dump());
+  ZERO_CHECK(e["shape"].is_array(), "'{}': tensor '{}' shape is not a list", path, name);
+  // Element count and byte size, each product checked for 64-bit overflow (Note [Bounded header]).
+  std::optional<std::uint64_t> bytes = dtype_size(t.dtype);
+  for (const auto& d : e["shape"]) {
+    ZERO_CHECK(d.is_number_unsigned(), "'{}': tensor '{}' has a bad dimension {}", path, name, d.dump());
+    const auto dim = d.get<std::uint64_t>();
+    bytes = bytes ? checked_mul(*bytes, dim) : bytes;
+    ZERO_CHECK(dim <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) && bytes,
+               "'{}': tensor '{}' has shape {} whose size in bytes overflows 64 bits", path, name, e["shape"].dump());
+    t.shape.push_back(static_cast<std::int64_t>(dim));
+  }
+  const auto& off = e["data_offsets"];
+  ZERO_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
+             "'{}': tensor '{}' data_offsets is not [begin, end]", path, name);
+  t.begin = off[0].get<std::uint64_t>();
+  t.end = off[1].get<std::uint64_t>();
+  ZERO_CHECK(t.end >= t.begin && t.end - t.begin == *bytes,
+             "'{}': tensor '{}' data_offsets [{}, {}] do not hold its {} bytes", path, name, t.begin, t.end, *bytes);
+  return t;
+}
+
+// Sorts the tensors by offset and checks that they tile the data section; returns its size in bytes.
+std::uint64_t sort_and_check_tiling(const std::string& path, std::vector<TensorInfo>& tensors) {
+  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t expect = 0;
+  for (const TensorInfo& t : tensors) {
+    ZERO_CHECK(t.begin == expect, "'{}': tensor '{}' starts at byte {} of the data, expected {} (gap or overlap)",
+               path, t.name, t.begin, expect);
+    expect = t.end;
+  }
+  return expect;
+}
+
+}  // namespace
+
 Reader::Reader(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ZERO_CHECK(fd_ >= 0, "cannot open '{}': {}", path, errno_text());
@@ -134,28 +214,7 @@ Reader::Reader(const std::string& path) : path_(path) {
     struct stat st {};
     ZERO_CHECK(::fstat(fd_, &st) == 0, "cannot stat '{}': {}", path, errno_text());
     const auto size = static_cast<std::uint64_t>(st.st_size);
-    ZERO_CHECK(size >= 8, "'{}' is not a safetensors file: {} bytes, shorter than the 8-byte header length", path,
-               size);
-    unsigned char len_bytes[8];
-    io::pread_all(fd_, len_bytes, 8, 0, path);
-    std::uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
-    ZERO_CHECK(n <= kMaxHeader && n <= size - 8, "'{}' is truncated or not a safetensors file: header length {} with "
-               "{} bytes in the file", path, n, size);
-    {  // Note [Bounded header]: the nesting depth, before any of the header is kept
-      DepthScan scan;
-      std::vector<char> chunk(static_cast<std::size_t>(std::min<std::uint64_t>(n, kScanChunk)));
-      for (std::uint64_t done = 0; done < n;) {
-        const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(n - done, kScanChunk));
-        io::pread_all(fd_, chunk.data(), len, 8 + done, path);
-        const std::size_t at = scan.feed(chunk.data(), len, kMaxDepth);
-        ZERO_CHECK(at == len, "'{}': the safetensors header nests deeper than {} levels (at byte {} of {}); not a "
-                   "safetensors file", path, kMaxDepth, done + at, n);
-        done += len;
-      }
-    }
-    std::string text(static_cast<std::size_t>(n), '\0');
-    io::pread_all(fd_, text.data(), text.size(), 8, path);
+    const std::string text = read_header_text(fd_, path, size);
     nlohmann::json h;
     try {
       h = nlohmann::json::parse(text);
@@ -163,7 +222,7 @@ Reader::Reader(const std::string& path) : path_(path) {
       throw Error(fmt::format("'{}' has a safetensors header that is not valid JSON", path));
     }
     ZERO_CHECK(h.is_object(), "'{}': the safetensors header is not a JSON object", path);
-    data_start_ = 8 + n;
+    data_start_ = 8 + text.size();
     for (const auto& [name, e] : h.items()) {
       if (name == "__metadata__") {
         ZERO_CHECK(e.is_object(), "'{}': __metadata__ is not an object", path);
@@ -173,49 +232,9 @@ Reader::Reader(const std::string& path) : path_(path) {
         }
         continue;
       }
-      ZERO_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"),
-                 "'{}': tensor '{}' lacks dtype, shape or data_offsets", path, name);
-      TensorInfo t;
-      t.name = name;
-      const auto& code = e["dtype"];
-      ZERO_CHECK(code.is_string(), "'{}': tensor '{}' has a non-string dtype", path, name);
-      bool known = false;
-      for (const DTypeCode& c : kCodes)
-        if (code.get<std::string>() == c.code) {
-          t.dtype = c.dtype;
-          known = true;
-        }
-      ZERO_CHECK(known, "'{}': tensor '{}' has unsupported dtype {}", path, name, code.dump());
-      ZERO_CHECK(e["shape"].is_array(), "'{}': tensor '{}' shape is not a list", path, name);
-      // Element count and byte size, each product checked for 64-bit overflow (Note [Bounded header]).
-      std::optional<std::uint64_t> bytes = dtype_size(t.dtype);
-      for (const auto& d : e["shape"]) {
-        ZERO_CHECK(d.is_number_unsigned(), "'{}': tensor '{}' has a bad dimension {}", path, name, d.dump());
-        const auto dim = d.get<std::uint64_t>();
-        bytes = bytes ? checked_mul(*bytes, dim) : bytes;
-        ZERO_CHECK(dim <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) && bytes,
-                   "'{}': tensor '{}' has shape {} whose size in bytes overflows 64 bits", path, name,
-                   e["shape"].dump());
-        t.shape.push_back(static_cast<std::int64_t>(dim));
-      }
-      const auto& off = e["data_offsets"];
-      ZERO_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
-                 "'{}': tensor '{}' data_offsets is not [begin, end]", path, name);
-      t.begin = off[0].get<std::uint64_t>();
-      t.end = off[1].get<std::uint64_t>();
-      ZERO_CHECK(t.end >= t.begin && t.end - t.begin == *bytes,
-                 "'{}': tensor '{}' data_offsets [{}, {}] do not hold its {} bytes", path, name, t.begin, t.end, *bytes);
-      tensors_.push_back(std::move(t));
+      tensors_.push_back(parse_tensor_entry(path, name, e));
     }
-    std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
-      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-    });
-    std::uint64_t expect = 0;
-    for (const TensorInfo& t : tensors_) {
-      ZERO_CHECK(t.begin == expect, "'{}': tensor '{}' starts at byte {} of the data, expected {} (gap or overlap)",
-                 path, t.name, t.begin, expect);
-      expect = t.end;
-    }
+    const std::uint64_t expect = sort_and_check_tiling(path, tensors_);
     data_size_ = expect;
     ZERO_CHECK(expect <= size - data_start_ && size == data_start_ + expect, "'{}' is truncated or has trailing bytes: {} bytes, the header says {}",
                path, size, data_start_ + expect);

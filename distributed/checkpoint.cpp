@@ -214,84 +214,119 @@ struct Attempt {
   }
 };
 
-SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt, Communicator& comm,
-                const nlohmann::json& extra, int keep, const std::function<bool()>& cancelled,
-                const std::vector<std::string>* written) {
-  const auto t0 = Clock::now();
-  const int rank = comm.rank(), world = comm.world_size();
-  const FlatLayout& layout = opt.layout();
-  const ZeroOptions& zo = opt.options();
-  const std::int64_t numel = layout.numel();
-  const fs::path root = fs::absolute(save_dir);
-  const std::string name = checkpoint_name(step);
-  const fs::path tmp = root / (".tmp-" + name), final_dir = root / name;
-  const bool mixed = zo.dtype != DType::f32;
-  SaveResult result;
-  result.dir = final_dir.string();
-  Attempt attempt;
-  // The phase's end (Note [Save failures agreed]): the worst outcome over the ranks; throws on a failure.
-  auto agree = [&](double mine, const char* doing) {
-    const double worst = world > 1 ? comm.all_reduce_max(mine) : mine;
-    if (worst < kFailureBase) return worst;
-    if (rank == 0) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
-    if (!attempt.message.empty()) throw Error(attempt.message);
-    const int failed = static_cast<int>(worst / kFailureBase) - 1;
-    const int err = static_cast<int>(worst - (failed + 1) * kFailureBase);
-    throw Error(fmt::format("rank {} could not {} in '{}': {}", failed, doing, tmp.string(),
-                            err > 0 ? std::strerror(err) : "an I/O error"));
-  };
+// Note [Writing a checkpoint]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// One save, in three phases, each ended by an agreement of every rank (Note [Save failures agreed]):
+// its layout (rank 0 makes the temporary directory and sizes model.safetensors), its writing (every
+// rank writes its shard and its range of the model: Note [Checkpoint ranges]), and its publishing
+// (rank 0 writes state.json, renames the directory into place, points `latest` at it and prunes).
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt, Communicator& comm)
+      : opt_(opt),
+        comm_(comm),
+        rank_(comm.rank()),
+        world_(comm.world_size()),
+        layout_(opt.layout()),
+        zo_(opt.options()),
+        numel_(layout_.numel()),
+        step_(step),
+        root_(fs::absolute(save_dir)),
+        name_(checkpoint_name(step)),
+        tmp_(root_ / (".tmp-" + name_)),
+        final_dir_(root_ / name_),
+        model_path_((tmp_ / kModelFile).string()),
+        model_header_(model_header(layout_)) {}
 
+  SaveResult save(const nlohmann::json& extra, int keep, const std::function<bool()>& cancelled,
+                  const std::vector<std::string>* written);
+
+ private:
   // The model file's header (the same on every rank): parameters back to back in layout order.
-  std::vector<st::TensorInfo> model_tensors;
-  for (const ParamRange& p : layout.params()) model_tensors.push_back({p.name, DType::f32, p.shape, 0, 0});
-  const std::string model_header = st::encode_header(model_tensors, {{"format", "pt"}});
-  const std::string model_path = (tmp / kModelFile).string();
-
-  // ---- 1. rank 0 prepares the temporary directory and sizes model.safetensors ----
-  if (rank == 0) {
-    attempt.run([&] {
-      fs::create_directories(root);
-      for (const auto& e : fs::directory_iterator(root)) {
-        const std::string f = e.path().filename().string();
-        if (f.rfind(".tmp-", 0) == 0 || f.rfind(".trash-", 0) == 0) fs::remove_all(e.path());  // crash leftovers
-      }
-      fs::create_directories(tmp);
-      const int fd = st::io::open_write(model_path, true);
-      try {
-        st::io::pwrite_all(fd, model_header.data(), model_header.size(), 0, model_path);
-        const auto size = static_cast<off_t>(model_header.size() + 4 * static_cast<std::uint64_t>(numel));
-        ZERO_CHECK(::ftruncate(fd, size) == 0, "cannot size '{}' to {} bytes: {}", model_path, size,
-                   std::strerror(errno));
-      } catch (...) {
-        ::close(fd);
-        throw;
-      }
-      ::close(fd);  // flushed to disk with the ranges below: every rank's fsync covers the whole file
-    });
+  static std::string model_header(const FlatLayout& layout) {
+    std::vector<st::TensorInfo> model_tensors;
+    for (const ParamRange& p : layout.params()) model_tensors.push_back({p.name, DType::f32, p.shape, 0, 0});
+    return st::encode_header(model_tensors, {{"format", "pt"}});
   }
-  agree(attempt.code(rank), "prepare the checkpoint directory");
 
-  // ---- 2. every rank writes its range (Note [Checkpoint ranges]) ----
-  const std::int64_t P = layout.partition_size();
-  const std::int64_t wb = std::min<std::int64_t>(numel, rank * P), we = std::min<std::int64_t>(numel, (rank + 1) * P);
+  double agree(double mine, const char* doing);
+  void prepare();
+  std::uint32_t write_shard(std::int64_t wb, std::int64_t we, std::int64_t src);
+  void write_model_range(std::int64_t wb, std::int64_t n, std::int64_t src);
+  nlohmann::json state_json(const nlohmann::json& extra, const std::vector<std::uint32_t>& crcs,
+                            std::uint64_t& total) const;
+  bool publish(const nlohmann::json& extra, const std::vector<std::uint32_t>& crcs, int keep,
+               const std::function<bool()>& cancelled, const std::vector<std::string>* written);
+  void prune(int keep, const std::vector<std::string>* written) const;
+
+  const ZeroOptimizer& opt_;
+  Communicator& comm_;
+  const int rank_, world_;
+  const FlatLayout& layout_;
+  const ZeroOptions& zo_;
+  const std::int64_t numel_, step_;
+  const fs::path root_;
+  const std::string name_;
+  const fs::path tmp_, final_dir_;
+  const std::string model_path_, model_header_;
+  Attempt attempt_;
+  SaveResult result_;
+};
+
+// The phase's end (Note [Save failures agreed]): the worst outcome over the ranks; throws on a failure.
+double CheckpointWriter::agree(double mine, const char* doing) {
+  const double worst = world_ > 1 ? comm_.all_reduce_max(mine) : mine;
+  if (worst < kFailureBase) return worst;
+  if (rank_ == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+  if (!attempt_.message.empty()) throw Error(attempt_.message);
+  const int failed = static_cast<int>(worst / kFailureBase) - 1;
+  const int err = static_cast<int>(worst - (failed + 1) * kFailureBase);
+  throw Error(fmt::format("rank {} could not {} in '{}': {}", failed, doing, tmp_.string(),
+                          err > 0 ? std::strerror(err) : "an I/O error"));
+}
+
+// ---- 1. rank 0 prepares the temporary directory and sizes model.safetensors ----
+void CheckpointWriter::prepare() {
+  if (rank_ != 0) return;
+  attempt_.run([&] {
+    fs::create_directories(root_);
+    for (const auto& e : fs::directory_iterator(root_)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind(".tmp-", 0) == 0 || f.rfind(".trash-", 0) == 0) fs::remove_all(e.path());  // crash leftovers
+    }
+    fs::create_directories(tmp_);
+    const int fd = st::io::open_write(model_path_, true);
+    try {
+      st::io::pwrite_all(fd, model_header_.data(), model_header_.size(), 0, model_path_);
+      const auto size = static_cast<off_t>(model_header_.size() + 4 * static_cast<std::uint64_t>(numel_));
+      ZERO_CHECK(::ftruncate(fd, size) == 0, "cannot size '{}' to {} bytes: {}", model_path_, size,
+                 std::strerror(errno));
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);  // flushed to disk with the ranges below: every rank's fsync covers the whole file
+  });
+}
+
+// ---- 2a. this rank's shard: its optimizer state over [wb, we) and its error-feedback residual ----
+// Returns the shard's CRC-32.
+std::uint32_t CheckpointWriter::write_shard(std::int64_t wb, std::int64_t we, std::int64_t src) {
   const std::int64_t n = we - wb;
-  const std::int64_t src = wb - opt.region_begin();  // where wb sits in this rank's fp32 buffers
-  ZERO_CHECK(n == 0 || (src >= 0 && src + n <= opt.region_size()), "checkpoint: rank {} does not hold [{}, {})", rank,
-             wb, we);
   std::vector<std::pair<std::string, const Tensor*>> parts;
-  if (mixed) parts.push_back({"master", &opt.master()});
-  parts.push_back({"exp_avg", &opt.exp_avg()});
-  parts.push_back({"exp_avg_sq", &opt.exp_avg_sq()});
+  if (zo_.dtype != DType::f32) parts.push_back({"master", &opt_.master()});
+  parts.push_back({"exp_avg", &opt_.exp_avg()});
+  parts.push_back({"exp_avg_sq", &opt_.exp_avg_sq()});
   std::vector<st::TensorInfo> shard_tensors;
   for (const auto& [tname, t] : parts) shard_tensors.push_back({tname, DType::f32, {n}, 0, 0});
   // This rank's error-feedback residual, whole (Note [Error-feedback checkpoints]): int8 values packed
   // four to an I32 element (zero-padded), then the block scales.
-  const bool feedback = zo.quantized_gradients_error_feedback;
-  const std::vector<std::int8_t>& residual = opt.residual_values();
-  const std::vector<float>& residual_scales = opt.residual_scales();
+  const bool feedback = zo_.quantized_gradients_error_feedback;
+  const std::vector<std::int8_t>& residual = opt_.residual_values();
+  const std::vector<float>& residual_scales = opt_.residual_scales();
   std::vector<std::int8_t> residual_packed;
   if (feedback) {
     residual_packed.assign((residual.size() + 3) / 4 * 4, 0);
@@ -303,32 +338,28 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
   }
   const std::string shard_header = st::encode_header(
       shard_tensors, {{"flat_begin", std::to_string(wb)}, {"flat_end", std::to_string(we)},
-                      {"rank", std::to_string(rank)}, {"world_size", std::to_string(world)},
-                      {"zero_stage", std::to_string(zo.stage)}, {"dtype", std::string(dtype_name(zo.dtype))}});
-  const std::string shard_path = (tmp / shard_name(rank)).string();
+                      {"rank", std::to_string(rank_)}, {"world_size", std::to_string(world_)},
+                      {"zero_stage", std::to_string(zo_.stage)}, {"dtype", std::string(dtype_name(zo_.dtype))}});
+  const std::string shard_path = (tmp_ / shard_name(rank_)).string();
   std::uint32_t shard_crc = 0;
-  attempt.run([&] {
+  attempt_.run([&] {
     const int fd = st::io::open_write(shard_path, true);
+    // The bytes at `pos`, counted into the CRC.
+    std::uint64_t pos = 0;
+    const auto put = [&](const void* p, std::size_t bytes) {
+      st::io::pwrite_all(fd, p, bytes, pos, shard_path);
+      shard_crc = st::crc32(p, bytes, shard_crc);
+      pos += bytes;
+    };
     try {
-      st::io::pwrite_all(fd, shard_header.data(), shard_header.size(), 0, shard_path);
-      shard_crc = st::crc32(shard_header.data(), shard_header.size());
-      std::uint64_t pos = shard_header.size();
+      put(shard_header.data(), shard_header.size());
       for (const auto& part : parts)
         for_host_chunks_read(*part.second, src, n, [&](const float* p, std::int64_t, std::int64_t c) {
-          const auto bytes = static_cast<std::size_t>(c) * sizeof(float);
-          st::io::pwrite_all(fd, p, bytes, pos, shard_path);
-          shard_crc = st::crc32(p, bytes, shard_crc);
-          pos += bytes;
+          put(p, static_cast<std::size_t>(c) * sizeof(float));
         });
       if (feedback) {
-        const std::pair<const void*, std::size_t> raw[] = {
-            {residual_packed.data(), residual_packed.size()},
-            {residual_scales.data(), residual_scales.size() * sizeof(float)}};
-        for (const auto& [p, bytes] : raw) {
-          st::io::pwrite_all(fd, p, bytes, pos, shard_path);
-          shard_crc = st::crc32(p, bytes, shard_crc);
-          pos += bytes;
-        }
+        put(residual_packed.data(), residual_packed.size());
+        put(residual_scales.data(), residual_scales.size() * sizeof(float));
       }
     } catch (...) {
       ::close(fd);
@@ -336,122 +367,169 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
     }
     st::io::sync_close(fd, shard_path);
   });
-  attempt.run([&] {
-    const int fd = st::io::open_write(model_path, false);
+  return shard_crc;
+}
+
+// ---- 2b. this rank's range of model.safetensors: its fp32 master weights over [wb, wb + n) ----
+void CheckpointWriter::write_model_range(std::int64_t wb, std::int64_t n, std::int64_t src) {
+  attempt_.run([&] {
+    const int fd = st::io::open_write(model_path_, false);
     try {
-      for_host_chunks_read(opt.master(), src, n, [&](const float* p, std::int64_t first, std::int64_t c) {
+      for_host_chunks_read(opt_.master(), src, n, [&](const float* p, std::int64_t first, std::int64_t c) {
         st::io::pwrite_all(fd, p, static_cast<std::size_t>(c) * sizeof(float),
-                           model_header.size() + 4 * static_cast<std::uint64_t>(first - src + wb), model_path);
+                           model_header_.size() + 4 * static_cast<std::uint64_t>(first - src + wb), model_path_);
       });
     } catch (...) {
       ::close(fd);
       throw;
     }
-    st::io::sync_close(fd, model_path);
+    st::io::sync_close(fd, model_path_);
   });
+}
+
+// state.json: `extra` with the checkpoint's format, step, layout, optimizer counters, loss scaler, shards
+// and every file's size and CRC-32. Adds the files' bytes to `total`.
+nlohmann::json CheckpointWriter::state_json(const nlohmann::json& extra, const std::vector<std::uint32_t>& crcs,
+                                            std::uint64_t& total) const {
+  const std::int64_t P = layout_.partition_size();
+  nlohmann::json files = nlohmann::json::object();
+  const auto [model_crc, model_bytes] = st::file_crc32(model_path_);
+  files[kModelFile] = {{"bytes", model_bytes}, {"crc32", model_crc}};
+  nlohmann::json shards = nlohmann::json::array();
+  total += model_bytes;
+  for (int r = 0; r < world_; ++r) {
+    const std::string f = shard_name(r);
+    const auto bytes = static_cast<std::uint64_t>(fs::file_size(tmp_ / f));
+    files[f] = {{"bytes", bytes}, {"crc32", crcs[static_cast<std::size_t>(r)]}};
+    total += bytes;
+    shards.push_back({{"file", f},
+                      {"rank", r},
+                      {"flat_begin", std::min<std::int64_t>(numel_, r * P)},
+                      {"flat_end", std::min<std::int64_t>(numel_, (r + 1) * P)}});
+  }
+  nlohmann::json params = nlohmann::json::array();
+  for (const ParamRange& p : layout_.params())
+    params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
+  const optim::LossScaler::State ls = opt_.loss_scaler().state();
+  nlohmann::json state = extra.is_object() ? extra : nlohmann::json::object();
+  state["format"] = "zero.cpp checkpoint";
+  state["version"] = kCheckpointVersion;
+  state["step"] = step_;
+  state["world_size"] = world_;
+  state["zero_stage"] = zo_.stage;
+  state["dtype"] = std::string(dtype_name(zo_.dtype));
+  state["numel"] = numel_;
+  state["params"] = params;
+  nlohmann::json param_steps = nlohmann::json::object();  // per parameter (Note [Unused parameters])
+  for (std::size_t i = 0; i < layout_.params().size(); ++i) param_steps[layout_.params()[i].name] = opt_.param_steps()[i];
+  state["optimizer"] = {{"steps", opt_.steps()},
+                        {"skipped_steps", opt_.skipped_steps()},
+                        {"consecutive_skipped_steps", opt_.consecutive_skipped_steps()},
+                        {"param_steps", param_steps},
+                        {"lr", opt_.lr()},
+                        {"loss_scaler",
+                         {{"scale", ls.scale},
+                          {"hysteresis_left", ls.hysteresis_left},
+                          {"iter", ls.iter},
+                          {"last_overflow_iter", ls.last_overflow_iter},
+                          {"skips_at_min", ls.skips_at_min}}}};
+  if (zo_.quantized_gradients_error_feedback)  // the layout the shards' residuals belong to (Note [Error-feedback checkpoints])
+    state["error_feedback"] = {{"reduce_bucket_size", zo_.reduce_bucket_size},
+                               {"quantized_gradients_block", zo_.quantized_gradients_block},
+                               {"padded_numel", layout_.padded_numel()}};
+  state["shards"] = shards;
+  state["files"] = files;
+  return state;
+}
+
+// ---- 3. rank 0: state.json, rename into place, then `latest`, then pruning ----
+// Returns true when cancelled before the commit (the rename).
+bool CheckpointWriter::publish(const nlohmann::json& extra, const std::vector<std::uint32_t>& crcs, int keep,
+                               const std::function<bool()>& cancelled, const std::vector<std::string>* written) {
+  bool cancelled_late = false;
+  attempt_.run([&] {
+    std::uint64_t total = 0;
+    const std::string text = state_json(extra, crcs, total).dump(1) + "\n";
+    st::io::write_text_synced((tmp_ / kStateFile).string(), text);
+    total += text.size();
+    result_.bytes = total;
+    st::io::sync_dir(tmp_.string());
+    cancelled_late = cancelled && cancelled();
+    if (cancelled_late) {
+      fs::remove_all(tmp_);
+      return;
+    }
+    if (fs::exists(final_dir_)) remove_dir(final_dir_);
+    fs::rename(tmp_, final_dir_);  // the commit: from here on the checkpoint exists
+    st::io::sync_dir(root_.string());
+    const fs::path latest_tmp = root_ / ".tmp-latest";
+    st::io::write_text_synced(latest_tmp.string(), name_ + "\n");
+    fs::rename(latest_tmp, root_ / "latest");
+    st::io::sync_dir(root_.string());
+    prune(keep, written);
+  });
+  return cancelled_late;
+}
+
+// After the commit: the step directories of an abandoned future, and those beyond --keep.
+void CheckpointWriter::prune(int keep, const std::vector<std::string>* written) const {
+  // Step directories beyond this one belong to a future this run abandoned (it resumed from an
+  // earlier checkpoint): the save directory holds one trajectory, so a later resume cannot pick them.
+  for (const std::string& d : step_dirs(root_))
+    if (d > name_) remove_dir(root_ / d);
+  if (keep > 0) {  // among the checkpoints this job wrote, when it says which (Note [One writer])
+    std::vector<std::string> dirs;
+    for (const std::string& d : step_dirs(root_))
+      if (d == name_ || !written || std::find(written->begin(), written->end(), d) != written->end())
+        dirs.push_back(d);
+    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < dirs.size(); ++i)
+      if (dirs[i] != name_) remove_dir(root_ / dirs[i]);
+  }
+}
+
+SaveResult CheckpointWriter::save(const nlohmann::json& extra, int keep, const std::function<bool()>& cancelled,
+                                  const std::vector<std::string>* written) {
+  const auto t0 = Clock::now();
+  result_.dir = final_dir_.string();
+  prepare();
+  agree(attempt_.code(rank_), "prepare the checkpoint directory");
+  // ---- 2. every rank writes its range (Note [Checkpoint ranges]) ----
+  const std::int64_t P = layout_.partition_size();
+  const std::int64_t wb = std::min<std::int64_t>(numel_, rank_ * P), we = std::min<std::int64_t>(numel_, (rank_ + 1) * P);
+  const std::int64_t n = we - wb;
+  const std::int64_t src = wb - opt_.region_begin();  // where wb sits in this rank's fp32 buffers
+  ZERO_CHECK(n == 0 || (src >= 0 && src + n <= opt_.region_size()), "checkpoint: rank {} does not hold [{}, {})",
+             rank_, wb, we);
+  const std::uint32_t shard_crc = write_shard(wb, we, src);
+  write_model_range(wb, n, src);
   // A failure anywhere stops every rank here; a cancellation on any rank abandons the checkpoint on all:
   // nothing was renamed yet, so the previous checkpoint stays the newest (Note [Preemption] in
   // examples/preemption.cpp).
-  const bool cancel_here = attempt.message.empty() && cancelled && cancelled();
-  if (agree(std::max(attempt.code(rank), cancel_here ? 1.0 : 0.0), "write its part of the checkpoint") > 0.0) {
-    if (rank == 0) fs::remove_all(tmp);
-    comm.barrier();
-    result.cancelled = true;
-    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    return result;
+  const bool cancel_here = attempt_.message.empty() && cancelled && cancelled();
+  if (agree(std::max(attempt_.code(rank_), cancel_here ? 1.0 : 0.0), "write its part of the checkpoint") > 0.0) {
+    if (rank_ == 0) fs::remove_all(tmp_);
+    comm_.barrier();
+    result_.cancelled = true;
+    result_.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return result_;
   }
   // Every shard's CRC-32 to every rank (a 32-bit value is exact in a double).
-  std::vector<std::uint32_t> crcs(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r)
+  std::vector<std::uint32_t> crcs(static_cast<std::size_t>(world_));
+  for (int r = 0; r < world_; ++r)
     crcs[static_cast<std::size_t>(r)] =
-        static_cast<std::uint32_t>(comm.all_reduce_sum(r == rank ? static_cast<double>(shard_crc) : 0.0));
-
-  // ---- 3. rank 0: state.json, rename into place, then `latest`, then pruning ----
-  bool cancelled_late = false;  // rank 0 only: asked to cancel before the commit (the rename)
-  if (rank == 0) attempt.run([&] {
-    nlohmann::json files = nlohmann::json::object();
-    const auto [model_crc, model_bytes] = st::file_crc32(model_path);
-    files[kModelFile] = {{"bytes", model_bytes}, {"crc32", model_crc}};
-    nlohmann::json shards = nlohmann::json::array();
-    std::uint64_t total = model_bytes;
-    for (int r = 0; r < world; ++r) {
-      const std::string f = shard_name(r);
-      const auto bytes = static_cast<std::uint64_t>(fs::file_size(tmp / f));
-      files[f] = {{"bytes", bytes}, {"crc32", crcs[static_cast<std::size_t>(r)]}};
-      total += bytes;
-      shards.push_back({{"file", f},
-                        {"rank", r},
-                        {"flat_begin", std::min<std::int64_t>(numel, r * P)},
-                        {"flat_end", std::min<std::int64_t>(numel, (r + 1) * P)}});
-    }
-    nlohmann::json params = nlohmann::json::array();
-    for (const ParamRange& p : layout.params())
-      params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
-    const optim::LossScaler::State ls = opt.loss_scaler().state();
-    nlohmann::json state = extra.is_object() ? extra : nlohmann::json::object();
-    state["format"] = "zero.cpp checkpoint";
-    state["version"] = kCheckpointVersion;
-    state["step"] = step;
-    state["world_size"] = world;
-    state["zero_stage"] = zo.stage;
-    state["dtype"] = std::string(dtype_name(zo.dtype));
-    state["numel"] = numel;
-    state["params"] = params;
-    nlohmann::json param_steps = nlohmann::json::object();  // per parameter (Note [Unused parameters])
-    for (std::size_t i = 0; i < opt.layout().params().size(); ++i)
-      param_steps[opt.layout().params()[i].name] = opt.param_steps()[i];
-    state["optimizer"] = {{"steps", opt.steps()},
-                          {"skipped_steps", opt.skipped_steps()},
-                          {"consecutive_skipped_steps", opt.consecutive_skipped_steps()},
-                          {"param_steps", param_steps},
-                          {"lr", opt.lr()},
-                          {"loss_scaler",
-                           {{"scale", ls.scale},
-                            {"hysteresis_left", ls.hysteresis_left},
-                            {"iter", ls.iter},
-                            {"last_overflow_iter", ls.last_overflow_iter},
-                            {"skips_at_min", ls.skips_at_min}}}};
-    if (feedback)  // the layout the shards' residuals belong to (Note [Error-feedback checkpoints])
-      state["error_feedback"] = {{"reduce_bucket_size", zo.reduce_bucket_size},
-                                 {"quantized_gradients_block", zo.quantized_gradients_block},
-                                 {"padded_numel", layout.padded_numel()}};
-    state["shards"] = shards;
-    state["files"] = files;
-    const std::string text = state.dump(1) + "\n";
-    st::io::write_text_synced((tmp / kStateFile).string(), text);
-    total += text.size();
-    result.bytes = total;
-    st::io::sync_dir(tmp.string());
-    cancelled_late = cancelled && cancelled();
-    if (cancelled_late) {
-      fs::remove_all(tmp);
-      return;
-    }
-    if (fs::exists(final_dir)) remove_dir(final_dir);
-    fs::rename(tmp, final_dir);  // the commit: from here on the checkpoint exists
-    st::io::sync_dir(root.string());
-    const fs::path latest_tmp = root / ".tmp-latest";
-    st::io::write_text_synced(latest_tmp.string(), name + "\n");
-    fs::rename(latest_tmp, root / "latest");
-    st::io::sync_dir(root.string());
-    // Step directories beyond this one belong to a future this run abandoned (it resumed from an
-    // earlier checkpoint): the save directory holds one trajectory, so a later resume cannot pick them.
-    for (const std::string& d : step_dirs(root))
-      if (d > name) remove_dir(root / d);
-    if (keep > 0) {  // among the checkpoints this job wrote, when it says which (Note [One writer])
-      std::vector<std::string> dirs;
-      for (const std::string& d : step_dirs(root))
-        if (d == name || !written || std::find(written->begin(), written->end(), d) != written->end())
-          dirs.push_back(d);
-      for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < dirs.size(); ++i)
-        if (dirs[i] != name) remove_dir(root / dirs[i]);
-    }
-  });
+        static_cast<std::uint32_t>(comm_.all_reduce_sum(r == rank_ ? static_cast<double>(shard_crc) : 0.0));
+  const bool cancelled_late = rank_ == 0 && publish(extra, crcs, keep, cancelled, written);
   // The checkpoint is complete (or abandoned, or failed, as rank 0 says) on every rank's return. A
   // failure after the commit (pruning) leaves the new checkpoint complete and the newest.
-  result.cancelled = agree(std::max(attempt.code(rank), cancelled_late ? 1.0 : 0.0), "finish the checkpoint") > 0.0;
-  result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return result;
+  result_.cancelled = agree(std::max(attempt_.code(rank_), cancelled_late ? 1.0 : 0.0), "finish the checkpoint") > 0.0;
+  result_.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return result_;
+}
+
+SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt, Communicator& comm,
+                const nlohmann::json& extra, int keep, const std::function<bool()>& cancelled,
+                const std::vector<std::string>* written) {
+  return CheckpointWriter(save_dir, step, opt, comm).save(extra, keep, cancelled, written);
 }
 
 }  // namespace
@@ -768,36 +846,32 @@ LoadResult load_residual(const Checkpoint& c, ZeroOptimizer& opt, int rank, int 
 
 }  // namespace
 
-LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm) {
-  opt.wait_for_params();  // an overlapped all-gather of the last step must not land on the loaded values
-  const FlatLayout& layout = opt.layout();
-  const std::int64_t numel = layout.numel();
-  ZERO_CHECK(get<std::int64_t>(c.state, "numel", c.dir) == numel, "checkpoint '{}' holds {} parameter elements, "
-             "this model {}", c.dir, get<std::int64_t>(c.state, "numel", c.dir), numel);
-  const DType saved = parse_float_dtype(get<std::string>(c.state, "dtype", c.dir));
-  const std::vector<ShardRange> shards = shard_ranges(c);
-  // This rank's region, cut at Ψ (Note [Checkpoint ranges]).
-  const std::int64_t rb = opt.region_begin();
-  const std::int64_t re = std::min(numel, rb + opt.region_size());
+namespace {
 
-  // The shards must tile [0, Ψ): checked before anything is written.
-  {
-    std::vector<ShardRange> sorted = shards;
-    std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
-    std::int64_t expect = 0;
-    for (const ShardRange& s : sorted) {
-      if (s.begin == s.end) continue;
-      ZERO_CHECK(s.begin == expect && s.end > s.begin, "checkpoint '{}': shard '{}' covers [{}, {}), expected it to "
-                 "start at {}", c.dir, s.file, s.begin, s.end, expect);
-      expect = s.end;
-    }
-    ZERO_CHECK(expect == numel, "checkpoint '{}': the shards cover [0, {}) of {} elements", c.dir, expect, numel);
+// The shards must tile [0, Ψ): checked before anything is written.
+void check_shards_tile(const Checkpoint& c, std::vector<ShardRange> sorted, std::int64_t numel) {
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  std::int64_t expect = 0;
+  for (const ShardRange& s : sorted) {
+    if (s.begin == s.end) continue;
+    ZERO_CHECK(s.begin == expect && s.end > s.begin, "checkpoint '{}': shard '{}' covers [{}, {}), expected it to "
+               "start at {}", c.dir, s.file, s.begin, s.end, expect);
+    expect = s.end;
   }
-  struct Source {
-    std::unique_ptr<st::Reader> reader;
-    const ShardRange* range;
-  };
-  std::vector<Source> sources;
+  ZERO_CHECK(expect == numel, "checkpoint '{}': the shards cover [0, {}) of {} elements", c.dir, expect, numel);
+}
+
+// An open shard and the flat range it holds.
+struct ShardSource {
+  std::unique_ptr<st::Reader> reader;
+  const ShardRange* range;
+};
+
+// The shards that overlap this rank's region [rb, re), opened, each checked to hold its tensors
+// (exp_avg, exp_avg_sq, and master for a 16-bit run) at its range's length.
+std::vector<ShardSource> open_overlapping_shards(const Checkpoint& c, const std::vector<ShardRange>& shards,
+                                                 DType saved, std::int64_t rb, std::int64_t re) {
+  std::vector<ShardSource> sources;
   for (const ShardRange& s : shards) {
     if (std::max(rb, s.begin) >= std::min(re, s.end)) continue;  // no overlap: never opened
     auto r = std::make_unique<st::Reader>((fs::path(c.dir) / s.file).string());
@@ -813,28 +887,12 @@ LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator
     }
     sources.push_back({std::move(r), &s});
   }
-  st::Reader model((fs::path(c.dir) / kModelFile).string());
+  return sources;
+}
 
-  // Copies flat elements [lo, hi) of shard tensor `tname` into `dst` (fp32, [region_size]).
-  auto copy_overlap = [&](const Tensor& dst, const char* tname) {
-    for (const Source& s : sources) {
-      const std::int64_t lo = std::max(rb, s.range->begin), hi = std::min(re, s.range->end);
-      const st::TensorInfo& info = *s.reader->find(tname);
-      for_host_chunks_write(dst, lo - rb, hi - lo, [&](float* p, std::int64_t first, std::int64_t n) {
-        s.reader->read_f32(info, first + rb - s.range->begin, n, p);
-      });
-    }
-  };
-  copy_overlap(opt.exp_avg(), "exp_avg");
-  copy_overlap(opt.exp_avg_sq(), "exp_avg_sq");
-  if (saved != DType::f32) {
-    copy_overlap(opt.master(), "master");
-  } else {
-    // An fp32 run's master is its weights: model.safetensors' data section is [0, Ψ) of it.
-    for_host_chunks_write(opt.master(), 0, re - rb, [&](float* p, std::int64_t first, std::int64_t n) {
-      model.read_data(4 * static_cast<std::uint64_t>(first + rb), static_cast<std::size_t>(n) * sizeof(float), p);
-    });
-  }
+// The optimizer's counters from state.json: steps, skipped steps, the loss scaler (fp16), and each
+// parameter's own AdamW step count.
+void restore_counters(const Checkpoint& c, ZeroOptimizer& opt, DType saved) {
   const auto& o = get<nlohmann::json>(c.state, "optimizer", c.dir);
   const auto& ls = get<nlohmann::json>(o, "loss_scaler", c.dir);
   const optim::LossScaler::State scaler{
@@ -855,6 +913,46 @@ LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator
         param_steps[i] = get<std::int64_t>(saved_steps, opt.layout().params()[i].name.c_str(), c.dir);
   }
   opt.set_param_steps(std::move(param_steps));
+}
+
+}  // namespace
+
+LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm) {
+  opt.wait_for_params();  // an overlapped all-gather of the last step must not land on the loaded values
+  const FlatLayout& layout = opt.layout();
+  const std::int64_t numel = layout.numel();
+  ZERO_CHECK(get<std::int64_t>(c.state, "numel", c.dir) == numel, "checkpoint '{}' holds {} parameter elements, "
+             "this model {}", c.dir, get<std::int64_t>(c.state, "numel", c.dir), numel);
+  const DType saved = parse_float_dtype(get<std::string>(c.state, "dtype", c.dir));
+  const std::vector<ShardRange> shards = shard_ranges(c);
+  // This rank's region, cut at Ψ (Note [Checkpoint ranges]).
+  const std::int64_t rb = opt.region_begin();
+  const std::int64_t re = std::min(numel, rb + opt.region_size());
+  check_shards_tile(c, shards, numel);
+  const std::vector<ShardSource> sources = open_overlapping_shards(c, shards, saved, rb, re);
+  st::Reader model((fs::path(c.dir) / kModelFile).string());
+
+  // Copies flat elements [lo, hi) of shard tensor `tname` into `dst` (fp32, [region_size]).
+  auto copy_overlap = [&](const Tensor& dst, const char* tname) {
+    for (const ShardSource& s : sources) {
+      const std::int64_t lo = std::max(rb, s.range->begin), hi = std::min(re, s.range->end);
+      const st::TensorInfo& info = *s.reader->find(tname);
+      for_host_chunks_write(dst, lo - rb, hi - lo, [&](float* p, std::int64_t first, std::int64_t n) {
+        s.reader->read_f32(info, first + rb - s.range->begin, n, p);
+      });
+    }
+  };
+  copy_overlap(opt.exp_avg(), "exp_avg");
+  copy_overlap(opt.exp_avg_sq(), "exp_avg_sq");
+  if (saved != DType::f32) {
+    copy_overlap(opt.master(), "master");
+  } else {
+    // An fp32 run's master is its weights: model.safetensors' data section is [0, Ψ) of it.
+    for_host_chunks_write(opt.master(), 0, re - rb, [&](float* p, std::int64_t first, std::int64_t n) {
+      model.read_data(4 * static_cast<std::uint64_t>(first + rb), static_cast<std::size_t>(n) * sizeof(float), p);
+    });
+  }
+  restore_counters(c, opt, saved);
   const LoadResult result = load_residual(c, opt, comm.rank(), comm.world_size());
   opt.sync_params_from_master();
   return result;

@@ -30,6 +30,19 @@ constexpr double kMaxExactInt = 9007199254740992.0;  // 2^53
   throw Error(fmt::format("invalid config key '{}' in {}: {}", key, source, msg));
 }
 
+// Where validate() found the values: a file, and the keys command-line flags set ("--flag value").
+struct Where {
+  const std::string& file;
+  const std::map<std::string, std::string>& flags;
+};
+
+// A rule broken after the merge names the flag that set the key, else the file.
+[[noreturn]] void fail(const Where& where, const std::string& key, const std::string& msg) {
+  if (const auto it = where.flags.find(key); it != where.flags.end())
+    throw Error(fmt::format("invalid config key '{}' ({}): {}", key, it->second, msg));
+  fail(where.file, key, msg);
+}
+
 // "number 1.5", "string \"auto\"", ... for error messages; long values are cut.
 std::string describe(const json& v) {
   std::string text = v.dump();
@@ -202,10 +215,6 @@ class Section {
     if (const json* v = find(key)) out = as_int(*v, key_path(key));
   }
 
-  void read(const std::string& key, std::optional<std::int64_t>& out) {
-    if (const json* v = find(key)) out = as_int(*v, key_path(key));
-  }
-
   void read(const std::string& key, int& out) {
     if (const json* v = find(key)) {
       const std::int64_t x = as_int(*v, key_path(key));
@@ -213,6 +222,22 @@ class Section {
         fail(source_, key_path(key), fmt::format("{} is out of range", x));
       out = static_cast<int>(x);
     }
+  }
+
+  template <typename V>
+  void read(const std::string& key, std::optional<V>& out) {
+    if (!has(key)) {
+      find(key);  // a null is known too
+      return;
+    }
+    V v{};
+    read(key, v);
+    out = v;
+  }
+
+  // A setting of the table (distributed/settings.h), whatever its field's type.
+  void read(const std::string& key, const SettingField& field) {
+    std::visit([&](auto* p) { read(key, *p); }, field);
   }
 
   double as_number(const json& v, const std::string& key) const {
@@ -283,40 +308,10 @@ class Section {
   std::set<std::string> known_;
 };
 
-void parse_fp16(Section s, Fp16Config& c) {
-  s.read("enabled", c.enabled);
-  s.read("loss_scale", c.loss_scale);
-  s.read("initial_scale_power", c.initial_scale_power);
-  s.read("loss_scale_window", c.loss_scale_window);
-  s.read("hysteresis", c.hysteresis);
-  s.read("consecutive_hysteresis", c.consecutive_hysteresis);
-  s.read("min_loss_scale", c.min_loss_scale);
-  s.read("raise_error_at_min_scale", c.raise_error_at_min_scale);
-  s.read("min_scale_skip_limit", c.min_scale_skip_limit);
-  s.check_keys();
-}
-
-void parse_zero(Section s, ZeroConfig& c) {
-  s.read("stage", c.stage);
-  s.read("reduce_bucket_size", c.reduce_bucket_size);
-  s.read("allgather_bucket_size", c.allgather_bucket_size);
-  s.read("reduce_scatter", c.reduce_scatter);
-  s.read("contiguous_gradients", c.contiguous_gradients);
-  s.read("overlap_comm", c.overlap_comm);
-  s.read("overlap_param_gather", c.overlap_param_gather);
-  s.read("stage3_prefetch_bucket_size", c.stage3_prefetch_bucket_size);
-  s.read("stage3_max_live_parameters", c.stage3_max_live_parameters);
-  if (s.has("reduce_scatter_with_fp32_accumulation")) {
-    bool on = false;
-    s.read("reduce_scatter_with_fp32_accumulation", on);
-    c.reduce_scatter_with_fp32_accumulation = on;
-  } else {
-    s.find("reduce_scatter_with_fp32_accumulation");  // a null is known too
-  }
-  s.read("zero_quantized_gradients", c.zero_quantized_gradients);
-  s.read("zero_quantized_gradients_block_size", c.zero_quantized_gradients_block_size);
-  s.read("zero_quantized_gradients_error_feedback", c.zero_quantized_gradients_error_feedback);
-  s.check_keys();
+// Reads every setting of the table (distributed/settings.h) that lives in `section`.
+void read_settings(Section& s, const std::string& section, TrainingConfig& c) {
+  for (const Setting& setting : settings())
+    if (setting.section() == section) s.read(setting.name(), setting.field(c));
 }
 
 OptimizerConfig parse_optimizer(Section s) {
@@ -387,7 +382,8 @@ void check_batch(std::int64_t train, std::int64_t micro, std::int64_t gas, int w
                    overflow ? std::string("overflow") : std::to_string(product)));
 }
 
-void validate_config(const TrainingConfig& c, const std::string& src) {
+// The batch keys: each >= 1, and the batch rule once resolve_batch ran.
+void validate_batch(const TrainingConfig& c, const Where& src) {
   const auto batch_key = [&](const char* key, const std::optional<std::int64_t>& v) {
     if (v && *v < 1) fail(src, key, fmt::format("must be >= 1, got {}", *v));
   };
@@ -400,7 +396,10 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
     check_batch(*c.train_batch_size, *c.train_micro_batch_size_per_gpu, *c.gradient_accumulation_steps, c.world_size(),
                 "", "", "");
   }
+}
 
+// Clipping, the collective timeout and the non-finite gradient policy.
+void validate_top_level(const TrainingConfig& c, const Where& src) {
   if (!(c.gradient_clipping >= 0.0) || !std::isfinite(c.gradient_clipping))
     fail(src, "gradient_clipping", fmt::format("must be >= 0 (0 turns clipping off), got {}", c.gradient_clipping));
 
@@ -410,7 +409,10 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
     fail(src, "nonfinite_grads", fmt::format("must be \"error\" or \"skip\", got \"{}\"", c.nonfinite_grads));
   if (c.nonfinite_skip_limit < 0)
     fail(src, "nonfinite_skip_limit", fmt::format("must be >= 0 (0 = never stop), got {}", c.nonfinite_skip_limit));
+}
 
+// The fp16 section (the loss scaler) and the one-dtype rule.
+void validate_precision(const TrainingConfig& c, const Where& src) {
   const Fp16Config& f = c.fp16;
   if (!(f.loss_scale >= 0.0) || !std::isfinite(f.loss_scale))
     fail(src, "fp16.loss_scale", fmt::format("must be >= 0 (0 = dynamic), got {}", f.loss_scale));
@@ -425,10 +427,18 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
     fail(src, "fp16.min_scale_skip_limit", fmt::format("must be >= 1, got {}", f.min_scale_skip_limit));
   if (f.enabled && c.bf16.enabled)
     fail(src, "bf16.enabled", "fp16.enabled and bf16.enabled are both true; enable at most one");
+}
 
+// The stage, the settings that only some stages use, and the bucket sizes.
+void validate_zero(const TrainingConfig& c, const Where& src) {
   const ZeroConfig& z = c.zero_optimization;
   if (z.stage < 0 || z.stage > 3)
     fail(src, "zero_optimization.stage", fmt::format("stage {} is not supported (stages 0, 1, 2, 3)", z.stage));
+  if (z.overlap_param_gather && (z.stage == 0 || z.stage == 3))
+    fail(src, "zero_optimization.overlap_param_gather",
+         fmt::format("does nothing at stage {} ({}); it needs stage 1 or 2", z.stage,
+                     z.stage == 0 ? "every rank updates every parameter: there is no all-gather"
+                                  : "each module gathers its parameters when it runs"));
   if (z.stage3_prefetch_bucket_size < 0)
     fail(src, "zero_optimization.stage3_prefetch_bucket_size",
          fmt::format("must be >= 0 elements (0: no prefetch), got {}", z.stage3_prefetch_bucket_size));
@@ -441,6 +451,11 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
   if (z.allgather_bucket_size && (*z.allgather_bucket_size <= 0 || *z.allgather_bucket_size % 2 != 0))
     fail(src, "zero_optimization.allgather_bucket_size",
          fmt::format("must be an even number of elements > 0, got {}", *z.allgather_bucket_size));
+}
+
+// What gradient reductions send: the wire dtype, fp32 accumulation, int8 blocks and their residual.
+void validate_wire(const TrainingConfig& c, const Where& src) {
+  const ZeroConfig& z = c.zero_optimization;
   if (const auto& t = c.communication_data_type) {
     if (*t != "fp32" && *t != "fp16" && *t != "bf16")
       fail(src, "communication_data_type", fmt::format("must be \"fp32\", \"fp16\" or \"bf16\", got \"{}\"", *t));
@@ -477,7 +492,10 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
     if (c.model_dtype() != DType::f32 && c.communication_data_type.value_or("") == "fp32")
       fail(src, key, "and communication_data_type \"fp32\" are both set; the int8 wire replaces the fp32 one");
   }
+}
 
+// The optimizer and scheduler sections.
+void validate_schedule(const TrainingConfig& c, const Where& src) {
   if (const auto& o = c.optimizer) {
     const std::string type = to_lower(o->type);
     if (type != "adamw" && type != "adam")
@@ -504,6 +522,17 @@ void validate_config(const TrainingConfig& c, const std::string& src) {
   }
 }
 
+// Every rule of the config, once, on the merged result (a file, then flags): the first broken one
+// throws, naming the key and the file or the flag that set it.
+void validate_config(const TrainingConfig& c, const Where& src) {
+  validate_batch(c, src);
+  validate_top_level(c, src);
+  validate_precision(c, src);
+  validate_zero(c, src);
+  validate_wire(c, src);
+  validate_schedule(c, src);
+}
+
 TrainingConfig parse(const json& j, const std::string& src) {
   if (!j.is_object()) {
     const std::string where = src.empty() ? "" : fmt::format(" in {}", src);
@@ -511,34 +540,18 @@ TrainingConfig parse(const json& j, const std::string& src) {
   }
   TrainingConfig c;
   Section root(j, "", src, c.warnings);
-  root.read("train_batch_size", c.train_batch_size);
-  root.read("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
-  root.read("gradient_accumulation_steps", c.gradient_accumulation_steps);
-  root.read("gradient_clipping", c.gradient_clipping);
-  if (root.has("collective_timeout_s")) {
-    double t = 0;
-    root.read("collective_timeout_s", t);
-    c.collective_timeout_s = t;
-  } else {
-    root.find("collective_timeout_s");  // a null is known too
+  read_settings(root, "", c);
+  if (auto s = root.section("fp16")) {
+    read_settings(*s, "fp16", c);
+    s->check_keys();
   }
-  root.read("nonfinite_grads", c.nonfinite_grads);
-  root.read("nonfinite_skip_limit", c.nonfinite_skip_limit);
-  if (root.has("communication_data_type")) {
-    std::string t;
-    root.read("communication_data_type", t);
-    c.communication_data_type = t;
-  } else {
-    root.find("communication_data_type");  // a null is known too
-  }
-  if (auto s = root.section("fp16")) parse_fp16(*s, c.fp16);
 
   // "bfloat16" is DeepSpeed's old name for "bf16" (runtime/config.py, get_bfloat16_config).
   if (root.has("bf16") && root.has("bfloat16"))
     fail(src, "bfloat16", "give \"bf16\" or its old name \"bfloat16\", not both");
   for (const char* name : {"bf16", "bfloat16"}) {
     if (auto s = root.section(name)) {
-      s->read("enabled", c.bf16.enabled);
+      read_settings(*s, "bf16", c);
       s->check_keys();
     }
   }
@@ -550,12 +563,12 @@ TrainingConfig parse(const json& j, const std::string& src) {
         fmt::format("warning: config key 'zero_optimization' given as {} is deprecated; use {{\"stage\": {}}}",
                     z->dump(), c.zero_optimization.stage));
   } else if (auto s = root.section("zero_optimization")) {
-    parse_zero(*s, c.zero_optimization);
+    read_settings(*s, "zero_optimization", c);
+    s->check_keys();
   }
   if (auto s = root.section("optimizer")) c.optimizer = parse_optimizer(*s);
   if (auto s = root.section("scheduler")) c.scheduler = parse_scheduler(*s);
   root.check_keys();
-  validate_config(c, src);
   return c;
 }
 
@@ -602,7 +615,7 @@ json parse_text(const std::string& text, const std::string& path) {
 
 }  // namespace
 
-TrainingConfig TrainingConfig::from_file(const std::string& path) {
+nlohmann::json read_config_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(fmt::format("config file {} does not exist", path));
@@ -611,50 +624,60 @@ TrainingConfig TrainingConfig::from_file(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   if (!in || in.bad()) throw Error(fmt::format("config file {} cannot be read", path));
-  return parse(parse_text(text.str(), path), path);
+  return parse_text(text.str(), path);
 }
 
-TrainingConfig TrainingConfig::from_json(const nlohmann::json& j) { return parse(j, ""); }
+TrainingConfig TrainingConfig::from_file(const std::string& path) {
+  TrainingConfig c = parse_for_merge(read_config_file(path), path);
+  c.validate();
+  return c;
+}
+
+TrainingConfig TrainingConfig::from_json(const nlohmann::json& j) {
+  TrainingConfig c = parse_for_merge(j, "");
+  c.validate();
+  return c;
+}
+
+TrainingConfig TrainingConfig::parse_for_merge(const nlohmann::json& j, const std::string& source) {
+  TrainingConfig c = parse(j, source);
+  c.source_ = source;
+  return c;
+}
+
+TrainingConfig merge_config(const nlohmann::json& base, const std::string& source,
+                            const std::vector<std::pair<std::string, std::string>>& flags,
+                            const std::function<void(TrainingConfig&)>& program_flags) {
+  TrainingConfig cfg = TrainingConfig::parse_for_merge(base, source);
+  for (const auto& [flag, text] : flags) {
+    const Setting* s = find_setting_by_flag(flag);
+    ZERO_CHECK(s != nullptr, "merge_config: {} is not a flag of the settings table", flag);
+    cfg.apply_flag(*s, text);
+  }
+  if (program_flags) program_flags(cfg);
+  cfg.validate();
+  return cfg;
+}
+
+void TrainingConfig::apply_flag(const Setting& s, const std::string& text) {
+  const json value = flag_json(s, text);
+  std::vector<std::string> unused;
+  const json wrapped = {{s.name(), value}};
+  const std::string flag = s.flag;
+  Section(wrapped, s.section(), flag, unused).read(s.name(), s.field(*this));
+  flags_[s.key] = text == "true" && s.type == SettingType::boolean ? std::string(s.flag)
+                                                                     : fmt::format("{} {}", s.flag, text);
+}
 
 nlohmann::json TrainingConfig::to_json() const {
-  const auto opt = [](const std::optional<std::int64_t>& v) { return v ? json(*v) : json(nullptr); };
-  json j = {
-      {"train_batch_size", opt(train_batch_size)},
-      {"train_micro_batch_size_per_gpu", opt(train_micro_batch_size_per_gpu)},
-      {"gradient_accumulation_steps", opt(gradient_accumulation_steps)},
-      {"gradient_clipping", gradient_clipping},
-      {"collective_timeout_s", collective_timeout_s ? json(*collective_timeout_s) : json(nullptr)},
-      {"nonfinite_grads", nonfinite_grads},
-      {"nonfinite_skip_limit", nonfinite_skip_limit},
-      {"communication_data_type", communication_data_type ? json(*communication_data_type) : json(nullptr)},
-      {"fp16",
-       {{"enabled", fp16.enabled},
-        {"loss_scale", fp16.loss_scale},
-        {"initial_scale_power", fp16.initial_scale_power},
-        {"loss_scale_window", fp16.loss_scale_window},
-        {"hysteresis", fp16.hysteresis},
-        {"consecutive_hysteresis", fp16.consecutive_hysteresis},
-        {"min_loss_scale", fp16.min_loss_scale},
-        {"raise_error_at_min_scale", fp16.raise_error_at_min_scale},
-        {"min_scale_skip_limit", fp16.min_scale_skip_limit}}},
-      {"bf16", {{"enabled", bf16.enabled}}},
-      {"zero_optimization",
-       {{"stage", zero_optimization.stage},
-        {"reduce_bucket_size", opt(zero_optimization.reduce_bucket_size)},
-        {"allgather_bucket_size", opt(zero_optimization.allgather_bucket_size)},
-        {"reduce_scatter", zero_optimization.reduce_scatter},
-        {"contiguous_gradients", zero_optimization.contiguous_gradients},
-        {"overlap_comm", zero_optimization.overlap_comm},
-        {"overlap_param_gather", zero_optimization.overlap_param_gather},
-        {"stage3_prefetch_bucket_size", zero_optimization.stage3_prefetch_bucket_size},
-        {"stage3_max_live_parameters", zero_optimization.stage3_max_live_parameters},
-        {"reduce_scatter_with_fp32_accumulation", zero_optimization.reduce_scatter_with_fp32_accumulation
-                                                       ? json(*zero_optimization.reduce_scatter_with_fp32_accumulation)
-                                                       : json(nullptr)},
-        {"zero_quantized_gradients", zero_optimization.zero_quantized_gradients},
-        {"zero_quantized_gradients_block_size", zero_optimization.zero_quantized_gradients_block_size},
-        {"zero_quantized_gradients_error_feedback", zero_optimization.zero_quantized_gradients_error_feedback}}},
-  };
+  json j = json::object();
+  // The table's fields are read only here; settings() hands out mutable pointers for the parser.
+  auto& self = const_cast<TrainingConfig&>(*this);
+  for (const Setting& s : settings()) {
+    std::string pointer = std::string("/") + s.key;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    j[json::json_pointer(pointer)] = field_json(s.field(self));
+  }
   if (optimizer) {
     j["optimizer"] = {{"type", optimizer->type},
                       {"params",
@@ -719,7 +742,7 @@ void TrainingConfig::resolve_batch(int world_size) {
   world_size_ = world_size;
 }
 
-void TrainingConfig::validate() const { validate_config(*this, ""); }
+void TrainingConfig::validate() const { validate_config(*this, Where{source_, flags_}); }
 
 DType TrainingConfig::model_dtype() const {
   if (fp16.enabled) return DType::f16;

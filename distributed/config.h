@@ -19,21 +19,27 @@
 // A JSON null counts as "not given" (the default applies; for the batch keys: derive it), as in
 // DeepSpeed. Integer keys also accept whole JSON floats, so 5e8 is a valid bucket size.
 //
-// The usual sequence in a training program:
-//   auto cfg = TrainingConfig::from_file(path);       // parse + validate, no world size yet
+// The merge rule (distributed/settings.h): defaults, then the file, then the flags, then validation
+// of the result; a file is never judged alone before the flags are on it. In a training program:
+//   auto cfg = TrainingConfig::parse_for_merge(read_config_file(path), path);  // types and keys only
 //   for (auto& w : cfg.warnings) if (rank == 0) fmt::print(stderr, "{}\n", w);
-//   cfg.zero_optimization.stage = flag;               // command-line overrides, if any
+//   cfg.apply_flag(*find_setting_by_flag("--zero-stage"), "2");  // each flag given, naming it in errors
 //   cfg.resolve_batch(world_size);                    // derive the missing batch key, check the rule
-//   cfg.validate();                                   // re-check everything after the overrides
+//   cfg.validate();                                   // every rule, once, on the merged result
+// from_file and from_json parse and validate in one go, for a config used as it is.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
+#include "distributed/settings.h"
 #include "distributed/zero_optimizer.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -171,6 +177,17 @@ struct TrainingConfig {
   /// or out of range.
   static TrainingConfig from_json(const nlohmann::json& j);
 
+  /// Parses a JSON object as from_json does (types, unknown and unsupported keys, warnings) without the
+  /// rules validate() checks, for a merge: flags go on top (apply_flag), then validate() runs once.
+  /// `source` (a file path, or "") is named by validate()'s errors for the keys no flag replaced.
+  /// Throws zero::Error naming the key for an unknown key or a value of the wrong type.
+  static TrainingConfig parse_for_merge(const nlohmann::json& j, const std::string& source);
+
+  /// Sets setting `s` from its command-line flag's text (flag_json): the flag overrides the file. Later
+  /// errors of validate() about that key name the flag and its value. Throws zero::Error naming the
+  /// flag for a value of the wrong type or not among the allowed ones.
+  void apply_flag(const Setting& s, const std::string& text);
+
   /// The config with DeepSpeed's key names, every default filled in and, after resolve_batch, all
   /// three batch keys (unset ones are null before). Feeding it back to from_json gives the same config.
   nlohmann::json to_json() const;
@@ -194,8 +211,9 @@ struct TrainingConfig {
   /// World size passed to resolve_batch; 0 before.
   int world_size() const { return world_size_; }
 
-  /// Re-checks every value (after command-line overrides); also the batch rule once resolve_batch ran.
-  /// Throws zero::Error naming the first invalid key.
+  /// Checks every value and every rule between keys (after command-line overrides); also the batch
+  /// rule once resolve_batch ran. Throws zero::Error naming the first invalid key, and the file it came
+  /// from or the flag that set it.
   void validate() const;
 
   /// f16 if fp16.enabled, bf16 if bf16.enabled, else f32.
@@ -219,6 +237,26 @@ struct TrainingConfig {
 
  private:
   int world_size_ = 0;
+  std::string source_;                         // the file parsed, "" for none
+  std::map<std::string, std::string> flags_;   // key -> "--flag value" that set it
 };
+
+/// The one merge rule, for every program that takes a config file and flags: `base` (a config file's
+/// JSON, or a resumed checkpoint's config with the file's keys on top; `source` names the file, "" for
+/// none) parsed without validation (parse_for_merge), then `flags` in order (pairs of a settings-table
+/// flag and its text: {"--zero-stage", "2"}, {"--overlap-comm", "true"}; apply_flag), then
+/// `program_flags` (the program's flags that are not one key of the table, such as a --dtype that
+/// sets fp16.enabled and bf16.enabled; it may call resolve_batch), then validate() once on the result.
+/// So a file is valid with flags exactly when the same settings written into the file are. Throws
+/// zero::Error with one line naming the key, and the file or the flag it came from; a flag not in the
+/// table is a programming error (zero::Error naming it).
+TrainingConfig merge_config(const nlohmann::json& base, const std::string& source,
+                            const std::vector<std::pair<std::string, std::string>>& flags,
+                            const std::function<void(TrainingConfig&)>& program_flags = {});
+
+/// The JSON of a config file, with DeepSpeed's duplicate-key rule (a key given twice in one object is
+/// an error). Throws zero::Error naming the file when it does not exist, cannot be read, or is not
+/// valid JSON.
+nlohmann::json read_config_file(const std::string& path);
 
 }  // namespace zero::dist

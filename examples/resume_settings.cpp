@@ -9,6 +9,7 @@
 
 #include "core/check.h"
 #include "distributed/checkpoint.h"
+#include "distributed/settings.h"
 
 namespace zero::examples {
 
@@ -162,25 +163,18 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
     out.push_back(fmt::format("warning: {} {} differs from the checkpoint's {} ('{}'); continuing with {}",
                               given.has("--dtype") ? "--dtype" : "the config's dtype", dtype_of(mine), dtype_of(saved),
                               dir, dtype_of(mine)));
-  const std::map<std::string, const char*> flags = {
+  // The flag of each key: the settings table's, and the flags that are not one key of it.
+  const std::map<std::string, const char*> program_flags = {
       {"/train_batch_size", "--batch"},
       {"/gradient_accumulation_steps", "--grad-accum"},
       {"/gradient_clipping", "--clip"},
-      {"/nonfinite_grads", "--nonfinite-grads"},
-      {"/nonfinite_skip_limit", "--nonfinite-skip-limit"},
       {"/fp16/raise_error_at_min_scale", "--min-scale-skip-limit"},
       {"/fp16/min_scale_skip_limit", "--min-scale-skip-limit"},
-      {"/communication_data_type", "--communication-data-type"},
-      {"/zero_optimization/stage", "--zero-stage"},
-      {"/zero_optimization/reduce_bucket_size", "--reduce-bucket-size"},
-      {"/zero_optimization/overlap_comm", "--overlap-comm"},
-      {"/zero_optimization/overlap_param_gather", "--overlap-param-gather"},
-      {"/zero_optimization/reduce_scatter_with_fp32_accumulation", "--reduce-scatter-with-fp32-accumulation"},
-      {"/zero_optimization/stage3_prefetch_bucket_size", "--stage3-prefetch-bucket-size"},
-      {"/zero_optimization/stage3_max_live_parameters", "--stage3-max-live-parameters"},
-      {"/zero_optimization/zero_quantized_gradients", "--zero-quantized-gradients"},
-      {"/zero_optimization/zero_quantized_gradients_block_size", "--zero-quantized-gradients-block-size"},
-      {"/zero_optimization/zero_quantized_gradients_error_feedback", "--zero-quantized-gradients-error-feedback"},
+  };
+  const auto flag_of = [&](const std::string& pointer, const std::string& dotted) -> const char* {
+    if (const auto it = program_flags.find(pointer); it != program_flags.end()) return it->second;
+    const dist::Setting* s = dist::find_setting(dotted);
+    return s != nullptr && *s->flag != '\0' ? s->flag : nullptr;
   };
   const nlohmann::json a = mine.flatten(), b = saved.flatten();
   for (const auto& [key, value] : a.items()) {
@@ -191,11 +185,11 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
     const nlohmann::json other = b[key];
     if (value == other || (value.is_number() && other.is_number() && value.get<double>() == other.get<double>()))
       continue;
-    const auto flag = flags.find(key);
     std::string dotted = key.substr(1);  // "/zero_optimization/stage" -> "zero_optimization.stage"
     std::replace(dotted.begin(), dotted.end(), '/', '.');
-    const std::string name = flag != flags.end() && given.has(flag->second) ? std::string(flag->second)
-                                                                            : fmt::format("config key '{}'", dotted);
+    const char* flag = flag_of(key, dotted);
+    const std::string name = flag != nullptr && given.has(flag) ? std::string(flag)
+                                                                : fmt::format("config key '{}'", dotted);
     out.push_back(fmt::format("warning: {} {} differs from the checkpoint's {} ('{}'); continuing with {}", name,
                               value.dump(), other.dump(), dir, value.dump()));
   }

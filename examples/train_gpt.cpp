@@ -37,6 +37,7 @@
 #include <new>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "core/backend.h"
 #include "core/cpu/kernels.h"
@@ -237,487 +238,640 @@ struct Setup {
   std::vector<std::string> argv;
 };
 
-int run(const Setup& setup, dist::Communicator& comm) {
-  Args a = setup.args;
-  const Given& given = setup.given;
-  const int rank = comm.rank(), world = comm.world_size();
-  const bool lead = rank == 0;
-  const bool resuming = !a.resume.empty();
-  const nlohmann::json* saved_config =
-      resuming && setup.from.state.contains("config") ? &setup.from.state.at("config") : nullptr;
-  const dist::TrainingConfig tc = examples::make_config(a, given, world, saved_config);
-  a.batch = *tc.train_batch_size;
-  const std::int64_t micro = *tc.train_micro_batch_size_per_gpu;
-  check_attention_memory(a, micro);
-  const int gas = static_cast<int>(*tc.gradient_accumulation_steps);
-  // Collective timeout: the flag, else $ZERO_COLLECTIVE_TIMEOUT_S (the communicator's default), else
-  // the config key, else 300 s.
-  if (given.has("--collective-timeout"))
-    comm.set_timeout(a.collective_timeout);
-  else if (tc.collective_timeout_s && std::getenv("ZERO_COLLECTIVE_TIMEOUT_S") == nullptr)
-    comm.set_timeout(*tc.collective_timeout_s);
-  // One writer per save directory (Note [One writer] in distributed/checkpoint.cpp): rank 0 takes the
-  // lock before any work, and every rank stops with its message if it cannot.
-  std::optional<dist::SaveDirLock> save_lock;
-  if (!a.save_dir.empty()) {
-    std::string error;
-    if (lead) {
-      try {
-        save_lock.emplace(a.save_dir, fmt::format("{}", fmt::join(setup.argv, " ")));
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    }
-    if (comm.all_reduce_max(error.empty() ? 0.0 : 1.0) > 0.0)
-      throw Error(lead ? error : fmt::format("rank 0 could not lock --save-dir '{}'", a.save_dir));
-    if (save_lock && !save_lock->warning().empty()) fmt::print(stderr, "{}\n", save_lock->warning());
-  }
-  const examples::TextData data = examples::TextData::load(a.data, a.block);
-  // A checkpoint to resume: found, verified (files, checksums) and matched before any work.
-  std::optional<dist::Checkpoint> resume;
-  double verify_seconds = 0.0;
-  if (resuming) {
-    const auto t_verify = Clock::now();
-    resume = dist::open_checkpoint(setup.from.dir, &comm);
-    ZERO_CHECK(resume->state == setup.from.state, "checkpoint '{}' changed between reading its settings and loading "
-               "it: it was rewritten while this job started; is another job saving there?", resume->dir);
-    verify_seconds = std::chrono::duration<double>(Clock::now() - t_verify).count();
-    const auto& vocab = resume->state.at("vocab");
-    ZERO_CHECK(vocab.get<std::vector<unsigned char>>() == data.itos,
-               "checkpoint '{}' was trained on a different character set: {} characters there, {} in '{}'",
-               resume->dir, vocab.size(), data.itos.size(), a.data);
-    const auto step = resume->state.at("step").get<std::int64_t>();
-    ZERO_CHECK(step <= a.steps, "checkpoint '{}' is at step {}, beyond --steps {}", resume->dir, step, a.steps);
-    ZERO_CHECK(a.trace.empty() || examples::trace_range(a).second > step, "--trace-steps {}: this run resumes after "
-               "step {}, past them", a.trace_steps, step);
-  }
-  nn::GPTConfig cfg;
-  cfg.vocab_size = data.vocab_size();
-  cfg.block_size = a.block;
-  cfg.n_layer = a.n_layer;
-  cfg.n_head = a.n_head;
-  cfg.n_embd = a.n_embd;
-  cfg.dropout = a.dropout;
-  cfg.norm = a.norm;
-  cfg.validate();
-  // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  a.threads > 0 ? cpu::set_num_threads(a.threads) : cpu::set_adaptive_threads(std::max(1, cores / world));
-  if (lead) {
-    for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
-    for (const auto& w : setup.from.warnings) fmt::print(stderr, "{}\n", w);
-    if (saved_config)
-      for (const auto& w : examples::config_warnings(tc, *saved_config, given, setup.from.dir)) fmt::print(stderr, "{}\n", w);
-  }
+// Note [A training run]
+// ~~~~~~~~~~~~~~~~~~~~~
+// One run of train_gpt, phase by phase: its setup (the merged config, the save-directory lock, the
+// data, the checkpoint to resume, the model, the optimizer and its restored state, the per-step log,
+// the trace), its loop (one optimizer step, its log line, progress, evaluation, checkpoint, stop
+// requests), its end (a last checkpoint when resumed at the end, the final evaluation, the trace
+// file) and its report (the summary, a sample, --metrics). Every rank runs the same phases and so
+// issues the same collectives in the same order.
+class TrainingRun {
+ public:
+  TrainingRun(const Setup& setup, dist::Communicator& comm);
+  /// The training loop. An exit code when every rank agreed to stop early (after its checkpoint).
+  std::optional<int> train();
+  /// After the last step: the end-of-run checkpoint of a run resumed at its end, the final
+  /// evaluation, and the trace of every rank.
+  void finish();
+  /// The summary lines, the sample and the --metrics file.
+  void report();
 
-  // The model keeps init_gen for its dropout masks after initialisation (every rank draws the same).
-  Generator init_gen(a.seed), data_gen(a.seed + 1);
-  nn::GPT model(cfg, init_gen);
-  if (resume) dist::check_parameters(*resume, model.named_parameters());
-  if (!a.init_from.empty()) dist::load_weights(a.init_from, model.named_parameters(), a.allow_non_finite_weights);
-  Generator sample_gen = examples::sampling_generator(a.seed);
-  const std::int64_t num_params = model.num_parameters();
-  const Device device = device_of(a);
-  model.to(device);  // before the optimizer builds its flat buffers (on the same device)
+ private:
+  // What one optimizer step did.
+  struct StepResult {
+    float lr;
+    double loss_sum;  // this rank's micro-batch losses, summed
+    bool applied;     // false: skipped (overflow, or a non-finite gradient with nonfinite_grads "skip")
+    double seconds;
+  };
+  // Throughput, traffic and memory of the run, for the summary and --metrics.
+  struct Summary {
+    double tokens_per_s, ms_per_step, tflops, peak, mfu;
+    MatmulPrecision precision;
+    nlohmann::json traffic;  // bytes per step per collective
+    double per_step, baseline, expected, comm_ms_per_step, comm_cpu_ms_per_step, steps;
+    dist::MemoryBreakdown mem;
+    std::size_t rss;
+  };
 
-  dist::ZeroOptions zo = tc.zero_options();
-  const examples::OptimizerSettings optimizer = examples::resolve_optimizer(a, given, tc);
-  zo.adam = optimizer.adam;
-  zo.weight_decay = optimizer.weight_decay;
-  dist::ZeroOptimizer opt(model.named_parameters(), std::shared_ptr<dist::Communicator>(&comm, [](auto*) {}), zo);
-  // Stage 3 has just freed the fp32 model it was built from and the full flat buffer (8Ψ bytes): give
-  // them back to the system rather than keep them cached for blocks of other sizes.
-  if (zo.stage == 3) empty_cpu_cache();
-  std::int64_t first_step = 0;
-  if (resume) {
-    const auto t_load = Clock::now();
-    const dist::LoadResult loaded = dist::load_checkpoint(*resume, opt, comm);
-    if (lead && !loaded.warning.empty()) fmt::print(stderr, "{}\n", loaded.warning);
-    const auto& rng = resume->state.at("rng");
-    dist::set_generator_state(init_gen, rng.at("init_and_dropout").get<std::string>());
-    dist::set_generator_state(data_gen, rng.at("batches").get<std::string>());
-    dist::set_generator_state(sample_gen, rng.at("sampling").get<std::string>());
-    first_step = resume->state.at("step").get<std::int64_t>();
-    const double load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
-    if (lead)
-      fmt::print("resumed from {} at step {} (saved by {} rank(s), stage {}, {}) in {:.1f} ms (verify {:.1f} + load "
-                 "{:.1f})\n", resume->dir, first_step, resume->state.at("world_size").get<int>(),
-                 resume->state.at("zero_stage").get<int>(), resume->state.at("dtype").get<std::string>(),
-                 1000.0 * (verify_seconds + load_seconds), 1000.0 * verify_seconds, 1000.0 * load_seconds);
-  }
-  comm.ledger().reset();  // count training traffic only (not the initial broadcast of the weights)
-  // The per-step log (rank 0): JSON lines; a resumed run continues the file after its step.
-  std::ofstream log;
-  if (!a.log_file.empty() && lead) {
-    if (resume)
-      truncate_log(a.log_file, first_step);
-    else
-      std::ofstream(a.log_file, std::ios::trunc);
-    log.open(a.log_file, std::ios::app);
-    ZERO_CHECK(log.good(), "cannot write --log-file '{}'", a.log_file);
-  }
-  auto log_line = [&](const nlohmann::json& j) {
-    if (!log.is_open()) return;
-    log << j.dump() << "\n";  // nlohmann writes the shortest text that reads back to the same double
-    log.flush();
-    ZERO_CHECK(log.good(), "--log-file '{}': writing failed ({})", a.log_file, std::strerror(errno));
-  };
-  // The newest complete checkpoint in --save-dir, for messages ("none" if there is none).
-  auto newest_checkpoint = [&]() -> std::string {
-    try {
-      return dist::resolve_checkpoint(a.save_dir);
-    } catch (const std::exception&) {
-      return "none";
-    }
-  };
-  std::int64_t saved_step = -1;  // the step of the last checkpoint this run committed
-  std::vector<std::string> written;  // the checkpoints this job wrote: the only ones --keep may delete
-  auto save = [&](std::int64_t done) {
-    nlohmann::json extra = examples::settings_json(a, tc, cfg.to_json());
-    extra["vocab"] = data.itos;
-    extra["lr_schedule"]["next_step"] = done;
-    extra["rng"] = {{"init_and_dropout", dist::generator_state(init_gen)},
-                    {"batches", dist::generator_state(data_gen)},
-                    {"sampling", dist::generator_state(sample_gen)}};
-    dist::SaveResult r;
-    try {
-      r = dist::save_checkpoint(a.save_dir, done, opt, comm, extra, static_cast<int>(a.keep),
-                                [] { return examples::stop_requests() >= 2; }, &written);
-    } catch (const dist::CollectiveTimeout&) {
-      throw;  // the job's own failures: fail_job names the ranks that did not arrive, or stays quiet for
-    } catch (const dist::PeerGone&) {  // a peer that failed first and reports its own error
-      throw;
-    } catch (const std::exception& e) {
-      throw Error(fmt::format("--save-dir '{}': the checkpoint of step {} failed: {}; the newest checkpoint is still {}",
-                              a.save_dir, done, e.what(), newest_checkpoint()));
-    }
-    if (!r.cancelled) {
-      saved_step = done;
-      written.push_back(dist::checkpoint_name(done));
-    }
-    if (lead) {
-      if (r.cancelled)
-        fmt::print("checkpoint: step {} abandoned (a second stop request); the newest is {}\n", done, newest_checkpoint());
-      else
-        fmt::print("checkpoint: {} ({} bytes) in {:.1f} ms\n", r.dir, r.bytes, 1000.0 * r.seconds);
-      std::fflush(stdout);
-    }
-    return r;
-  };
-  // Note [Preemption] (examples/preemption.cpp): after step `done`, every rank agreed to stop.
-  auto stop_run = [&](const examples::StopDecision& d, std::int64_t done) {
-    std::string what;
-    if (a.save_dir.empty()) {
-      what = "nothing saved (no --save-dir)";
-    } else if (d.abandon_save) {
-      what = fmt::format("no checkpoint saved (a second stop request); the newest is {}", newest_checkpoint());
-    } else if (saved_step == done) {
-      what = fmt::format("checkpoint {} (saved at this step)", newest_checkpoint());
-    } else {
-      const dist::SaveResult r = save(done);
-      what = r.cancelled ? fmt::format("the checkpoint of step {} was abandoned (a second stop request); the newest is {}",
-                                       done, newest_checkpoint())
-                         : fmt::format("saved {}", r.dir);
-    }
-    if (lead) {
-      const std::string newest = a.save_dir.empty() ? "none" : newest_checkpoint();
-      fmt::print("stopped by {} after step {}/{}: {}{}\n", examples::signal_name(d.signal), done, a.steps, what,
-                 newest == "none" ? std::string()
-                                  : "; resume with: " + examples::resume_command(setup.argv, a.save_dir, world));
-      std::fflush(stdout);
-    }
-    return 128 + d.signal;
-  };
-  const auto [trace_first, trace_last] = examples::trace_range(a);
-  if (!a.trace.empty()) {
-    comm.barrier();  // a common clock origin for every rank's events
+  void configure();
+  void open_resume();
+  void build_model();
+  void build_optimizer();
+  void restore();
+  void open_log();
+  void print_setup() const;
+  void print_zero_setup() const;
+
+  StepResult train_step(std::int64_t step);
+  void log_progress(std::int64_t step, const StepResult& r);
+  void evaluate_and_log(std::int64_t step);
+  float evaluate_counted();
+  void log_line(const nlohmann::json& j);
+
+  std::string newest_checkpoint() const;
+  dist::SaveResult save(std::int64_t done);
+  int stop_run(const examples::StopDecision& d, std::int64_t done);
+
+  Summary summarize() const;
+  void print_summary(const Summary& s) const;
+  void write_metrics(const Summary& s) const;
+
+  Args a_;
+  const Setup& setup_;
+  const Given& given_;
+  dist::Communicator& comm_;
+  const int rank_, world_;
+  const bool lead_;
+  const nlohmann::json* saved_config_;  // the resumed checkpoint's config, nullptr when not resuming
+  dist::TrainingConfig tc_;
+  std::int64_t micro_ = 0;
+  int gas_ = 1;
+  std::optional<dist::SaveDirLock> save_lock_;
+  std::optional<examples::TextData> data_;
+  std::optional<dist::Checkpoint> resume_;
+  double verify_seconds_ = 0.0;
+  nn::GPTConfig cfg_;
+  // The model keeps init_gen_ for its dropout masks after initialisation (every rank draws the same).
+  Generator init_gen_, data_gen_, sample_gen_;
+  std::optional<nn::GPT> model_;
+  std::int64_t num_params_ = 0;
+  Device device_;
+  dist::ZeroOptions zo_;
+  std::optional<examples::OptimizerSettings> optimizer_;
+  std::optional<dist::ZeroOptimizer> opt_;
+  std::int64_t first_step_ = 0;
+  std::ofstream log_;
+  std::int64_t saved_step_ = -1;      // the step of the last checkpoint this run committed
+  std::vector<std::string> written_;  // the checkpoints this job wrote: the only ones --keep may delete
+  std::int64_t trace_first_ = 0, trace_last_ = 0;
+  dist::Ledger eval_traffic_;         // Evaluation moves no gradient, but at stage 3 its forwards gather
+  std::int64_t steps_run_ = 0, warmup_steps_ = 0;
+  double train_seconds_ = 0.0, window_seconds_ = 0.0;
+  std::int64_t window_steps_ = 0;  // steps since the last progress line
+  float train_loss_ = NAN, val_loss_ = NAN;
+  Clock::time_point run_start_;
+  bool evaluated_last_ = false;
+  dist::OverlapSummary overlap_;
+};
+
+TrainingRun::TrainingRun(const Setup& setup, dist::Communicator& comm)
+    : a_(setup.args),
+      setup_(setup),
+      given_(setup.given),
+      comm_(comm),
+      rank_(comm.rank()),
+      world_(comm.world_size()),
+      lead_(rank_ == 0),
+      saved_config_(!a_.resume.empty() && setup.from.state.contains("config") ? &setup.from.state.at("config")
+                                                                             : nullptr),
+      init_gen_(a_.seed),
+      data_gen_(a_.seed + 1),
+      sample_gen_(examples::sampling_generator(a_.seed)),
+      device_(device_of(a_)) {
+  configure();
+  data_.emplace(examples::TextData::load(a_.data, a_.block));
+  open_resume();
+  build_model();
+  build_optimizer();
+  restore();
+  comm_.ledger().reset();  // count training traffic only (not the initial broadcast of the weights)
+  open_log();
+  std::tie(trace_first_, trace_last_) = examples::trace_range(a_);
+  if (!a_.trace.empty()) {
+    comm_.barrier();  // a common clock origin for every rank's events
     trace::enable();
     trace::set_active(false);  // the loop turns it on for the traced steps
   }
+  if (lead_) print_setup();
+}
 
-  if (lead) {
-    fmt::print("train_gpt: {} ({} train / {} val tokens, vocab {})\n", a.data, data.train.size(), data.val.size(),
-               cfg.vocab_size);
-    fmt::print("model: {} layers, {} heads, {} channels, block {}: {} parameters; {} step{}, {} thread{}/rank\n",
-               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size, num_params, a.steps, a.steps == 1 ? "" : "s",
-               cpu::num_threads(), cpu::num_threads() == 1 ? "" : "s");
-    fmt::print("data parallel: {} rank(s) x micro-batch {} x {} accumulation step(s) = global batch {}\n", world,
-               micro, gas, a.batch);
-    const auto& layout = opt.layout();
-    const dist::ZeroOptions& used = opt.options();  // bucket sizes resolved
-    const auto buckets = layout.make_buckets(used.reduce_bucket_size).size();
-    fmt::print("device: {}{}\n", device_name(device), matmul_note(device, matmul_precision(device, zo.dtype, a.tf32)));
-    fmt::print("zero: stage {}, {} ({}), reduce_scatter {}, overlap_comm {}, overlap_param_gather {}, {} bucket(s) "
-               "of <= {} elements{}, reductions in {} on the wire{}\n",
-               zo.stage, dtype_name(zo.dtype), comm.backend_name(), zo.reduce_scatter, zo.overlap_comm,
-               zo.overlap_param_gather, buckets, used.reduce_bucket_size,
-               tc.zero_optimization.reduce_bucket_size ? "" : " (automatic)",
-               comm.quantized_gradients() > 0 ? fmt::format("int8 (blocks of {})", comm.quantized_gradients())
-                                              : std::string(dtype_name(comm.reduce_in_fp32() ? DType::f32 : zo.dtype)),
-               comm.quantized_gradients() > 0 || comm.accumulates_in_fp32(zo.dtype)
-                   ? fmt::format(" (all-to-all, summed in fp32{})",
-                                 zo.quantized_gradients_error_feedback ? ", error feedback" : "")
-                   : "");
-    if (zo.stage == 2 && tc.zero_optimization.reduce_bucket_size && buckets == 1)
-      fmt::print(stderr,
-                 "warning: reduce_bucket_size {} covers the whole model ({} elements): stage 2 then holds a full-size "
-                 "gradient bucket (no memory saved over stage 1) and cannot overlap reduction with backward; leave "
-                 "it unset for the automatic size ({})\n",
-                 used.reduce_bucket_size, layout.padded_numel(), dist::default_bucket_size(layout.numel()));
-    fmt::print("flat layout: {} parameters + {} padding = {} elements; partition {} elements per rank\n",
-               layout.numel(), layout.padding(), layout.padded_numel(), layout.partition_size());
-    const auto have = opt.memory();
-    const auto want = dist::expected_memory(zo.stage, zo.dtype, static_cast<double>(num_params), world);
-    fmt::print("model states per rank (measured | ZeRO formula): params {} | {}, grads {} | {}, optimizer {} | {}, "
-               "total {} | {}\n",
-               mib(have.params), mib(want.params), mib(have.grads), mib(want.grads), mib(have.optimizer_states),
-               mib(want.optimizer_states), mib(have.model_states()), mib(want.model_states()));
-    if (zo.stage == 3)
-      fmt::print("stage 3: {} gather units, each all-gathered before its forward and its backward and freed after; "
-                 "gathered parameters alive at once at most {} (stage3_max_live_parameters {} elements), prefetch "
-                 "{} elements\n",
-                 opt.plan().units.size(), mib(opt.plan().memory().gathered), used.stage3_max_live_parameters,
-                 used.stage3_prefetch_bucket_size);
-    std::fflush(stdout);
-  }
-
-  // Evaluation moves no gradient, but at stage 3 its forwards gather the parameters: counted apart.
-  dist::Ledger eval_traffic;
-  auto evaluate_counted = [&] {
-    const dist::Ledger before = comm.ledger();
-    const float loss = evaluate(model, data.val, a, data_gen, comm);
-    move_since(comm.ledger(), before, eval_traffic);
-    return loss;
-  };
-  const optim::LrSchedule& schedule = optimizer.schedule;
-  const std::int64_t steps_run = a.steps - first_step;  // in this process
-  const std::int64_t warmup_steps = std::max<std::int64_t>(0, std::min<std::int64_t>(5, steps_run - 1));
-  double train_seconds = 0.0, window_seconds = 0.0;
-  std::int64_t window_steps = 0;  // steps since the last progress line
-  float train_loss = NAN, val_loss = NAN;
-  const auto run_start = Clock::now();  // the ETA extrapolates wall time, evaluations included
-  bool evaluated_last = false;
-  for (std::int64_t step = first_step; step < a.steps; ++step) {
-    backend(device).synchronize();  // the clock measures finished work
-    if (!a.trace.empty()) trace::set_active(step + 1 >= trace_first && step + 1 <= trace_last);
-    std::optional<trace::Span> step_span;
-    step_span.emplace("step", "step");
-    step_span->arg("step", step + 1);
-    const auto t0 = Clock::now();
-    const float lr = optim::lr_at(step, schedule);
-    opt.set_lr(lr);
-    // Global batch rows [(i·world + rank)·micro, +micro) are this rank's micro-step i.
-    auto [x_host, y_host] = examples::TextData::batch(data.train, a.batch, a.block, data_gen);
-    const Tensor x = x_host.to(device), y = y_host.to(device);
-    double loss_sum = 0.0;
-    for (int i = 0; i < gas; ++i) {
-      const std::int64_t first = (static_cast<std::int64_t>(i) * world + rank) * micro;
-      Tensor loss;
-      {
-        trace::Span span("forward", "forward");
-        loss = model.loss(x.narrow(0, first, micro), y.narrow(0, first, micro));
-      }
-      opt.backward(loss);
-      loss_sum += loss.item();
-    }
-    bool applied = false;
+// The merged config, the collective timeout, and the lock on --save-dir.
+void TrainingRun::configure() {
+  tc_ = examples::make_config(a_, given_, world_, saved_config_);
+  a_.batch = *tc_.train_batch_size;
+  micro_ = *tc_.train_micro_batch_size_per_gpu;
+  check_attention_memory(a_, micro_);
+  gas_ = static_cast<int>(*tc_.gradient_accumulation_steps);
+  // Collective timeout: the flag, else $ZERO_COLLECTIVE_TIMEOUT_S (the communicator's default), else
+  // the config key, else 300 s.
+  if (given_.has("--collective-timeout"))
+    comm_.set_timeout(a_.collective_timeout);
+  else if (tc_.collective_timeout_s && std::getenv("ZERO_COLLECTIVE_TIMEOUT_S") == nullptr)
+    comm_.set_timeout(*tc_.collective_timeout_s);
+  // One writer per save directory (Note [One writer] in distributed/checkpoint.cpp): rank 0 takes the
+  // lock before any work, and every rank stops with its message if it cannot.
+  if (a_.save_dir.empty()) return;
+  std::string error;
+  if (lead_) {
     try {
-      applied = opt.step();
-    } catch (const optim::MinLossScaleError& e) {
-      // Every rank saw the same overflow (Note [Stopping at the minimum scale] in optim/loss_scaler.cpp).
-      throw Error(fmt::format("step {}: {} ({} of {} steps skipped; --min-scale-skip-limit 0 keeps skipping)", step + 1,
-                              e.what(), opt.skipped_steps(), opt.steps() + opt.skipped_steps()));
-    } catch (const dist::NonfiniteSkipLimitError& e) {
-      // Every rank saw the same non-finite norm (Note [Non-finite gradients] in distributed/zero_optimizer.cpp).
-      throw Error(fmt::format("{} ({} of {} steps skipped; --nonfinite-skip-limit 0 keeps skipping)", e.what(),
-                              opt.skipped_steps(), opt.steps() + opt.skipped_steps()));
+      save_lock_.emplace(a_.save_dir, fmt::format("{}", fmt::join(setup_.argv, " ")));
+    } catch (const std::exception& e) {
+      error = e.what();
     }
-    backend(device).synchronize();
-    step_span.reset();
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (step - first_step >= warmup_steps) train_seconds += dt;
-    window_seconds += dt;
-    ++window_steps;
-    const bool last = step + 1 == a.steps;
-    if (!a.log_file.empty()) {
-      const double mean_loss = comm.all_reduce_sum(loss_sum) / (gas * world);
-      log_line({{"step", step + 1}, {"loss", mean_loss}, {"lr", lr}, {"grad_norm", opt.last_grad_norm()},
-                {"loss_scale", opt.loss_scale()}, {"skipped", !applied}, {"ms", 1000.0 * dt},
-                {"tokens_per_s", static_cast<double>(a.batch * a.block) / dt}});
+  }
+  if (comm_.all_reduce_max(error.empty() ? 0.0 : 1.0) > 0.0)
+    throw Error(lead_ ? error : fmt::format("rank 0 could not lock --save-dir '{}'", a_.save_dir));
+  if (save_lock_ && !save_lock_->warning().empty()) fmt::print(stderr, "{}\n", save_lock_->warning());
+}
+
+// A checkpoint to resume: found, verified (files, checksums) and matched before any work.
+void TrainingRun::open_resume() {
+  if (a_.resume.empty()) return;
+  const auto t_verify = Clock::now();
+  resume_ = dist::open_checkpoint(setup_.from.dir, &comm_);
+  ZERO_CHECK(resume_->state == setup_.from.state, "checkpoint '{}' changed between reading its settings and loading "
+             "it: it was rewritten while this job started; is another job saving there?", resume_->dir);
+  verify_seconds_ = std::chrono::duration<double>(Clock::now() - t_verify).count();
+  const auto& vocab = resume_->state.at("vocab");
+  ZERO_CHECK(vocab.get<std::vector<unsigned char>>() == data_->itos,
+             "checkpoint '{}' was trained on a different character set: {} characters there, {} in '{}'",
+             resume_->dir, vocab.size(), data_->itos.size(), a_.data);
+  const auto step = resume_->state.at("step").get<std::int64_t>();
+  ZERO_CHECK(step <= a_.steps, "checkpoint '{}' is at step {}, beyond --steps {}", resume_->dir, step, a_.steps);
+  ZERO_CHECK(a_.trace.empty() || examples::trace_range(a_).second > step, "--trace-steps {}: this run resumes after "
+             "step {}, past them", a_.trace_steps, step);
+}
+
+// The model's shape, the threads, the warnings, and the model itself (initialised, or loaded weights).
+void TrainingRun::build_model() {
+  cfg_.vocab_size = data_->vocab_size();
+  cfg_.block_size = a_.block;
+  cfg_.n_layer = a_.n_layer;
+  cfg_.n_head = a_.n_head;
+  cfg_.n_embd = a_.n_embd;
+  cfg_.dropout = a_.dropout;
+  cfg_.norm = a_.norm;
+  cfg_.validate();
+  // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  a_.threads > 0 ? cpu::set_num_threads(a_.threads) : cpu::set_adaptive_threads(std::max(1, cores / world_));
+  if (lead_) {
+    for (const auto& w : tc_.warnings) fmt::print(stderr, "{}\n", w);
+    for (const auto& w : setup_.from.warnings) fmt::print(stderr, "{}\n", w);
+    if (saved_config_)
+      for (const auto& w : examples::config_warnings(tc_, *saved_config_, given_, setup_.from.dir))
+        fmt::print(stderr, "{}\n", w);
+  }
+  model_.emplace(cfg_, init_gen_);
+  if (resume_) dist::check_parameters(*resume_, model_->named_parameters());
+  if (!a_.init_from.empty())
+    dist::load_weights(a_.init_from, model_->named_parameters(), a_.allow_non_finite_weights);
+  num_params_ = model_->num_parameters();
+  model_->to(device_);  // before the optimizer builds its flat buffers (on the same device)
+}
+
+void TrainingRun::build_optimizer() {
+  zo_ = tc_.zero_options();
+  optimizer_ = examples::resolve_optimizer(a_, given_, tc_);
+  zo_.adam = optimizer_->adam;
+  zo_.weight_decay = optimizer_->weight_decay;
+  opt_.emplace(model_->named_parameters(), std::shared_ptr<dist::Communicator>(&comm_, [](auto*) {}), zo_);
+  // Stage 3 has just freed the fp32 model it was built from and the full flat buffer (8Ψ bytes): give
+  // them back to the system rather than keep them cached for blocks of other sizes.
+  if (zo_.stage == 3) empty_cpu_cache();
+}
+
+// A resumed run's optimizer state, generators and step.
+void TrainingRun::restore() {
+  if (!resume_) return;
+  const auto t_load = Clock::now();
+  const dist::LoadResult loaded = dist::load_checkpoint(*resume_, *opt_, comm_);
+  if (lead_ && !loaded.warning.empty()) fmt::print(stderr, "{}\n", loaded.warning);
+  const auto& rng = resume_->state.at("rng");
+  dist::set_generator_state(init_gen_, rng.at("init_and_dropout").get<std::string>());
+  dist::set_generator_state(data_gen_, rng.at("batches").get<std::string>());
+  dist::set_generator_state(sample_gen_, rng.at("sampling").get<std::string>());
+  first_step_ = resume_->state.at("step").get<std::int64_t>();
+  const double load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
+  if (lead_)
+    fmt::print("resumed from {} at step {} (saved by {} rank(s), stage {}, {}) in {:.1f} ms (verify {:.1f} + load "
+               "{:.1f})\n", resume_->dir, first_step_, resume_->state.at("world_size").get<int>(),
+               resume_->state.at("zero_stage").get<int>(), resume_->state.at("dtype").get<std::string>(),
+               1000.0 * (verify_seconds_ + load_seconds), 1000.0 * verify_seconds_, 1000.0 * load_seconds);
+}
+
+// The per-step log (rank 0): JSON lines; a resumed run continues the file after its step.
+void TrainingRun::open_log() {
+  if (a_.log_file.empty() || !lead_) return;
+  if (resume_)
+    truncate_log(a_.log_file, first_step_);
+  else
+    std::ofstream(a_.log_file, std::ios::trunc);
+  log_.open(a_.log_file, std::ios::app);
+  ZERO_CHECK(log_.good(), "cannot write --log-file '{}'", a_.log_file);
+}
+
+void TrainingRun::log_line(const nlohmann::json& j) {
+  if (!log_.is_open()) return;
+  log_ << j.dump() << "\n";  // nlohmann writes the shortest text that reads back to the same double
+  log_.flush();
+  ZERO_CHECK(log_.good(), "--log-file '{}': writing failed ({})", a_.log_file, std::strerror(errno));
+}
+
+// The run's shape: data, model, ranks and batch, device, ZeRO layout, memory.
+void TrainingRun::print_setup() const {
+  fmt::print("train_gpt: {} ({} train / {} val tokens, vocab {})\n", a_.data, data_->train.size(), data_->val.size(),
+             cfg_.vocab_size);
+  fmt::print("model: {} layers, {} heads, {} channels, block {}: {} parameters; {} step{}, {} thread{}/rank\n",
+             cfg_.n_layer, cfg_.n_head, cfg_.n_embd, cfg_.block_size, num_params_, a_.steps, a_.steps == 1 ? "" : "s",
+             cpu::num_threads(), cpu::num_threads() == 1 ? "" : "s");
+  fmt::print("data parallel: {} rank(s) x micro-batch {} x {} accumulation step(s) = global batch {}\n", world_,
+             micro_, gas_, a_.batch);
+  fmt::print("device: {}{}\n", device_name(device_),
+             matmul_note(device_, matmul_precision(device_, zo_.dtype, a_.tf32)));
+  print_zero_setup();
+  std::fflush(stdout);
+}
+
+// The ZeRO lines of the setup: stage, buckets, wire, flat layout, model states (measured and formula).
+void TrainingRun::print_zero_setup() const {
+  const auto& layout = opt_->layout();
+  const dist::ZeroOptions& used = opt_->options();  // bucket sizes resolved
+  const auto buckets = layout.make_buckets(used.reduce_bucket_size).size();
+  fmt::print("zero: stage {}, {} ({}), reduce_scatter {}, overlap_comm {}, overlap_param_gather {}, {} bucket(s) "
+             "of <= {} elements{}, reductions in {} on the wire{}\n",
+             zo_.stage, dtype_name(zo_.dtype), comm_.backend_name(), zo_.reduce_scatter, zo_.overlap_comm,
+             zo_.overlap_param_gather, buckets, used.reduce_bucket_size,
+             tc_.zero_optimization.reduce_bucket_size ? "" : " (automatic)",
+             comm_.quantized_gradients() > 0 ? fmt::format("int8 (blocks of {})", comm_.quantized_gradients())
+                                             : std::string(dtype_name(comm_.reduce_in_fp32() ? DType::f32 : zo_.dtype)),
+             comm_.quantized_gradients() > 0 || comm_.accumulates_in_fp32(zo_.dtype)
+                 ? fmt::format(" (all-to-all, summed in fp32{})",
+                               zo_.quantized_gradients_error_feedback ? ", error feedback" : "")
+                 : "");
+  if (zo_.stage == 2 && tc_.zero_optimization.reduce_bucket_size && buckets == 1)
+    fmt::print(stderr,
+               "warning: reduce_bucket_size {} covers the whole model ({} elements): stage 2 then holds a full-size "
+               "gradient bucket (no memory saved over stage 1) and cannot overlap reduction with backward; leave "
+               "it unset for the automatic size ({})\n",
+               used.reduce_bucket_size, layout.padded_numel(), dist::default_bucket_size(layout.numel()));
+  fmt::print("flat layout: {} parameters + {} padding = {} elements; partition {} elements per rank\n",
+             layout.numel(), layout.padding(), layout.padded_numel(), layout.partition_size());
+  const auto have = opt_->memory();
+  const auto want = dist::expected_memory(zo_.stage, zo_.dtype, static_cast<double>(num_params_), world_);
+  fmt::print("model states per rank (measured | ZeRO formula): params {} | {}, grads {} | {}, optimizer {} | {}, "
+             "total {} | {}\n",
+             mib(have.params), mib(want.params), mib(have.grads), mib(want.grads), mib(have.optimizer_states),
+             mib(want.optimizer_states), mib(have.model_states()), mib(want.model_states()));
+  if (zo_.stage == 3)
+    fmt::print("stage 3: {} gather units, each all-gathered before its forward and its backward and freed after; "
+               "gathered parameters alive at once at most {} (stage3_max_live_parameters {} elements), prefetch "
+               "{} elements\n",
+               opt_->plan().units.size(), mib(opt_->plan().memory().gathered), used.stage3_max_live_parameters,
+               used.stage3_prefetch_bucket_size);
+}
+
+std::optional<int> TrainingRun::train() {
+  steps_run_ = a_.steps - first_step_;  // in this process
+  warmup_steps_ = std::max<std::int64_t>(0, std::min<std::int64_t>(5, steps_run_ - 1));
+  run_start_ = Clock::now();  // the ETA extrapolates wall time, evaluations included
+  for (std::int64_t step = first_step_; step < a_.steps; ++step) {
+    const StepResult r = train_step(step);
+    if (step - first_step_ >= warmup_steps_) train_seconds_ += r.seconds;
+    window_seconds_ += r.seconds;
+    ++window_steps_;
+    const bool last = step + 1 == a_.steps;
+    if (!a_.log_file.empty()) {
+      const double mean_loss = comm_.all_reduce_sum(r.loss_sum) / (gas_ * world_);
+      log_line({{"step", step + 1}, {"loss", mean_loss}, {"lr", r.lr}, {"grad_norm", opt_->last_grad_norm()},
+                {"loss_scale", opt_->loss_scale()}, {"skipped", !r.applied}, {"ms", 1000.0 * r.seconds},
+                {"tokens_per_s", static_cast<double>(a_.batch * a_.block) / r.seconds}});
     }
-    if ((step + 1) % a.log_every == 0 || last) {
-      train_loss = static_cast<float>(comm.all_reduce_sum(loss_sum) / (gas * world));
-      const std::int64_t n = window_steps;
-      if (lead) {
-        const double elapsed = std::chrono::duration<double>(Clock::now() - run_start).count();
-        const double per_step = elapsed / static_cast<double>(step + 1 - first_step);
-        fmt::print("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:.1f} ms/step | {:.0f} tokens/s{}{}\n", step + 1,
-                   a.steps, train_loss, lr, 1000.0 * window_seconds / n, n * a.batch * a.block / window_seconds,
-                   last ? "" : " | ETA " + eta(per_step * static_cast<double>(a.steps - step - 1)),
-                   opt.skipped_steps() > 0 ? fmt::format(" | loss scale {:g}, {} skipped", opt.loss_scale(),
-                                                         opt.skipped_steps())
-                                           : "");
-        std::fflush(stdout);
-      }
-      window_seconds = 0.0;
-      window_steps = 0;
-    }
-    if (a.eval_every > 0 && (step + 1) % a.eval_every == 0) {
-      model.eval();
-      val_loss = evaluate_counted();
-      model.train();
-      evaluated_last = last;
-      log_line({{"step", step + 1}, {"val_loss", val_loss}});
-      if (lead) {
-        fmt::print("step {:5d}/{} | val loss {:.4f}\n", step + 1, a.steps, val_loss);
-        std::fflush(stdout);
-      }
+    if ((step + 1) % a_.log_every == 0 || last) log_progress(step, r);
+    if (a_.eval_every > 0 && (step + 1) % a_.eval_every == 0) {
+      evaluate_and_log(step + 1);
+      evaluated_last_ = last;
     }
     // After the periodic evaluation (which the data stream of an uninterrupted run also went through)
     // and before the final one (which it did not), so a resumed run draws the same batches.
-    if (!a.save_dir.empty() && ((a.save_every > 0 && (step + 1) % a.save_every == 0) || last)) save(step + 1);
-    if (const examples::StopDecision stop = examples::agree_to_stop(comm); stop.stop) return stop_run(stop, step + 1);
+    if (!a_.save_dir.empty() && ((a_.save_every > 0 && (step + 1) % a_.save_every == 0) || last)) save(step + 1);
+    if (const examples::StopDecision stop = examples::agree_to_stop(comm_); stop.stop) return stop_run(stop, step + 1);
   }
-  // Resumed at the end: the final checkpoint must still exist in --save-dir (it may have come from elsewhere).
-  if (steps_run == 0 && !a.save_dir.empty() &&
-      std::filesystem::weakly_canonical(resume->dir) !=
-          std::filesystem::weakly_canonical(std::filesystem::path(a.save_dir) / dist::checkpoint_name(a.steps)))
-    save(a.steps);
-  if (!evaluated_last) {
-    model.eval();
-    val_loss = evaluate_counted();
-    model.train();
-    log_line({{"step", a.steps}, {"val_loss", val_loss}});
-    if (lead) {
-      fmt::print("step {:5d}/{} | val loss {:.4f}\n", a.steps, a.steps, val_loss);
-      std::fflush(stdout);
+  return std::nullopt;
+}
+
+// One optimizer step: GAS micro-batches forward and backward, then the step.
+TrainingRun::StepResult TrainingRun::train_step(std::int64_t step) {
+  backend(device_).synchronize();  // the clock measures finished work
+  if (!a_.trace.empty()) trace::set_active(step + 1 >= trace_first_ && step + 1 <= trace_last_);
+  std::optional<trace::Span> step_span;
+  step_span.emplace("step", "step");
+  step_span->arg("step", step + 1);
+  const auto t0 = Clock::now();
+  StepResult r{optim::lr_at(step, optimizer_->schedule), 0.0, false, 0.0};
+  opt_->set_lr(r.lr);
+  // Global batch rows [(i·world + rank)·micro, +micro) are this rank's micro-step i.
+  auto [x_host, y_host] = examples::TextData::batch(data_->train, a_.batch, a_.block, data_gen_);
+  const Tensor x = x_host.to(device_), y = y_host.to(device_);
+  for (int i = 0; i < gas_; ++i) {
+    const std::int64_t first = (static_cast<std::int64_t>(i) * world_ + rank_) * micro_;
+    Tensor loss;
+    {
+      trace::Span span("forward", "forward");
+      loss = model_->loss(x.narrow(0, first, micro_), y.narrow(0, first, micro_));
     }
+    opt_->backward(loss);
+    r.loss_sum += loss.item();
   }
+  try {
+    r.applied = opt_->step();
+  } catch (const optim::MinLossScaleError& e) {
+    // Every rank saw the same overflow (Note [Stopping at the minimum scale] in optim/loss_scaler.cpp).
+    throw Error(fmt::format("step {}: {} ({} of {} steps skipped; --min-scale-skip-limit 0 keeps skipping)", step + 1,
+                            e.what(), opt_->skipped_steps(), opt_->steps() + opt_->skipped_steps()));
+  } catch (const dist::NonfiniteSkipLimitError& e) {
+    // Every rank saw the same non-finite norm (Note [Non-finite gradients] in distributed/zero_optimizer.cpp).
+    throw Error(fmt::format("{} ({} of {} steps skipped; --nonfinite-skip-limit 0 keeps skipping)", e.what(),
+                            opt_->skipped_steps(), opt_->steps() + opt_->skipped_steps()));
+  }
+  backend(device_).synchronize();
+  step_span.reset();
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+// The progress line every --log-every steps and at the last one.
+void TrainingRun::log_progress(std::int64_t step, const StepResult& r) {
+  const bool last = step + 1 == a_.steps;
+  train_loss_ = static_cast<float>(comm_.all_reduce_sum(r.loss_sum) / (gas_ * world_));
+  const std::int64_t n = window_steps_;
+  if (lead_) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - run_start_).count();
+    const double per_step = elapsed / static_cast<double>(step + 1 - first_step_);
+    fmt::print("step {:5d}/{} | loss {:.4f} | lr {:.2e} | {:.1f} ms/step | {:.0f} tokens/s{}{}\n", step + 1,
+               a_.steps, train_loss_, r.lr, 1000.0 * window_seconds_ / n, n * a_.batch * a_.block / window_seconds_,
+               last ? "" : " | ETA " + eta(per_step * static_cast<double>(a_.steps - step - 1)),
+               opt_->skipped_steps() > 0 ? fmt::format(" | loss scale {:g}, {} skipped", opt_->loss_scale(),
+                                                       opt_->skipped_steps())
+                                         : "");
+    std::fflush(stdout);
+  }
+  window_seconds_ = 0.0;
+  window_steps_ = 0;
+}
+
+// The validation loss after step `step`, logged and printed.
+void TrainingRun::evaluate_and_log(std::int64_t step) {
+  model_->eval();
+  val_loss_ = evaluate_counted();
+  model_->train();
+  log_line({{"step", step}, {"val_loss", val_loss_}});
+  if (lead_) {
+    fmt::print("step {:5d}/{} | val loss {:.4f}\n", step, a_.steps, val_loss_);
+    std::fflush(stdout);
+  }
+}
+
+// Evaluation moves no gradient, but at stage 3 its forwards gather the parameters: counted apart.
+float TrainingRun::evaluate_counted() {
+  const dist::Ledger before = comm_.ledger();
+  const float loss = evaluate(*model_, data_->val, a_, data_gen_, comm_);
+  move_since(comm_.ledger(), before, eval_traffic_);
+  return loss;
+}
+
+// The newest complete checkpoint in --save-dir, for messages ("none" if there is none).
+std::string TrainingRun::newest_checkpoint() const {
+  try {
+    return dist::resolve_checkpoint(a_.save_dir);
+  } catch (const std::exception&) {
+    return "none";
+  }
+}
+
+// A checkpoint of step `done` in --save-dir, with the run's settings and generators.
+dist::SaveResult TrainingRun::save(std::int64_t done) {
+  nlohmann::json extra = examples::settings_json(a_, tc_, cfg_.to_json());
+  extra["vocab"] = data_->itos;
+  extra["lr_schedule"]["next_step"] = done;
+  extra["rng"] = {{"init_and_dropout", dist::generator_state(init_gen_)},
+                  {"batches", dist::generator_state(data_gen_)},
+                  {"sampling", dist::generator_state(sample_gen_)}};
+  dist::SaveResult r;
+  try {
+    r = dist::save_checkpoint(a_.save_dir, done, *opt_, comm_, extra, static_cast<int>(a_.keep),
+                              [] { return examples::stop_requests() >= 2; }, &written_);
+  } catch (const dist::CollectiveTimeout&) {
+    throw;  // the job's own failures: fail_job names the ranks that did not arrive, or stays quiet for
+  } catch (const dist::PeerGone&) {  // a peer that failed first and reports its own error
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("--save-dir '{}': the checkpoint of step {} failed: {}; the newest checkpoint is still {}",
+                            a_.save_dir, done, e.what(), newest_checkpoint()));
+  }
+  if (!r.cancelled) {
+    saved_step_ = done;
+    written_.push_back(dist::checkpoint_name(done));
+  }
+  if (lead_) {
+    if (r.cancelled)
+      fmt::print("checkpoint: step {} abandoned (a second stop request); the newest is {}\n", done, newest_checkpoint());
+    else
+      fmt::print("checkpoint: {} ({} bytes) in {:.1f} ms\n", r.dir, r.bytes, 1000.0 * r.seconds);
+    std::fflush(stdout);
+  }
+  return r;
+}
+
+// Note [Preemption] (examples/preemption.cpp): after step `done`, every rank agreed to stop.
+int TrainingRun::stop_run(const examples::StopDecision& d, std::int64_t done) {
+  std::string what;
+  if (a_.save_dir.empty()) {
+    what = "nothing saved (no --save-dir)";
+  } else if (d.abandon_save) {
+    what = fmt::format("no checkpoint saved (a second stop request); the newest is {}", newest_checkpoint());
+  } else if (saved_step_ == done) {
+    what = fmt::format("checkpoint {} (saved at this step)", newest_checkpoint());
+  } else {
+    const dist::SaveResult r = save(done);
+    what = r.cancelled ? fmt::format("the checkpoint of step {} was abandoned (a second stop request); the newest is {}",
+                                     done, newest_checkpoint())
+                       : fmt::format("saved {}", r.dir);
+  }
+  if (lead_) {
+    const std::string newest = a_.save_dir.empty() ? "none" : newest_checkpoint();
+    fmt::print("stopped by {} after step {}/{}: {}{}\n", examples::signal_name(d.signal), done, a_.steps, what,
+               newest == "none" ? std::string()
+                                : "; resume with: " + examples::resume_command(setup_.argv, a_.save_dir, world_));
+    std::fflush(stdout);
+  }
+  return 128 + d.signal;
+}
+
+void TrainingRun::finish() {
+  // Resumed at the end: the final checkpoint must still exist in --save-dir (it may have come from elsewhere).
+  if (steps_run_ == 0 && !a_.save_dir.empty() &&
+      std::filesystem::weakly_canonical(resume_->dir) !=
+          std::filesystem::weakly_canonical(std::filesystem::path(a_.save_dir) / dist::checkpoint_name(a_.steps)))
+    save(a_.steps);
+  if (!evaluated_last_) evaluate_and_log(a_.steps);
   // The trace: every rank's events into one file, and how much communication compute hid.
-  dist::OverlapSummary overlap;
-  if (!a.trace.empty()) {
+  if (!a_.trace.empty()) {
     trace::set_active(false);
     const std::vector<trace::Event> events = trace::take();
-    overlap = dist::overlap_summary(events);
-    overlap.comm_us = comm.all_reduce_sum(overlap.comm_us) / world;  // mean over ranks
-    overlap.exposed_us = comm.all_reduce_sum(overlap.exposed_us) / world;
-    dist::write_trace(a.trace, comm, events);
+    overlap_ = dist::overlap_summary(events);
+    overlap_.comm_us = comm_.all_reduce_sum(overlap_.comm_us) / world_;  // mean over ranks
+    overlap_.exposed_us = comm_.all_reduce_sum(overlap_.exposed_us) / world_;
+    dist::write_trace(a_.trace, comm_, events);
     trace::disable();
   }
-  const std::int64_t timed_steps = std::max<std::int64_t>(1, steps_run - warmup_steps);
-  const double tokens_per_s = train_seconds > 0 ? timed_steps * a.batch * a.block / train_seconds : 0.0;
-  const double ms_per_step = 1000.0 * train_seconds / timed_steps;
+}
+
+TrainingRun::Summary TrainingRun::summarize() const {
+  Summary s{};
+  const std::int64_t timed_steps = std::max<std::int64_t>(1, steps_run_ - warmup_steps_);
+  s.tokens_per_s = train_seconds_ > 0 ? timed_steps * a_.batch * a_.block / train_seconds_ : 0.0;
+  s.ms_per_step = 1000.0 * train_seconds_ / timed_steps;
   // Achieved model FLOP/s (PaLM appendix B: 6 Psi per token plus attention, nn::flops_per_token) and MFU.
-  const double tflops = tokens_per_s * nn::flops_per_token(cfg, num_params) / 1e12;
-  const MatmulPrecision precision = matmul_precision(device, zo.dtype, a.tf32);
-  const double peak = peak_flops(device, precision);
-  const double mfu = peak > 0.0 ? tflops * 1e12 / peak : 0.0;
-
+  s.tflops = s.tokens_per_s * nn::flops_per_token(cfg_, num_params_) / 1e12;
+  s.precision = matmul_precision(device_, zo_.dtype, a_.tf32);
+  s.peak = peak_flops(device_, s.precision);
+  s.mfu = s.peak > 0.0 ? s.tflops * 1e12 / s.peak : 0.0;
   // Traffic per optimizer step from this rank's ledger, beside the ZeRO paper's formula.
-  const dist::Ledger& ledger = comm.ledger();
-  const double steps_d = static_cast<double>(std::max<std::int64_t>(1, steps_run));
-  nlohmann::json traffic = ledger.to_json();
-  for (auto& [k, v] : traffic.items()) v = v.get<double>() / steps_d;
-  const double psi_bytes = static_cast<double>(opt.layout().padded_numel()) * dtype_size(zo.dtype);
-  const double ring = world > 1 ? static_cast<double>(world - 1) / world : 0.0;
-  const double baseline = 2.0 * ring * psi_bytes;  // stage 0: one all-reduce of every gradient
-  const double per_step = ledger.total() / steps_d;
-  const double comm_ms_per_step = 1000.0 * ledger.total_seconds() / steps_d;  // communication thread busy
-  const double comm_cpu_ms_per_step = 1000.0 * ledger.cpu_seconds / steps_d;   // ... and the CPU it used
+  const dist::Ledger& ledger = comm_.ledger();
+  s.steps = static_cast<double>(std::max<std::int64_t>(1, steps_run_));
+  s.traffic = ledger.to_json();
+  for (auto& [k, v] : s.traffic.items()) v = v.get<double>() / s.steps;
+  const double psi_bytes = static_cast<double>(opt_->layout().padded_numel()) * dtype_size(zo_.dtype);
+  const double ring = world_ > 1 ? static_cast<double>(world_ - 1) / world_ : 0.0;
+  s.baseline = 2.0 * ring * psi_bytes;  // stage 0: one all-reduce of every gradient
+  s.per_step = ledger.total() / s.steps;
+  s.comm_ms_per_step = 1000.0 * ledger.total_seconds() / s.steps;  // communication thread busy
+  s.comm_cpu_ms_per_step = 1000.0 * ledger.cpu_seconds / s.steps;  // ... and the CPU it used
   // int8 gradients: the plan's count of the quantized reduce-scatter (values + block scales).
-  const double expected = zo.quantized_gradients_block > 0 ? opt.plan().traffic().total()
-                                                           : expected_traffic_copies(zo, gas) * ring * psi_bytes;
-  const auto mem = opt.memory();
-  const std::size_t rss = peak_rss_bytes();
-  if (lead) {
-    fmt::print("done: train loss {:.4f}, val loss {:.4f}, {:.0f} tokens/s ({} rank(s)), {:.2f} ms/step\n", train_loss,
-               val_loss, tokens_per_s, world, ms_per_step);
-    if (world > 1)
-      fmt::print("traffic per step per rank: all_reduce {:.0f}, reduce_scatter {:.0f}, all_gather {:.0f} bytes; "
-                 "total {:.0f} = {:.3f}x the stage-0 baseline 2(n-1)/n*Psi ({:.0f}); formula for this scheme {:.0f}\n",
-                 traffic["all_reduce"].get<double>(), traffic["reduce_scatter"].get<double>(),
-                 traffic["all_gather"].get<double>(), per_step, per_step / baseline, baseline, expected);
-    if (world > 1 && eval_traffic.total() > 0)
-      fmt::print("evaluation: its forwards gathered {:.0f} bytes of parameters per rank in all (not in the traffic "
-                 "per step)\n",
-                 eval_traffic.total());
-    if (world > 1)
-      fmt::print("communication time per step: {:.2f} ms (reduce_scatter {:.2f}, all_reduce {:.2f}, all_gather {:.2f}; "
-                 "the communication thread's busy time, overlapped or not; it used {:.2f} ms of CPU)\n",
-                 comm_ms_per_step, 1000.0 * ledger.seconds[int(dist::Collective::reduce_scatter)] / steps_d,
-                 1000.0 * ledger.seconds[int(dist::Collective::all_reduce)] / steps_d,
-                 1000.0 * ledger.seconds[int(dist::Collective::all_gather)] / steps_d, comm_cpu_ms_per_step);
-    fmt::print("memory per rank: model states {}, buckets {}{}{}, peak RSS {}\n", mib(mem.model_states()),
-               mib(mem.buckets),
-               zo.stage == 3 ? fmt::format(", gathered parameters at most {} at once (bound {})", mib(mem.gathered),
-                                           mib(opt.plan().memory().gathered))
-                             : "",
-               mem.residual > 0 ? fmt::format(", error-feedback residual {}", mib(mem.residual)) : "",
-               mib(static_cast<double>(rss)));
-    if (peak > 0.0)
-      fmt::print("compute: {:.2f} TFLOP/s per rank, MFU {:.1f}% of {:.0f} TFLOP/s ({} {} peak)\n", tflops,
-                 100.0 * mfu, peak / 1e12, device_name(device), matmul_precision_name(precision));
-    if (!a.trace.empty()) {
-      const std::int64_t traced =
-          std::max<std::int64_t>(1, trace_last - std::max<std::int64_t>(trace_first, first_step + 1) + 1);
-      fmt::print("trace: {} (steps {}-{}): communication {:.2f} ms/step per rank, {:.0f}% of it hidden behind "
-                 "compute\n",
-                 a.trace, std::max<std::int64_t>(trace_first, first_step + 1), trace_last, overlap.comm_us / 1000.0 / traced, 100.0 * overlap.hidden_fraction());
-    }
-    if (zo.dtype == DType::f16)
-      fmt::print("fp16: final loss scale {:g}, {} skipped step(s) (a skipped step has no all-gather)\n",
-                 opt.loss_scale(), opt.skipped_steps());
-  }
+  s.expected = zo_.quantized_gradients_block > 0 ? opt_->plan().traffic().total()
+                                                 : expected_traffic_copies(zo_, gas_) * ring * psi_bytes;
+  s.mem = opt_->memory();
+  s.rss = peak_rss_bytes();
+  return s;
+}
 
+// The summary lines (rank 0): loss and throughput, traffic, communication time, memory, compute, trace.
+void TrainingRun::print_summary(const Summary& s) const {
+  const dist::Ledger& ledger = comm_.ledger();
+  fmt::print("done: train loss {:.4f}, val loss {:.4f}, {:.0f} tokens/s ({} rank(s)), {:.2f} ms/step\n", train_loss_,
+             val_loss_, s.tokens_per_s, world_, s.ms_per_step);
+  if (world_ > 1)
+    fmt::print("traffic per step per rank: all_reduce {:.0f}, reduce_scatter {:.0f}, all_gather {:.0f} bytes; "
+               "total {:.0f} = {:.3f}x the stage-0 baseline 2(n-1)/n*Psi ({:.0f}); formula for this scheme {:.0f}\n",
+               s.traffic["all_reduce"].get<double>(), s.traffic["reduce_scatter"].get<double>(),
+               s.traffic["all_gather"].get<double>(), s.per_step, s.per_step / s.baseline, s.baseline, s.expected);
+  if (world_ > 1 && eval_traffic_.total() > 0)
+    fmt::print("evaluation: its forwards gathered {:.0f} bytes of parameters per rank in all (not in the traffic "
+               "per step)\n",
+               eval_traffic_.total());
+  if (world_ > 1)
+    fmt::print("communication time per step: {:.2f} ms (reduce_scatter {:.2f}, all_reduce {:.2f}, all_gather {:.2f}; "
+               "the communication thread's busy time, overlapped or not; it used {:.2f} ms of CPU)\n",
+               s.comm_ms_per_step, 1000.0 * ledger.seconds[int(dist::Collective::reduce_scatter)] / s.steps,
+               1000.0 * ledger.seconds[int(dist::Collective::all_reduce)] / s.steps,
+               1000.0 * ledger.seconds[int(dist::Collective::all_gather)] / s.steps, s.comm_cpu_ms_per_step);
+  fmt::print("memory per rank: model states {}, buckets {}{}{}, peak RSS {}\n", mib(s.mem.model_states()),
+             mib(s.mem.buckets),
+             zo_.stage == 3 ? fmt::format(", gathered parameters at most {} at once (bound {})", mib(s.mem.gathered),
+                                          mib(opt_->plan().memory().gathered))
+                            : "",
+             s.mem.residual > 0 ? fmt::format(", error-feedback residual {}", mib(s.mem.residual)) : "",
+             mib(static_cast<double>(s.rss)));
+  if (s.peak > 0.0)
+    fmt::print("compute: {:.2f} TFLOP/s per rank, MFU {:.1f}% of {:.0f} TFLOP/s ({} {} peak)\n", s.tflops,
+               100.0 * s.mfu, s.peak / 1e12, device_name(device_), matmul_precision_name(s.precision));
+  if (!a_.trace.empty()) {
+    const std::int64_t traced =
+        std::max<std::int64_t>(1, trace_last_ - std::max<std::int64_t>(trace_first_, first_step_ + 1) + 1);
+    fmt::print("trace: {} (steps {}-{}): communication {:.2f} ms/step per rank, {:.0f}% of it hidden behind "
+               "compute\n",
+               a_.trace, std::max<std::int64_t>(trace_first_, first_step_ + 1), trace_last_,
+               overlap_.comm_us / 1000.0 / traced, 100.0 * overlap_.hidden_fraction());
+  }
+  if (zo_.dtype == DType::f16)
+    fmt::print("fp16: final loss scale {:g}, {} skipped step(s) (a skipped step has no all-gather)\n",
+               opt_->loss_scale(), opt_->skipped_steps());
+}
+
+void TrainingRun::report() {
+  const Summary s = summarize();
+  if (lead_) print_summary(s);
   // Stage 3: every rank gathers the whole model, so rank 0 can sample alone.
-  if (a.sample > 0) opt.gather_parameters();
-  if (a.sample > 0 && lead) {
-    model.eval();
-    const std::string text = examples::sample(model, data.itos, examples::default_context(data.itos), a.sample, 1.0f,
-                                              0, sample_gen);
+  if (a_.sample > 0) opt_->gather_parameters();
+  if (a_.sample > 0 && lead_) {
+    model_->eval();
+    const std::string text = examples::sample(*model_, data_->itos, examples::default_context(data_->itos), a_.sample,
+                                              1.0f, 0, sample_gen_);
     fmt::print("---- sample ----\n{}\n----------------\n", text);
   }
-  if (!a.metrics.empty() && lead) {
-    nlohmann::json m = {{"params", num_params},
-                        {"steps", a.steps},
-                        {"batch", a.batch},
-                        {"micro_batch", micro},
-                        {"gradient_accumulation_steps", gas},
-                        {"block", a.block},
-                        {"threads", cpu::num_threads()},
-                        {"world_size", world},
-                        {"zero_stage", zo.stage},
-                        {"dtype", std::string(dtype_name(zo.dtype))},
-                        {"tokens_per_s", tokens_per_s},
-                        {"device", std::string(device_name(device))},
-                        {"tf32", a.tf32},
-                        {"matmul_precision", std::string(matmul_precision_name(precision))},
-                        {"tflops", tflops},
-                        {"peak_flops", peak > 0.0 ? nlohmann::json(peak) : nlohmann::json()},
-                        {"mfu", peak > 0.0 ? nlohmann::json(mfu) : nlohmann::json()},
-                        {"ms_per_step", ms_per_step},
-                        {"train_loss", train_loss},
-                        {"val_loss", val_loss},
-                        {"flops_per_token", nn::flops_per_token(cfg, num_params)},
-                        {"comm_bytes_per_step", traffic},
-                        {"comm_ms_per_step", comm_ms_per_step},
-                        {"comm_cpu_ms_per_step", comm_cpu_ms_per_step},
-                        {"memory_bytes",
-                         {{"params", mem.params},
-                          {"grads", mem.grads},
-                          {"optimizer_states", mem.optimizer_states},
-                          {"buckets", mem.buckets},
-                          {"gathered", mem.gathered},
-                          {"peak_rss", rss}}},
-                        {"loss_scale", opt.loss_scale()},
-                        {"skipped_steps", opt.skipped_steps()},
-                        {"config", tc.to_json()}};
-    // Written to a temporary name and renamed, so a crash never leaves a partial file.
-    const std::string tmp = a.metrics + ".tmp";
-    std::ofstream(tmp) << m.dump(2) << "\n";
-    std::filesystem::rename(tmp, a.metrics);
-    fmt::print("metrics: {}\n", std::filesystem::absolute(a.metrics).string());
-  }
+  if (!a_.metrics.empty() && lead_) write_metrics(s);
+}
+
+// --metrics: a JSON summary, written to a temporary name and renamed, so a crash never leaves a partial file.
+void TrainingRun::write_metrics(const Summary& s) const {
+  nlohmann::json m = {{"params", num_params_},
+                      {"steps", a_.steps},
+                      {"batch", a_.batch},
+                      {"micro_batch", micro_},
+                      {"gradient_accumulation_steps", gas_},
+                      {"block", a_.block},
+                      {"threads", cpu::num_threads()},
+                      {"world_size", world_},
+                      {"zero_stage", zo_.stage},
+                      {"dtype", std::string(dtype_name(zo_.dtype))},
+                      {"tokens_per_s", s.tokens_per_s},
+                      {"device", std::string(device_name(device_))},
+                      {"tf32", a_.tf32},
+                      {"matmul_precision", std::string(matmul_precision_name(s.precision))},
+                      {"tflops", s.tflops},
+                      {"peak_flops", s.peak > 0.0 ? nlohmann::json(s.peak) : nlohmann::json()},
+                      {"mfu", s.peak > 0.0 ? nlohmann::json(s.mfu) : nlohmann::json()},
+                      {"ms_per_step", s.ms_per_step},
+                      {"train_loss", train_loss_},
+                      {"val_loss", val_loss_},
+                      {"flops_per_token", nn::flops_per_token(cfg_, num_params_)},
+                      {"comm_bytes_per_step", s.traffic},
+                      {"comm_ms_per_step", s.comm_ms_per_step},
+                      {"comm_cpu_ms_per_step", s.comm_cpu_ms_per_step},
+                      {"memory_bytes",
+                       {{"params", s.mem.params},
+                        {"grads", s.mem.grads},
+                        {"optimizer_states", s.mem.optimizer_states},
+                        {"buckets", s.mem.buckets},
+                        {"gathered", s.mem.gathered},
+                        {"peak_rss", s.rss}}},
+                      {"loss_scale", opt_->loss_scale()},
+                      {"skipped_steps", opt_->skipped_steps()},
+                      {"config", tc_.to_json()}};
+  const std::string tmp = a_.metrics + ".tmp";
+  std::ofstream(tmp) << m.dump(2) << "\n";
+  std::filesystem::rename(tmp, a_.metrics);
+  fmt::print("metrics: {}\n", std::filesystem::absolute(a_.metrics).string());
+}
+
+int run(const Setup& setup, dist::Communicator& comm) {
+  TrainingRun training(setup, comm);
+  if (const std::optional<int> stopped = training.train()) return *stopped;
+  training.finish();
+  training.report();
   return 0;
 }
 

@@ -50,33 +50,9 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--trace-steps", a.trace_steps, "with --trace: record only steps A:B (from 1, inclusive)");
   app.add_option("--sample", a.sample, "characters to generate at the end (0 = none)")->capture_default_str();
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
-  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0 (data parallel), 1, 2 or 3")->capture_default_str();
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 (dynamic loss scaling) or bf16")->capture_default_str();
   app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
-  app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
-  app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
-  app.add_flag("--overlap-param-gather", a.overlap_param_gather,
-               "all-gather the updated parameters while the next forward runs (stages 1, 2)");
-  app.add_option("--communication-data-type", a.communication_data_type,
-                 "dtype gradient reductions travel in: fp32, fp16 or bf16 (default: the model dtype; fp32 is more "
-                 "accurate for a 16-bit model, at twice the bytes)")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
-  app.add_flag("--reduce-scatter-with-fp32-accumulation", a.reduce_scatter_with_fp32_accumulation,
-               "16-bit reductions: send each rank its slice directly (all-to-all) and add the contributions in fp32, "
-               "rounding once, instead of rounding at every hop of the ring; the same bytes");
-  app.add_option("--stage3-prefetch-bucket-size", a.stage3_prefetch_bucket_size,
-                 "stage 3: elements of the layers gathered ahead of the one computing (0 = no prefetch; default 5e7)");
-  app.add_option("--stage3-max-live-parameters", a.stage3_max_live_parameters,
-                 "stage 3: the most gathered parameter elements alive at once (default 1e9)");
-  app.add_flag("--zero-quantized-gradients", a.zero_quantized_gradients,
-               "stages 1-3: reduce-scatter gradients as int8 with one fp32 scale per block (all-to-all, summed in "
-               "fp32 by the owner): about 1/4 of an fp32 wire's bytes");
-  app.add_option("--zero-quantized-gradients-block-size", a.zero_quantized_gradients_block_size,
-                 "with --zero-quantized-gradients: elements per int8 block (one fp32 scale each)")
-      ->capture_default_str();
-  app.add_flag("--zero-quantized-gradients-error-feedback", a.zero_quantized_gradients_error_feedback,
-               "with --zero-quantized-gradients: carry each step's quantization error into the next (an int8 "
-               "residual of every element this rank sends)");
+  add_setting_flags(app, a.settings, FlagSet::all);
   app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
@@ -98,16 +74,9 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--collective-timeout", a.collective_timeout,
                  "seconds one collective may take before the job ends with a message naming it (default: "
                  "$ZERO_COLLECTIVE_TIMEOUT_S, else the config's collective_timeout_s, else 300)");
-  app.add_option("--nonfinite-grads", a.nonfinite_grads,
-                 "fp32/bf16 step with an inf/NaN gradient: error (stop, naming the step) or skip")
-      ->capture_default_str();
   app.add_option("--min-scale-skip-limit", a.min_scale_skip_limit,
                  "fp16: stop after N consecutive steps that overflow at the minimum loss scale (0 = never stop; "
                  "config fp16.min_scale_skip_limit / raise_error_at_min_scale)")
-      ->capture_default_str();
-  app.add_option("--nonfinite-skip-limit", a.nonfinite_skip_limit,
-                 "fp32/bf16 with --nonfinite-grads skip: stop after N consecutive skipped steps (0 = never stop; "
-                 "config nonfinite_skip_limit)")
       ->capture_default_str();
   app.add_flag("--allow-non-finite-weights", a.allow_non_finite_weights,
                "--init-from: load weights that hold NaN or inf (refused by default, naming the tensor)");
@@ -241,29 +210,10 @@ void validate(const Args& a, const Given& given) {
   ZERO_CHECK(a.dtype == "fp32" || a.dtype == "fp16" || a.dtype == "bf16", "--dtype must be fp32, fp16 or bf16, got '{}'",
              a.dtype);
   if (given.has("--collective-timeout")) dist::check_collective_timeout(a.collective_timeout, "--collective-timeout");
-  ZERO_CHECK(a.nonfinite_grads == "error" || a.nonfinite_grads == "skip",
-             "--nonfinite-grads must be error or skip, got '{}'", a.nonfinite_grads);
   ZERO_CHECK(a.min_scale_skip_limit >= 0, "--min-scale-skip-limit must be >= 0 (0 = never stop), got {}",
              a.min_scale_skip_limit);
-  ZERO_CHECK(a.nonfinite_skip_limit >= 0, "--nonfinite-skip-limit must be >= 0 (0 = never stop), got {}",
-             a.nonfinite_skip_limit);
   ZERO_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got {}", a.dropout);
   ZERO_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got {}", a.grad_accum);
-  if (given.has("--reduce-bucket-size"))
-    ZERO_CHECK(a.reduce_bucket_size > 0 && a.reduce_bucket_size <= 9.0e15 &&
-                   std::floor(a.reduce_bucket_size) == a.reduce_bucket_size,
-               "--reduce-bucket-size must be a whole number of elements > 0, got {}", a.reduce_bucket_size);
-  ZERO_CHECK(a.zero_stage >= 0 && a.zero_stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got {}", a.zero_stage);
-  if (given.has("--stage3-prefetch-bucket-size"))
-    ZERO_CHECK(a.stage3_prefetch_bucket_size >= 0 && a.stage3_prefetch_bucket_size <= 9.0e15 &&
-                   std::floor(a.stage3_prefetch_bucket_size) == a.stage3_prefetch_bucket_size,
-               "--stage3-prefetch-bucket-size must be a whole number of elements >= 0, got {}",
-               a.stage3_prefetch_bucket_size);
-  if (given.has("--stage3-max-live-parameters"))
-    ZERO_CHECK(a.stage3_max_live_parameters >= 1 && a.stage3_max_live_parameters <= 9.0e15 &&
-                   std::floor(a.stage3_max_live_parameters) == a.stage3_max_live_parameters,
-               "--stage3-max-live-parameters must be a whole number of elements >= 1, got {}",
-               a.stage3_max_live_parameters);
   ZERO_CHECK(a.trace_steps.empty() || !a.trace.empty(), "--trace-steps needs --trace PATH");
   trace_range(a);
   ZERO_CHECK(a.save_every >= 0, "--save-every must be >= 0 (0 = only at the end), got {}", a.save_every);
@@ -289,51 +239,23 @@ void overlay(nlohmann::json& base, const nlohmann::json& top) {
   }
 }
 
-}  // namespace
+// The layer below the flags: the checkpoint's config when resuming, with the --config file's keys on
+// top, or the file alone, or nothing (the defaults). Returns the JSON and the file it came from.
+std::pair<nlohmann::json, std::string> config_base(const Args& a, const nlohmann::json* resumed) {
+  nlohmann::json file = a.config.empty() ? nlohmann::json::object() : dist::read_config_file(a.config);
+  if (resumed == nullptr) return {file, a.config};
+  nlohmann::json base = *resumed;
+  base["train_micro_batch_size_per_gpu"] = nullptr;  // derived again: the world size may differ
+  // The file's batch keys replace the checkpoint's as a whole (the ones it leaves out are derived).
+  const auto given = [&](const char* k) { return file.is_object() && file.contains(k) && !file[k].is_null(); };
+  if (given("train_batch_size") || given("train_micro_batch_size_per_gpu") || given("gradient_accumulation_steps"))
+    for (const char* k : {"train_batch_size", "gradient_accumulation_steps"}) base[k] = nullptr;
+  if (file.is_object()) overlay(base, file);
+  return {base, a.config};
+}
 
-dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed) {
-  dist::TrainingConfig cfg;
-  bool has_base = true;
-  if (resumed != nullptr) {
-    // The checkpoint's config, with the keys the --config file gives on top (the file is checked on its
-    // own first, so its errors name it).
-    nlohmann::json base = *resumed;
-    base["train_micro_batch_size_per_gpu"] = nullptr;  // derived again: the world size may differ
-    if (!a.config.empty()) {
-      const dist::TrainingConfig file = dist::TrainingConfig::from_file(a.config);
-      // The file's batch keys replace the checkpoint's as a whole (the ones it leaves out are derived).
-      if (file.train_batch_size || file.train_micro_batch_size_per_gpu || file.gradient_accumulation_steps)
-        for (const char* k : {"train_batch_size", "gradient_accumulation_steps"}) base[k] = nullptr;
-      std::ifstream in(a.config);
-      overlay(base, nlohmann::json::parse(in));
-    }
-    cfg = dist::TrainingConfig::from_json(base);
-  } else if (!a.config.empty()) {
-    cfg = dist::TrainingConfig::from_file(a.config);
-  } else {
-    cfg = dist::TrainingConfig::from_json(nlohmann::json::object());
-    has_base = false;
-  }
-  if (given.has("--zero-stage")) cfg.zero_optimization.stage = a.zero_stage;
-  if (given.has("--dtype")) cfg.set_model_dtype(parse_float_dtype(a.dtype));
-  if (given.has("--reduce-bucket-size"))
-    cfg.zero_optimization.reduce_bucket_size = static_cast<std::int64_t>(a.reduce_bucket_size);
-  if (given.has("--overlap-comm")) cfg.zero_optimization.overlap_comm = a.overlap_comm;
-  if (given.has("--overlap-param-gather")) cfg.zero_optimization.overlap_param_gather = a.overlap_param_gather;
-  if (given.has("--communication-data-type")) cfg.communication_data_type = a.communication_data_type;
-  if (given.has("--reduce-scatter-with-fp32-accumulation"))
-    cfg.zero_optimization.reduce_scatter_with_fp32_accumulation = a.reduce_scatter_with_fp32_accumulation;
-  if (given.has("--stage3-prefetch-bucket-size"))
-    cfg.zero_optimization.stage3_prefetch_bucket_size = static_cast<std::int64_t>(a.stage3_prefetch_bucket_size);
-  if (given.has("--stage3-max-live-parameters"))
-    cfg.zero_optimization.stage3_max_live_parameters = static_cast<std::int64_t>(a.stage3_max_live_parameters);
-  if (given.has("--zero-quantized-gradients"))
-    cfg.zero_optimization.zero_quantized_gradients = a.zero_quantized_gradients;
-  if (given.has("--zero-quantized-gradients-block-size"))
-    cfg.zero_optimization.zero_quantized_gradients_block_size = a.zero_quantized_gradients_block_size;
-  if (given.has("--zero-quantized-gradients-error-feedback"))
-    cfg.zero_optimization.zero_quantized_gradients_error_feedback = a.zero_quantized_gradients_error_feedback;
-  if (given.has("--clip") || !has_base) cfg.gradient_clipping = a.clip;
+// --batch and --grad-accum over the batch keys (`has_base`: a file or a checkpoint gave a config).
+void apply_batch_flags(dist::TrainingConfig& cfg, const Args& a, const Given& given, int world_size) {
   const bool base_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
   const bool given_accum = given.has("--grad-accum");
   if (given.has("--batch") || !base_has_batch) {
@@ -349,30 +271,45 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
     cfg.gradient_accumulation_steps = a.grad_accum;
     if (cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size) cfg.train_micro_batch_size_per_gpu.reset();
   }
-  if (given.has("--nonfinite-grads")) cfg.nonfinite_grads = a.nonfinite_grads;
-  if (given.has("--nonfinite-skip-limit")) cfg.nonfinite_skip_limit = a.nonfinite_skip_limit;
-  if (given.has("--min-scale-skip-limit")) {
-    cfg.fp16.raise_error_at_min_scale = a.min_scale_skip_limit > 0;
-    if (a.min_scale_skip_limit > 0) cfg.fp16.min_scale_skip_limit = a.min_scale_skip_limit;
-  }
-  if (given.has("--reduce-scatter-with-fp32-accumulation") && a.reduce_scatter_with_fp32_accumulation)
+}
+
+// The rules between keys, worded for the flags that broke them (validate() words them for the keys).
+void check_flag_rules(const dist::TrainingConfig& cfg, const Given& given) {
+  const dist::ZeroConfig& z = cfg.zero_optimization;
+  if (given.has("--reduce-scatter-with-fp32-accumulation") && z.reduce_scatter_with_fp32_accumulation.value_or(false))
     ZERO_CHECK(cfg.model_dtype() != DType::f32 && cfg.communication_data_type.value_or("") != "fp32",
                "--reduce-scatter-with-fp32-accumulation needs a 16-bit wire (--dtype fp16 or bf16, without "
                "--communication-data-type fp32)");
-  if (given.has("--zero-quantized-gradients") && a.zero_quantized_gradients)
-    ZERO_CHECK(cfg.zero_optimization.stage != 0,
+  if (given.has("--zero-quantized-gradients") && z.zero_quantized_gradients)
+    ZERO_CHECK(z.stage != 0,
                "--zero-quantized-gradients needs --zero-stage 1, 2 or 3 (stage 0 all-reduces its gradients)");
   if (given.has("--zero-quantized-gradients-block-size"))
-    ZERO_CHECK(a.zero_quantized_gradients_block_size >= 1 &&
-                   a.zero_quantized_gradients_block_size <= dist::kMaxQuantizationBlock,
+    ZERO_CHECK(z.zero_quantized_gradients_block_size >= 1 &&
+                   z.zero_quantized_gradients_block_size <= dist::kMaxQuantizationBlock,
                "--zero-quantized-gradients-block-size must be in [1, {}] elements, got {}", dist::kMaxQuantizationBlock,
-               a.zero_quantized_gradients_block_size);
-  if (given.has("--zero-quantized-gradients-error-feedback") && a.zero_quantized_gradients_error_feedback)
-    ZERO_CHECK(cfg.zero_optimization.zero_quantized_gradients,
-               "--zero-quantized-gradients-error-feedback needs --zero-quantized-gradients");
-  cfg.resolve_batch(world_size);
-  cfg.validate();
-  return cfg;
+               z.zero_quantized_gradients_block_size);
+  if (given.has("--zero-quantized-gradients-error-feedback") && z.zero_quantized_gradients_error_feedback)
+    ZERO_CHECK(z.zero_quantized_gradients, "--zero-quantized-gradients-error-feedback needs --zero-quantized-gradients");
+}
+
+}  // namespace
+
+dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed) {
+  const auto [base, source] = config_base(a, resumed);
+  const bool has_base = resumed != nullptr || !a.config.empty();
+  // The flags that are not one key of the table: the dtype (two keys), clipping, the batch, the fp16 limit.
+  const auto program_flags = [&](dist::TrainingConfig& cfg) {
+    if (given.has("--dtype")) cfg.set_model_dtype(parse_float_dtype(a.dtype));
+    if (given.has("--clip") || !has_base) cfg.gradient_clipping = a.clip;
+    apply_batch_flags(cfg, a, given, world_size);
+    if (given.has("--min-scale-skip-limit")) {
+      cfg.fp16.raise_error_at_min_scale = a.min_scale_skip_limit > 0;
+      if (a.min_scale_skip_limit > 0) cfg.fp16.min_scale_skip_limit = a.min_scale_skip_limit;
+    }
+    check_flag_rules(cfg, given);
+    cfg.resolve_batch(world_size);
+  };
+  return merge_config(base, source, a.settings, [&](std::string_view f) { return given.has(f); }, program_flags);
 }
 
 OptimizerSettings resolve_optimizer(Args& a, const Given& given, const dist::TrainingConfig& tc) {

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "distributed/config.h"
+#include "examples/setting_flags.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 
@@ -31,19 +32,10 @@ struct Args {
   std::string trace, trace_steps;  // Chrome trace file; steps A:B (1-based, inclusive) to record
   // Distributed / mixed precision (override the --config file).
   std::string config;
-  int zero_stage = 0;
   std::string dtype = "fp32";
   int grad_accum = 1;
-  double reduce_bucket_size = 0;  // a double so 5e8 is accepted, as in the JSON config
-  bool overlap_comm = false;
-  bool overlap_param_gather = false;
-  std::string communication_data_type;  // "" = the config's (default: the model dtype)
-  bool reduce_scatter_with_fp32_accumulation = false;
-  double stage3_prefetch_bucket_size = 0;  // doubles so 5e7 is accepted, as in the JSON config
-  double stage3_max_live_parameters = 0;
-  bool zero_quantized_gradients = false;
-  std::int64_t zero_quantized_gradients_block_size = 256;
-  bool zero_quantized_gradients_error_feedback = false;
+  // The flags of the settings table (--zero-stage, --overlap-comm, ...: distributed/settings.h).
+  SettingFlags settings;
   // Device and communicator.
   std::string device = "cpu";  // cpu | cuda
   std::string comm = "auto";   // auto | mpi | nccl | host-staged
@@ -53,9 +45,7 @@ struct Args {
   std::int64_t save_every = 0, keep = 0;
   // Reliability and error reports.
   double collective_timeout = 0;  // seconds; given or not (Given)
-  std::string nonfinite_grads = "error";
   int min_scale_skip_limit = 1;  // fp16: 0 = never stop at the minimum loss scale
-  int nonfinite_skip_limit = 1;  // fp32/bf16 with --nonfinite-grads skip: 0 = never stop skipping
   bool allow_non_finite_weights = false;  // --init-from a file holding NaN / inf
   bool verbose = false;
 };
@@ -94,10 +84,11 @@ void validate(const Args& a, const Given& given);
 /// file or directory)".
 void probe_output_paths(const Args& a);
 
-/// The DeepSpeed-style config of the run: the --config file, else the config of the checkpoint the run
-/// resumes from (`resumed`, state.json's "config"; nullptr when not resuming), else the defaults; then
-/// the command-line overrides; resolved for `world_size` (a resumed config's micro-batch is derived
-/// again, so the world size may change). Throws zero::Error naming the flag or key.
+/// The DeepSpeed-style config of the run, by the one merge rule (merge_config): the defaults, the
+/// config of the checkpoint the run resumes from (`resumed`, state.json's "config"; nullptr when not
+/// resuming) with the --config file's keys on top, then the command-line flags; resolved for
+/// `world_size` (a resumed config's micro-batch is derived again, so the world size may change); then
+/// validated once. Throws zero::Error naming the flag or key (and the file).
 dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed);
 
 /// The optimizer and learning-rate schedule of a run.

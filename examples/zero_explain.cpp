@@ -30,6 +30,7 @@
 #include "distributed/zero_plan.h"
 #include "examples/cli_errors.h"
 #include "examples/model_options.h"
+#include "examples/setting_flags.h"
 #include "examples/text_data.h"
 #include "nn/gpt.h"
 
@@ -40,13 +41,11 @@ using dist::Collective;
 using nlohmann::json;
 
 struct Args {
-  std::string data, config, dtype = "fp32", format = "text", svg, communication_data_type;
+  std::string data, config, dtype = "fp32", format = "text", svg;
   std::int64_t vocab_size = 0;
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
-  int world_size = 1, zero_stage = 0, grad_accum = 1;
-  double reduce_bucket_size = 0, stage3_prefetch_bucket_size = 0, stage3_max_live_parameters = 0;
-  bool overlap_comm = false, fp32_accumulation = false, quantized_gradients = false, error_feedback = false;
-  std::int64_t quantized_block = 256;
+  int world_size = 1, grad_accum = 1;
+  examples::SettingFlags settings;  // the ZeRO flags of the settings table (distributed/settings.h)
   double bandwidth = 0, latency = 0;
   std::vector<double> params;
 };
@@ -77,43 +76,20 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
-// A flag's count of elements: a whole number >= `least` (and <= 9e15, exact in a double). Throws
-// zero::Error naming the flag otherwise.
-std::int64_t whole_elements(double value, double least, const char* flag) {
-  ZERO_CHECK(value >= least && value <= 9.0e15 && std::floor(value) == value,
-             "{} must be a whole number of elements >= {}, got {}", flag, least, value);
-  return static_cast<std::int64_t>(value);
-}
-
-// The ZeRO options train_gpt would run with: the --config file (or defaults), then the flags given.
+// The ZeRO options train_gpt would run with, by its merge rule (examples/setting_flags.h): the
+// defaults, the --config file, the flags given, then validation of the result.
 dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
-  dist::TrainingConfig tc =
-      a.config.empty() ? dist::TrainingConfig::from_json(json::object()) : dist::TrainingConfig::from_file(a.config);
+  const json file = a.config.empty() ? json::object() : dist::read_config_file(a.config);
+  const auto given = [&](std::string_view flag) {
+    const CLI::Option* o = app.get_option_no_throw(std::string(flag));
+    return o != nullptr && o->count() > 0;
+  };
+  const dist::TrainingConfig tc =
+      examples::merge_config(file, a.config, a.settings, given, [&](dist::TrainingConfig& c) {
+        if (given("--dtype")) c.set_model_dtype(parse_float_dtype(a.dtype));
+        if (given("--grad-accum")) c.gradient_accumulation_steps = a.grad_accum;
+      });
   for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
-  if (app.count("--zero-stage")) tc.zero_optimization.stage = a.zero_stage;
-  if (app.count("--dtype")) tc.set_model_dtype(parse_float_dtype(a.dtype));
-  if (app.count("--reduce-bucket-size")) {
-    ZERO_CHECK(a.reduce_bucket_size >= 1 && std::floor(a.reduce_bucket_size) == a.reduce_bucket_size,
-               "--reduce-bucket-size must be a positive whole number of elements, got {}", a.reduce_bucket_size);
-    tc.zero_optimization.reduce_bucket_size = static_cast<std::int64_t>(a.reduce_bucket_size);
-  }
-  if (app.count("--overlap-comm")) tc.zero_optimization.overlap_comm = a.overlap_comm;
-  if (app.count("--communication-data-type")) tc.communication_data_type = a.communication_data_type;
-  if (app.count("--reduce-scatter-with-fp32-accumulation"))
-    tc.zero_optimization.reduce_scatter_with_fp32_accumulation = a.fp32_accumulation;
-  if (app.count("--grad-accum")) tc.gradient_accumulation_steps = a.grad_accum;
-  if (app.count("--stage3-prefetch-bucket-size"))
-    tc.zero_optimization.stage3_prefetch_bucket_size =
-        whole_elements(a.stage3_prefetch_bucket_size, 0, "--stage3-prefetch-bucket-size");
-  if (app.count("--stage3-max-live-parameters"))
-    tc.zero_optimization.stage3_max_live_parameters =
-        whole_elements(a.stage3_max_live_parameters, 1, "--stage3-max-live-parameters");
-  if (app.count("--zero-quantized-gradients")) tc.zero_optimization.zero_quantized_gradients = a.quantized_gradients;
-  if (app.count("--zero-quantized-gradients-block-size"))
-    tc.zero_optimization.zero_quantized_gradients_block_size = a.quantized_block;
-  if (app.count("--zero-quantized-gradients-error-feedback"))
-    tc.zero_optimization.zero_quantized_gradients_error_feedback = a.error_feedback;
-  tc.validate();
   dist::ZeroOptions zo = tc.zero_options();
   // Note [Automatic bucket size]: with a link model, automatic buckets grow with N.
   zo.link = {a.bandwidth, a.latency};
@@ -297,35 +273,24 @@ void write_svg(const std::string& path, const dist::ZeroPlan& plan) {
   out << s;
 }
 
-int run(const Args& a, const CLI::App& app) {
-  ZERO_CHECK(a.world_size >= 1, "--world-size must be >= 1, got {}", a.world_size);
-  ZERO_CHECK(a.format == "text" || a.format == "json", "--format must be text or json, got '{}'", a.format);
-  ZERO_CHECK(a.bandwidth >= 0, "--bandwidth must be > 0 bytes/s, got {}", a.bandwidth);
-  ZERO_CHECK(a.latency >= 0, "--latency must be >= 0 seconds, got {}", a.latency);
-  for (double p : a.params) ZERO_CHECK(p >= 1, "--params must be >= 1 parameter, got {}", p);
-  ZERO_CHECK(a.data.empty() || a.vocab_size == 0, "give --data or --vocab-size, not both");
-  nn::GPTConfig cfg = a.model;
-  cfg.vocab_size = a.vocab_size > 0 ? a.vocab_size : 65;
-  cfg.validate();
-  if (!a.data.empty()) cfg.vocab_size = examples::TextData::load(a.data, cfg.block_size).vocab_size();
-  const dist::ZeroOptions zo = make_options(a, app);
-
-  Generator gen(1337);
-  nn::GPT model(cfg, gen);
-  const std::vector<nn::NamedParameter> named = model.named_parameters();
+// What zero_explain explains: the model, the ZeRO options by train_gpt's merge rule, and the plan of
+// their layout, buckets and gathers on N ranks, with the hook order that decides when buckets leave.
+struct Explained {
+  nn::GPTConfig cfg;
+  dist::ZeroOptions zo;
+  int N = 1;
   std::vector<dist::FlatLayout::Entry> entries;
-  for (const auto& p : named)
-    if (p.tensor.requires_grad()) entries.push_back({p.name, p.tensor.shape(), p.decay});
-  const std::vector<std::size_t> order = record_hook_order(model);
-  const int N = a.world_size;
-  const dist::ZeroPlan plan = dist::plan_zero(entries, N, zo);
-  const dist::FlatLayout& L = plan.layout;
-  const double psi = static_cast<double>(L.numel());
-  const dist::StepTraffic traffic = plan.traffic();
-  const double baseline = dist::plan_zero(entries, N, with_scheme(zo, kSchemes[0])).traffic().total();
-  const bool timed = a.bandwidth > 0;
+  std::vector<std::size_t> order;        // parameter indices in hook order
+  dist::ZeroPlan plan;
+  std::vector<std::size_t> ready_after;  // per bucket: the hook position it waits for (1-based; 0 = at once)
+  double psi = 0.0;
+  dist::StepTraffic traffic;
+  double baseline = 0.0;  // stage 0's traffic, bytes per step
+  bool timed = false;     // --bandwidth given: the alpha-beta time model is on
+};
 
-  // When each bucket can leave: after the hook of the last of its parameters to deliver.
+// When each bucket can leave: after the hook of the last of its parameters to deliver.
+std::vector<std::size_t> ready_after_hooks(const dist::ZeroPlan& plan, const std::vector<std::size_t>& order) {
   std::vector<std::size_t> position(order.size());
   for (std::size_t j = 0; j < order.size(); ++j) position[order[j]] = j;
   std::vector<std::size_t> ready_after(plan.buckets.size(), 0);  // hook position (1-based; 0 = at once)
@@ -334,305 +299,452 @@ int run(const Args& a, const CLI::App& app) {
     for (std::size_t i : plan.buckets[k].params) running = std::max(running, position[i] + 1);
     ready_after[k] = running;  // a bucket also waits for the ones before it (Note [Bucket order])
   }
+  return ready_after;
+}
 
-  if (a.format == "json") {
-    json j;
-    j["model"] = cfg.to_json();  // what a checkpoint of this model records (nn::GPTConfig)
-    j["model"]["params"] = L.numel();
-    j["world_size"] = N;
-    j["zero_stage"] = zo.stage;
-    j["dtype"] = std::string(dtype_name(zo.dtype));
-    j["reduce_scatter"] = zo.reduce_scatter;
-    j["reduce_in_fp32"] = zo.reduce_in_fp32;
-    j["reduce_scatter_with_fp32_accumulation"] = zo.reduce_scatter_with_fp32_accumulation;
-    j["zero_quantized_gradients_block_size"] = zo.quantized_gradients_block;  // 0: off
-    j["zero_quantized_gradients_error_feedback"] = zo.quantized_gradients_error_feedback;
-    j["overlap_comm"] = zo.overlap_comm;
-    j["gradient_accumulation_steps"] = zo.gradient_accumulation_steps;
-    j["reduce_bucket_size"] = plan.options.reduce_bucket_size;
-    j["allgather_bucket_size"] = plan.options.allgather_bucket_size;
-    j["stage3_prefetch_bucket_size"] = zo.stage3_prefetch_bucket_size;
-    j["stage3_max_live_parameters"] = zo.stage3_max_live_parameters;
-    j["numel"] = L.numel();
-    j["padded_numel"] = L.padded_numel();
-    j["padding"] = L.padding();
-    j["partition_size"] = L.partition_size();
-    json params = json::array();
-    for (const auto& p : L.params()) {
-      json owners = json::array();
-      for (const auto& s : p.slices)
-        owners.push_back(
-            {{"rank", s.rank}, {"flat_offset", s.flat_offset}, {"param_offset", s.param_offset}, {"length", s.length}});
-      params.push_back({{"name", p.name},
-                        {"shape", p.shape},
-                        {"offset", p.offset},
-                        {"numel", p.numel},
-                        {"decay", p.decay},
-                        {"owners", owners}});
-    }
-    j["params"] = params;
-    json parts = json::array();
-    for (int r = 0; r < N; ++r) {
-      json slices = json::array();
-      for (const auto& s : L.owned(r))
-        slices.push_back({{"param", L.params()[s.param].name}, {"flat_offset", s.flat_offset}, {"length", s.length}});
-      parts.push_back({{"rank", r},
-                       {"begin", L.partition_begin(r)},
-                       {"end", L.partition_end(r)},
-                       {"real", L.partition_real_numel(r)},
-                       {"padding", L.partition_size() - L.partition_real_numel(r)},
-                       {"slices", slices}});
-    }
-    j["partitions"] = parts;
-    json buckets = json::array();
-    for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
-      const auto& b = plan.buckets[k];
-      json names = json::array();
-      for (std::size_t i : b.params) names.push_back(L.params()[i].name);
-      buckets.push_back({{"index", b.index},
-                         {"begin", b.begin},
-                         {"end", b.end},
-                         {"counts", b.counts},
-                         {"params", names},
-                         {"ready_after_hooks", ready_after[k]}});
-      if (timed && N > 1) {
-        const BucketTime t = bucket_time(plan, b, a.bandwidth, a.latency);
-        buckets.back()["modelled_latency_s"] = t.latency_s;
-        buckets.back()["modelled_bandwidth_s"] = t.bandwidth_s;
-        buckets.back()["bus_bytes"] = t.bus_bytes;
-      }
-    }
-    j["buckets"] = buckets;
-    json hooks = json::array();
-    for (std::size_t i : order) hooks.push_back(L.params()[i].name);
-    j["hook_order"] = hooks;
-    j["pool_buffers"] = plan.pool_buffers;
-    json units = json::array();  // stage 3's per-module gather plan (empty at stages 0-2)
-    for (const dist::GatherUnit& u : plan.units) {
-      json names = json::array();
-      for (std::size_t i = u.first_param; i < u.end_param; ++i) names.push_back(L.params()[i].name);
-      units.push_back({{"name", u.name},
-                       {"begin", u.begin},
-                       {"end", u.end},
-                       {"numel", u.size()},
-                       {"counts", per_rank_counts(L, u.begin, u.end)},
-                       {"params", names}});
-    }
-    j["gather_units"] = units;
-    j["memory_bytes"] = memory_json(plan.memory());
-    j["memory_formula_bytes"] = memory_json(dist::expected_memory(zo.stage, zo.dtype, psi, N));
-    j["traffic_bytes_per_step"] = traffic_json(traffic);
-    j["baseline_bytes_per_step"] = baseline;
-    json schemes = json::array();
-    for (const Scheme& s : kSchemes) {
-      const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s));
-      json e = {{"scheme", s.name},
-                {"zero_stage", s.stage},
-                {"reduce_scatter", s.reduce_scatter},
-                {"memory_bytes", memory_json(p.memory())},
-                {"memory_formula_bytes", memory_json(dist::expected_memory(s.stage, zo.dtype, psi, N))},
-                {"traffic_bytes_per_step", traffic_json(p.traffic())}};
-      if (timed) e["comm_time_s_per_step"] = dist::step_comm_time_s(p, a.bandwidth, a.latency);
-      schemes.push_back(e);
-    }
-    j["schemes"] = schemes;
-    json paper = {{"params", kPaperPsi}, {"world_size", kPaperN}, {"dtype", "f16"}};
-    for (int stage = 0; stage <= 3; ++stage)
-      paper["model_states_bytes"].push_back({{"zero_stage", stage}, {"bytes", paper_example_bytes(stage)}});
-    j["paper_example"] = paper;
-    if (timed) {
-      j["bandwidth"] = a.bandwidth;
-      j["latency"] = a.latency;
-      j["comm_time_s_per_step"] = dist::step_comm_time_s(plan, a.bandwidth, a.latency);
-    }
-    std::cout << j.dump(2) << "\n";
-  } else {
-    fmt::print("model: {} layers, {} heads, {} channels, {}, block {}, vocab {}: Psi = {} parameters ({} tensors)\n",
-               cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.norm, cfg.block_size, cfg.vocab_size, L.numel(),
-               L.params().size());
-    fmt::print(
-        "zero: stage {}, {}, {} rank(s), reduce_scatter {}, overlap_comm {}, GAS {}, reduce_bucket_size {}, "
-        "allgather_bucket_size {}{}\n\n",
-        zo.stage, dtype_name(zo.dtype), N, zo.reduce_scatter, zo.overlap_comm, zo.gradient_accumulation_steps,
-        plan.options.reduce_bucket_size, plan.options.allgather_bucket_size,
-        zo.stage == 3 ? fmt::format(", stage3_prefetch_bucket_size {}, stage3_max_live_parameters {}",
-                                    zo.stage3_prefetch_bucket_size, zo.stage3_max_live_parameters)
-                      : "");
-    if (zo.reduce_scatter_with_fp32_accumulation && zo.dtype != DType::f32 && !zo.reduce_in_fp32)
-      fmt::print("reductions: {} slices sent straight to their owner (all-to-all) and summed there in fp32, rounded "
-                 "once; the same bytes as the ring\n\n",
-                 dtype_name(zo.dtype));
-    if (zo.quantized_gradients_block > 0)
-      fmt::print("reductions: int8 blocks of {} elements with one fp32 scale each, sent straight to their owner "
-                 "(all-to-all) and summed there in fp32{}\n\n",
-                 zo.quantized_gradients_block,
-                 zo.quantized_gradients_error_feedback ? "; error feedback keeps an int8 residual of every element sent"
-                                                       : "");
+// The flags checked, the model built, its hook order recorded and its ZeRO plan made.
+Explained explain(const Args& a, const CLI::App& app) {
+  ZERO_CHECK(a.world_size >= 1, "--world-size must be >= 1, got {}", a.world_size);
+  ZERO_CHECK(a.format == "text" || a.format == "json", "--format must be text or json, got '{}'", a.format);
+  ZERO_CHECK(a.bandwidth >= 0, "--bandwidth must be > 0 bytes/s, got {}", a.bandwidth);
+  ZERO_CHECK(a.latency >= 0, "--latency must be >= 0 seconds, got {}", a.latency);
+  for (double p : a.params) ZERO_CHECK(p >= 1, "--params must be >= 1 parameter, got {}", p);
+  ZERO_CHECK(a.data.empty() || a.vocab_size == 0, "give --data or --vocab-size, not both");
+  Explained e;
+  e.cfg = a.model;
+  e.cfg.vocab_size = a.vocab_size > 0 ? a.vocab_size : 65;
+  e.cfg.validate();
+  if (!a.data.empty()) e.cfg.vocab_size = examples::TextData::load(a.data, e.cfg.block_size).vocab_size();
+  e.zo = make_options(a, app);
+  Generator gen(1337);
+  nn::GPT model(e.cfg, gen);
+  for (const auto& p : model.named_parameters())
+    if (p.tensor.requires_grad()) e.entries.push_back({p.name, p.tensor.shape(), p.decay});
+  e.order = record_hook_order(model);
+  e.N = a.world_size;
+  e.plan = dist::plan_zero(e.entries, e.N, e.zo);
+  e.psi = static_cast<double>(e.plan.layout.numel());
+  e.traffic = e.plan.traffic();
+  e.baseline = dist::plan_zero(e.entries, e.N, with_scheme(e.zo, kSchemes[0])).traffic().total();
+  e.timed = a.bandwidth > 0;
+  e.ready_after = ready_after_hooks(e.plan, e.order);
+  return e;
+}
 
-    fmt::print("== flat layout: {} elements + {} padding = {} (a multiple of 2N = {}) ==\n", L.numel(), L.padding(),
-               L.padded_numel(), L.alignment());
-    fmt::print("{:>3}  {:<22} {:<12} {:>21}  owners (rank: elements)\n", "#", "parameter", "shape", "flat range");
-    for (std::size_t i = 0; i < L.params().size(); ++i) {
-      const auto& p = L.params()[i];
-      std::string owners;
-      for (const auto& s : p.slices) owners += fmt::format("{}{}: {}", owners.empty() ? "" : ", ", s.rank, s.length);
-      fmt::print("{:>3}  {:<22} {:<12} {:>21}  {}\n", i, p.name, shape_str(p.shape),
-                 fmt::format("[{}, {})", p.offset, p.end()), owners.empty() ? "-" : owners);
-    }
+// --format json: the run's settings.
+void json_settings(const Explained& e, json& j) {
+  const dist::ZeroPlan& plan = e.plan;
+  const dist::FlatLayout& L = plan.layout;
+  const dist::ZeroOptions& zo = e.zo;
+  const int N = e.N;
+  const nn::GPTConfig& cfg = e.cfg;
+  j["model"] = cfg.to_json();  // what a checkpoint of this model records (nn::GPTConfig)
+  j["model"]["params"] = L.numel();
+  j["world_size"] = N;
+  j["zero_stage"] = zo.stage;
+  j["dtype"] = std::string(dtype_name(zo.dtype));
+  j["reduce_scatter"] = zo.reduce_scatter;
+  j["reduce_in_fp32"] = zo.reduce_in_fp32;
+  j["reduce_scatter_with_fp32_accumulation"] = zo.reduce_scatter_with_fp32_accumulation;
+  j["zero_quantized_gradients_block_size"] = zo.quantized_gradients_block;  // 0: off
+  j["zero_quantized_gradients_error_feedback"] = zo.quantized_gradients_error_feedback;
+  j["overlap_comm"] = zo.overlap_comm;
+  j["gradient_accumulation_steps"] = zo.gradient_accumulation_steps;
+  j["reduce_bucket_size"] = plan.options.reduce_bucket_size;
+  j["allgather_bucket_size"] = plan.options.allgather_bucket_size;
+  j["stage3_prefetch_bucket_size"] = zo.stage3_prefetch_bucket_size;
+  j["stage3_max_live_parameters"] = zo.stage3_max_live_parameters;
+  j["numel"] = L.numel();
+  j["padded_numel"] = L.padded_numel();
+  j["padding"] = L.padding();
+  j["partition_size"] = L.partition_size();
+}
 
-    fmt::print("\n== partitions: P = {} elements per rank ==\n", L.partition_size());
-    for (int r = 0; r < N; ++r) {
-      const auto& owned = L.owned(r);
-      std::string names;
-      if (!owned.empty()) {
-        const auto& f = L.params()[owned.front().param];
-        const auto& l = L.params()[owned.back().param];
-        names = fmt::format("{} slice(s): {} .. {}", owned.size(), f.name, l.name);
-      } else {
-        names = "no slices (padding only)";
-      }
-      fmt::print("rank {}: [{}, {}), {} real + {} padding; {}\n", r, L.partition_begin(r), L.partition_end(r),
-                 L.partition_real_numel(r), L.partition_size() - L.partition_real_numel(r), names);
-    }
+// --format json: every parameter with its owners, and every rank's partition.
+void json_layout(const Explained& e, json& j) {
+  const dist::ZeroPlan& plan = e.plan;
+  const dist::FlatLayout& L = plan.layout;
+  const int N = e.N;
+  json params = json::array();
+  for (const auto& p : L.params()) {
+    json owners = json::array();
+    for (const auto& s : p.slices)
+      owners.push_back(
+          {{"rank", s.rank}, {"flat_offset", s.flat_offset}, {"param_offset", s.param_offset}, {"length", s.length}});
+    params.push_back({{"name", p.name},
+                      {"shape", p.shape},
+                      {"offset", p.offset},
+                      {"numel", p.numel},
+                      {"decay", p.decay},
+                      {"owners", owners}});
+  }
+  j["params"] = params;
+  json parts = json::array();
+  for (int r = 0; r < N; ++r) {
+    json slices = json::array();
+    for (const auto& s : L.owned(r))
+      slices.push_back({{"param", L.params()[s.param].name}, {"flat_offset", s.flat_offset}, {"length", s.length}});
+    parts.push_back({{"rank", r},
+                     {"begin", L.partition_begin(r)},
+                     {"end", L.partition_end(r)},
+                     {"real", L.partition_real_numel(r)},
+                     {"padding", L.partition_size() - L.partition_real_numel(r)},
+                     {"slices", slices}});
+  }
+  j["partitions"] = parts;
+}
 
-    fmt::print("\n== buckets: {} of <= {} elements, cut from the end; issued 0, 1, 2, ... on every rank ==\n",
-               plan.buckets.size(), plan.options.reduce_bucket_size);
-    fmt::print("reductions: {} per optimizer step ({}), by {}\n", zo.stage >= 2 ? zo.gradient_accumulation_steps : 1,
-               zo.stage >= 2 ? "every micro-step" : "at the accumulation boundary",
-               zo.stage == 0 || !zo.reduce_scatter ? "all_reduce" : "reduce_scatter");
-    for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
-      const auto& b = plan.buckets[k];
-      std::string counts;
-      for (std::size_t r = 0; r < b.counts.size(); ++r) counts += fmt::format("{}{}", r ? ", " : "", b.counts[r]);
-      const std::string covers = b.params.empty()
-                                     ? "padding only"
-                                     : fmt::format("{} .. {} ({} params)", L.params()[b.params.front()].name,
-                                                   L.params()[b.params.back()].name, b.params.size());
-      fmt::print("bucket {}: [{}, {}) {} elements; {}; per-rank counts [{}]; ready after hook {} of {}\n", b.index,
-                 b.begin, b.end, b.size(), covers, counts, ready_after[k], order.size());
-      if (timed && N > 1) {
-        const BucketTime t = bucket_time(plan, b, a.bandwidth, a.latency);
-        fmt::print("          modelled {}: latency {} + bandwidth {} (latency {:.1f}% of bandwidth), bus bandwidth "
-                   "{:.3g} B/s\n",
-                   dist::collective_name(t.collective), human_seconds(t.latency_s), human_seconds(t.bandwidth_s),
-                   t.bandwidth_s > 0 ? 100.0 * t.latency_s / t.bandwidth_s : 0.0,
-                   t.bus_bytes / (t.latency_s + t.bandwidth_s));
-      }
-    }
-    if (zo.stage >= 2)
-      fmt::print("stage-{} bucket pool: {} buffer(s) of {} elements{}\n", zo.stage, plan.pool_buffers,
-                 plan.pool_buffer_numel,
-                 zo.overlap_comm ? " (double buffer: one bucket reducing while the next is filled)" : "");
-
-    if (zo.stage == 3) {
-      // The per-module gather plan (Note [Gather units] and Note [Gathering on use]).
-      const auto largest = std::max_element(plan.units.begin(), plan.units.end(),
-                                            [](const dist::GatherUnit& x, const dist::GatherUnit& y) {
-                                              return x.size() < y.size();
-                                            });
-      fmt::print("\n== gather plan (stage 3): {} units; each rank keeps only its partition of the parameters "
-                 "({} elements) and all-gathers a unit before its forward and again before its backward, freeing it "
-                 "after ==\n",
-                 plan.units.size(), L.partition_size());
-      fmt::print("live bound: stage3_max_live_parameters {} elements (largest unit {}: {} elements; all units: {}); "
-                 "prefetch: stage3_prefetch_bucket_size {} elements of the next units in last step's order\n",
-                 zo.stage3_max_live_parameters, largest->name, largest->size(), L.numel(),
-                 zo.stage3_prefetch_bucket_size);
-      for (std::size_t u = 0; u < plan.units.size(); ++u) {
-        const dist::GatherUnit& g = plan.units[u];
-        std::string counts;
-        for (std::int64_t c : per_rank_counts(L, g.begin, g.end)) counts += fmt::format("{}{}", counts.empty() ? "" : ", ", c);
-        const std::string covers = g.end_param - g.first_param == 1
-                                       ? L.params()[g.first_param].name
-                                       : fmt::format("{} .. {} ({} params)", L.params()[g.first_param].name,
-                                                     L.params()[g.end_param - 1].name, g.end_param - g.first_param);
-        fmt::print("unit {}: {:<10} {:>21} {:>9} elements; {}; per-rank counts [{}]\n", u,
-                   g.name.empty() ? "(root)" : g.name, fmt::format("[{}, {})", g.begin, g.end), g.size(), covers,
-                   counts);
-      }
-    }
-
-    fmt::print("\n== memory per rank (this layout | ZeRO paper formula, Psi = {}, N = {}; last column: the paper's "
-               "example, Psi = 7.5e9 with 16-bit Adam on N = 64, in GB of 1e9 bytes) ==\n",
-               L.numel(), N);
-    for (int stage = 0; stage <= 3; ++stage) {
-      dist::ZeroOptions o = zo;
-      o.stage = stage;
-      const auto have = dist::plan_zero(entries, N, o).memory();
-      const auto want = dist::expected_memory(stage, zo.dtype, psi, N);
-      fmt::print("{} stage {}: params {} | {}, grads {} | {}, optimizer {} | {}, model states {} | {}, buckets {}, "
-                 "gathered {}{}; paper {:.3g} GB\n",
-                 stage == zo.stage ? "*" : " ", stage, mib(have.params), mib(want.params), mib(have.grads),
-                 mib(want.grads), mib(have.optimizer_states), mib(want.optimizer_states), mib(have.model_states()),
-                 mib(want.model_states()), mib(have.buckets), mib(have.gathered),
-                 have.residual > 0 ? fmt::format(", error-feedback residual {}", mib(have.residual)) : "",
-                 paper_example_bytes(stage) / 1e9);
-    }
-    fmt::print("(gathered: stage 3's working memory, the most gathered parameters alive at once, at most "
-               "stage3_max_live_parameters = {} elements; not a model state)\n",
-               zo.stage3_max_live_parameters);
-
-    fmt::print("\n== traffic per optimizer step per rank (bus bytes; baseline = stage 0 = {:.0f} bytes) ==\n",
-               baseline);
-    for (const Scheme& s : kSchemes) {
-      const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s));
-      const auto t = p.traffic();
-      const bool chosen = s.stage == zo.stage && (s.stage == 0 || s.reduce_scatter == zo.reduce_scatter);
-      fmt::print(
-          "{} {:<30} all_reduce {:>10.0f}  reduce_scatter {:>10.0f}  all_gather {:>10.0f}  total {:>10.0f}  "
-          "{:.3f}x{}\n",
-          chosen ? "*" : " ", s.name, t[Collective::all_reduce], t[Collective::reduce_scatter],
-          t[Collective::all_gather], t.total(), baseline > 0 ? t.total() / baseline : 0.0,
-          timed ? fmt::format("  ~{}", human_seconds(dist::step_comm_time_s(p, a.bandwidth, a.latency))) : "");
-    }
-    fmt::print("(stage 3: the gradients reduce-scattered, Psi, and every gather unit all-gathered before its forward "
-               "and again before its backward, 2 Psi, every micro-step: 3 Psi, the ZeRO paper's 1.5x, section 7.2.2)\n");
-    if (N == 1) fmt::print("(one rank sends nothing: every factor has (N-1)/N)\n");
-
-    if (timed) {
-      fmt::print("\n== at scale: alpha-beta ring model, {:.3g} bytes/s per link, latency {:.3g} s ==\n", a.bandwidth,
-                 a.latency);
-      std::vector<double> sizes{psi};
-      sizes.insert(sizes.end(), a.params.begin(), a.params.end());
-      const double b = static_cast<double>(dtype_size(zo.dtype));
-      for (double P : sizes) {
-        // A model of P parameters as one tensor: padding and bucket edges matter little at scale.
-        const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
-        fmt::print("Psi = {:.4g} ({} of {} weights):\n", P, human_bytes(b * P), dtype_name(zo.dtype));
-        fmt::print("  {:>5}  {:>12} {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}\n", "N",
-                   "mem stage 0", "stage 1", "stage 2", "stage 3", "comm s0", "s1", "s2", "s3", "s1/2 no-rs",
-                   "s2 Psi/8 bk");
-        for (int n = 1; n <= 1024; n *= 2) {
-          std::string mem, comm;
-          for (int stage = 0; stage <= 3; ++stage) {
-            dist::ZeroOptions o = zo;
-            o.stage = stage;
-            o.reduce_scatter = true;
-            // Stage 3's one gather unit is the whole tensor here; the bound must hold it (it changes no byte).
-            o.stage3_max_live_parameters = std::max(o.stage3_max_live_parameters, static_cast<std::int64_t>(P));
-            const auto m = dist::expected_memory(stage, zo.dtype, P, n);
-            mem += fmt::format(" {:>12}", human_bytes(m.model_states()));
-            comm += fmt::format(
-                " {:>10}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, o), a.bandwidth, a.latency)));
-          }
-          dist::ZeroOptions no_rs = zo;  // the reduce_scatter = false scheme (stage 1 or 2: the same traffic at GAS 1)
-          no_rs.stage = 1;
-          no_rs.reduce_scatter = false;
-          comm += fmt::format(
-              " {:>13}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, no_rs), a.bandwidth, a.latency)));
-          // Stage 2 with the buckets of before Note [Automatic bucket size] grew them with N: Psi/8.
-          dist::ZeroOptions fixed = zo;
-          fixed.stage = 2;
-          fixed.reduce_scatter = true;
-          fixed.link = {};
-          comm += fmt::format(
-              " {:>12}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, fixed), a.bandwidth, a.latency)));
-          fmt::print("  {:>5} {}  {}\n", n, mem, comm);
-        }
-      }
+// --format json: the buckets (with their modelled time), the hook order and the bucket pool.
+void json_buckets(const Explained& e, const Args& a, json& j) {
+  const dist::ZeroPlan& plan = e.plan;
+  const dist::FlatLayout& L = plan.layout;
+  const int N = e.N;
+  const std::vector<std::size_t>& order = e.order;
+  const std::vector<std::size_t>& ready_after = e.ready_after;
+  const bool timed = e.timed;
+  json buckets = json::array();
+  for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
+    const auto& b = plan.buckets[k];
+    json names = json::array();
+    for (std::size_t i : b.params) names.push_back(L.params()[i].name);
+    buckets.push_back({{"index", b.index},
+                       {"begin", b.begin},
+                       {"end", b.end},
+                       {"counts", b.counts},
+                       {"params", names},
+                       {"ready_after_hooks", ready_after[k]}});
+    if (timed && N > 1) {
+      const BucketTime t = bucket_time(plan, b, a.bandwidth, a.latency);
+      buckets.back()["modelled_latency_s"] = t.latency_s;
+      buckets.back()["modelled_bandwidth_s"] = t.bandwidth_s;
+      buckets.back()["bus_bytes"] = t.bus_bytes;
     }
   }
-  if (!a.svg.empty()) write_svg(a.svg, plan);
+  j["buckets"] = buckets;
+  json hooks = json::array();
+  for (std::size_t i : order) hooks.push_back(L.params()[i].name);
+  j["hook_order"] = hooks;
+  j["pool_buffers"] = plan.pool_buffers;
+}
+
+// --format json: stage 3's gather units (empty at stages 0-2).
+void json_gather_units(const Explained& e, json& j) {
+  const dist::ZeroPlan& plan = e.plan;
+  const dist::FlatLayout& L = plan.layout;
+  json units = json::array();  // stage 3's per-module gather plan (empty at stages 0-2)
+  for (const dist::GatherUnit& u : plan.units) {
+    json names = json::array();
+    for (std::size_t i = u.first_param; i < u.end_param; ++i) names.push_back(L.params()[i].name);
+    units.push_back({{"name", u.name},
+                     {"begin", u.begin},
+                     {"end", u.end},
+                     {"numel", u.size()},
+                     {"counts", per_rank_counts(L, u.begin, u.end)},
+                     {"params", names}});
+  }
+  j["gather_units"] = units;
+}
+
+// --format json: memory and traffic, beside the formulas, for this scheme and every other.
+void json_costs(const Explained& e, const Args& a, json& j) {
+  const dist::ZeroPlan& plan = e.plan;
+  const dist::ZeroOptions& zo = e.zo;
+  const int N = e.N;
+  const double psi = e.psi;
+  const bool timed = e.timed;
+  const dist::StepTraffic& traffic = e.traffic;
+  const double baseline = e.baseline;
+  const std::vector<dist::FlatLayout::Entry>& entries = e.entries;
+  j["memory_bytes"] = memory_json(plan.memory());
+  j["memory_formula_bytes"] = memory_json(dist::expected_memory(zo.stage, zo.dtype, psi, N));
+  j["traffic_bytes_per_step"] = traffic_json(traffic);
+  j["baseline_bytes_per_step"] = baseline;
+  json schemes = json::array();
+  for (const Scheme& s : kSchemes) {
+    const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s));
+    json e = {{"scheme", s.name},
+              {"zero_stage", s.stage},
+              {"reduce_scatter", s.reduce_scatter},
+              {"memory_bytes", memory_json(p.memory())},
+              {"memory_formula_bytes", memory_json(dist::expected_memory(s.stage, zo.dtype, psi, N))},
+              {"traffic_bytes_per_step", traffic_json(p.traffic())}};
+    if (timed) e["comm_time_s_per_step"] = dist::step_comm_time_s(p, a.bandwidth, a.latency);
+    schemes.push_back(e);
+  }
+  j["schemes"] = schemes;
+  json paper = {{"params", kPaperPsi}, {"world_size", kPaperN}, {"dtype", "f16"}};
+  for (int stage = 0; stage <= 3; ++stage)
+    paper["model_states_bytes"].push_back({{"zero_stage", stage}, {"bytes", paper_example_bytes(stage)}});
+  j["paper_example"] = paper;
+  if (timed) {
+    j["bandwidth"] = a.bandwidth;
+    j["latency"] = a.latency;
+    j["comm_time_s_per_step"] = dist::step_comm_time_s(plan, a.bandwidth, a.latency);
+  }
+}
+
+void print_json(const Explained& e, const Args& a) {
+  json j;
+  json_settings(e, j);
+  json_layout(e, j);
+  json_buckets(e, a, j);
+  json_gather_units(e, j);
+  json_costs(e, a, j);
+  std::cout << j.dump(2) << "\n";
+}
+
+// The model and ZeRO settings, and how reductions travel.
+void print_header(const Explained& e) {
+  const dist::ZeroPlan& plan = e.plan;
+  const dist::FlatLayout& L = plan.layout;
+  const dist::ZeroOptions& zo = e.zo;
+  const int N = e.N;
+  const nn::GPTConfig& cfg = e.cfg;
+  fmt::print("model: {} layers, {} heads, {} channels, {}, block {}, vocab {}: Psi = {} parameters ({} tensors)\n",
+             cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.norm, cfg.block_size, cfg.vocab_size, L.numel(),
+             L.params().size());
+  fmt::print(
+      "zero: stage {}, {}, {} rank(s), reduce_scatter {}, overlap_comm {}, GAS {}, reduce_bucket_size {}, "
+      "allgather_bucket_size {}{}\n\n",
+      zo.stage, dtype_name(zo.dtype), N, zo.reduce_scatter, zo.overlap_comm, zo.gradient_accumulation_steps,
+      plan.options.reduce_bucket_size, plan.options.allgather_bucket_size,
+      zo.stage == 3 ? fmt::format(", stage3_prefetch_bucket_size {}, stage3_max_live_parameters {}",
+                                  zo.stage3_prefetch_bucket_size, zo.stage3_max_live_parameters)
+                    : "");
+  if (zo.reduce_scatter_with_fp32_accumulation && zo.dtype != DType::f32 && !zo.reduce_in_fp32)
+    fmt::print("reductions: {} slices sent straight to their owner (all-to-all) and summed there in fp32, rounded "
+               "once; the same bytes as the ring\n\n",
+               dtype_name(zo.dtype));
+  if (zo.quantized_gradients_block > 0)
+    fmt::print("reductions: int8 blocks of {} elements with one fp32 scale each, sent straight to their owner "
+               "(all-to-all) and summed there in fp32{}\n\n",
+               zo.quantized_gradients_block,
+               zo.quantized_gradients_error_feedback ? "; error feedback keeps an int8 residual of every element sent"
+                                                     : "");
+}
+
+// The flat buffer, parameter by parameter, and each rank's partition.
+void print_layout(const Explained& e) {
+  const dist::ZeroPlan& plan = e.plan;
+  const dist::FlatLayout& L = plan.layout;
+  const int N = e.N;
+  fmt::print("== flat layout: {} elements + {} padding = {} (a multiple of 2N = {}) ==\n", L.numel(), L.padding(),
+             L.padded_numel(), L.alignment());
+  fmt::print("{:>3}  {:<22} {:<12} {:>21}  owners (rank: elements)\n", "#", "parameter", "shape", "flat range");
+  for (std::size_t i = 0; i < L.params().size(); ++i) {
+    const auto& p = L.params()[i];
+    std::string owners;
+    for (const auto& s : p.slices) owners += fmt::format("{}{}: {}", owners.empty() ? "" : ", ", s.rank, s.length);
+    fmt::print("{:>3}  {:<22} {:<12} {:>21}  {}\n", i, p.name, shape_str(p.shape),
+               fmt::format("[{}, {})", p.offset, p.end()), owners.empty() ? "-" : owners);
+  }
+
+  fmt::print("\n== partitions: P = {} elements per rank ==\n", L.partition_size());
+  for (int r = 0; r < N; ++r) {
+    const auto& owned = L.owned(r);
+    std::string names;
+    if (!owned.empty()) {
+      const auto& f = L.params()[owned.front().param];
+      const auto& l = L.params()[owned.back().param];
+      names = fmt::format("{} slice(s): {} .. {}", owned.size(), f.name, l.name);
+    } else {
+      names = "no slices (padding only)";
+    }
+    fmt::print("rank {}: [{}, {}), {} real + {} padding; {}\n", r, L.partition_begin(r), L.partition_end(r),
+               L.partition_real_numel(r), L.partition_size() - L.partition_real_numel(r), names);
+  }
+}
+
+// The buckets: ranges, per-rank counts, when each can leave, their modelled time; the bucket pool.
+void print_buckets(const Explained& e, const Args& a) {
+  const dist::ZeroPlan& plan = e.plan;
+  const dist::FlatLayout& L = plan.layout;
+  const dist::ZeroOptions& zo = e.zo;
+  const int N = e.N;
+  const std::vector<std::size_t>& order = e.order;
+  const std::vector<std::size_t>& ready_after = e.ready_after;
+  const bool timed = e.timed;
+  fmt::print("\n== buckets: {} of <= {} elements, cut from the end; issued 0, 1, 2, ... on every rank ==\n",
+             plan.buckets.size(), plan.options.reduce_bucket_size);
+  fmt::print("reductions: {} per optimizer step ({}), by {}\n", zo.stage >= 2 ? zo.gradient_accumulation_steps : 1,
+             zo.stage >= 2 ? "every micro-step" : "at the accumulation boundary",
+             zo.stage == 0 || !zo.reduce_scatter ? "all_reduce" : "reduce_scatter");
+  for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
+    const auto& b = plan.buckets[k];
+    std::string counts;
+    for (std::size_t r = 0; r < b.counts.size(); ++r) counts += fmt::format("{}{}", r ? ", " : "", b.counts[r]);
+    const std::string covers = b.params.empty()
+                                   ? "padding only"
+                                   : fmt::format("{} .. {} ({} params)", L.params()[b.params.front()].name,
+                                                 L.params()[b.params.back()].name, b.params.size());
+    fmt::print("bucket {}: [{}, {}) {} elements; {}; per-rank counts [{}]; ready after hook {} of {}\n", b.index,
+               b.begin, b.end, b.size(), covers, counts, ready_after[k], order.size());
+    if (timed && N > 1) {
+      const BucketTime t = bucket_time(plan, b, a.bandwidth, a.latency);
+      fmt::print("          modelled {}: latency {} + bandwidth {} (latency {:.1f}% of bandwidth), bus bandwidth "
+                 "{:.3g} B/s\n",
+                 dist::collective_name(t.collective), human_seconds(t.latency_s), human_seconds(t.bandwidth_s),
+                 t.bandwidth_s > 0 ? 100.0 * t.latency_s / t.bandwidth_s : 0.0,
+                 t.bus_bytes / (t.latency_s + t.bandwidth_s));
+    }
+  }
+  if (zo.stage >= 2)
+    fmt::print("stage-{} bucket pool: {} buffer(s) of {} elements{}\n", zo.stage, plan.pool_buffers,
+               plan.pool_buffer_numel,
+               zo.overlap_comm ? " (double buffer: one bucket reducing while the next is filled)" : "");
+}
+
+// Stage 3's per-module gather plan (Note [Gather units] and Note [Gathering on use]).
+void print_gather_plan(const Explained& e) {
+  const dist::ZeroPlan& plan = e.plan;
+  const dist::FlatLayout& L = plan.layout;
+  const dist::ZeroOptions& zo = e.zo;
+  if (zo.stage == 3) {
+    // The per-module gather plan (Note [Gather units] and Note [Gathering on use]).
+    const auto largest = std::max_element(plan.units.begin(), plan.units.end(),
+                                          [](const dist::GatherUnit& x, const dist::GatherUnit& y) {
+                                            return x.size() < y.size();
+                                          });
+    fmt::print("\n== gather plan (stage 3): {} units; each rank keeps only its partition of the parameters "
+               "({} elements) and all-gathers a unit before its forward and again before its backward, freeing it "
+               "after ==\n",
+               plan.units.size(), L.partition_size());
+    fmt::print("live bound: stage3_max_live_parameters {} elements (largest unit {}: {} elements; all units: {}); "
+               "prefetch: stage3_prefetch_bucket_size {} elements of the next units in last step's order\n",
+               zo.stage3_max_live_parameters, largest->name, largest->size(), L.numel(),
+               zo.stage3_prefetch_bucket_size);
+    for (std::size_t u = 0; u < plan.units.size(); ++u) {
+      const dist::GatherUnit& g = plan.units[u];
+      std::string counts;
+      for (std::int64_t c : per_rank_counts(L, g.begin, g.end)) counts += fmt::format("{}{}", counts.empty() ? "" : ", ", c);
+      const std::string covers = g.end_param - g.first_param == 1
+                                     ? L.params()[g.first_param].name
+                                     : fmt::format("{} .. {} ({} params)", L.params()[g.first_param].name,
+                                                   L.params()[g.end_param - 1].name, g.end_param - g.first_param);
+      fmt::print("unit {}: {:<10} {:>21} {:>9} elements; {}; per-rank counts [{}]\n", u,
+                 g.name.empty() ? "(root)" : g.name, fmt::format("[{}, {})", g.begin, g.end), g.size(), covers,
+                 counts);
+    }
+  }
+}
+
+// Memory per rank at every stage, beside the ZeRO paper's formula and its worked example.
+void print_memory(const Explained& e) {
+  const dist::ZeroPlan& plan = e.plan;
+  const dist::FlatLayout& L = plan.layout;
+  const dist::ZeroOptions& zo = e.zo;
+  const int N = e.N;
+  const double psi = e.psi;
+  const std::vector<dist::FlatLayout::Entry>& entries = e.entries;
+  fmt::print("\n== memory per rank (this layout | ZeRO paper formula, Psi = {}, N = {}; last column: the paper's "
+             "example, Psi = 7.5e9 with 16-bit Adam on N = 64, in GB of 1e9 bytes) ==\n",
+             L.numel(), N);
+  for (int stage = 0; stage <= 3; ++stage) {
+    dist::ZeroOptions o = zo;
+    o.stage = stage;
+    const auto have = dist::plan_zero(entries, N, o).memory();
+    const auto want = dist::expected_memory(stage, zo.dtype, psi, N);
+    fmt::print("{} stage {}: params {} | {}, grads {} | {}, optimizer {} | {}, model states {} | {}, buckets {}, "
+               "gathered {}{}; paper {:.3g} GB\n",
+               stage == zo.stage ? "*" : " ", stage, mib(have.params), mib(want.params), mib(have.grads),
+               mib(want.grads), mib(have.optimizer_states), mib(want.optimizer_states), mib(have.model_states()),
+               mib(want.model_states()), mib(have.buckets), mib(have.gathered),
+               have.residual > 0 ? fmt::format(", error-feedback residual {}", mib(have.residual)) : "",
+               paper_example_bytes(stage) / 1e9);
+  }
+  fmt::print("(gathered: stage 3's working memory, the most gathered parameters alive at once, at most "
+             "stage3_max_live_parameters = {} elements; not a model state)\n",
+             zo.stage3_max_live_parameters);
+}
+
+// Traffic per step of every scheme, against stage 0.
+void print_traffic(const Explained& e, const Args& a) {
+  const dist::ZeroOptions& zo = e.zo;
+  const int N = e.N;
+  const double baseline = e.baseline;
+  const bool timed = e.timed;
+  const std::vector<dist::FlatLayout::Entry>& entries = e.entries;
+  fmt::print("\n== traffic per optimizer step per rank (bus bytes; baseline = stage 0 = {:.0f} bytes) ==\n",
+             baseline);
+  for (const Scheme& s : kSchemes) {
+    const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s));
+    const auto t = p.traffic();
+    const bool chosen = s.stage == zo.stage && (s.stage == 0 || s.reduce_scatter == zo.reduce_scatter);
+    fmt::print(
+        "{} {:<30} all_reduce {:>10.0f}  reduce_scatter {:>10.0f}  all_gather {:>10.0f}  total {:>10.0f}  "
+        "{:.3f}x{}\n",
+        chosen ? "*" : " ", s.name, t[Collective::all_reduce], t[Collective::reduce_scatter],
+        t[Collective::all_gather], t.total(), baseline > 0 ? t.total() / baseline : 0.0,
+        timed ? fmt::format("  ~{}", human_seconds(dist::step_comm_time_s(p, a.bandwidth, a.latency))) : "");
+  }
+  fmt::print("(stage 3: the gradients reduce-scattered, Psi, and every gather unit all-gathered before its forward "
+             "and again before its backward, 2 Psi, every micro-step: 3 Psi, the ZeRO paper's 1.5x, section 7.2.2)\n");
+  if (N == 1) fmt::print("(one rank sends nothing: every factor has (N-1)/N)\n");
+}
+
+// With --bandwidth: memory and modelled communication time of every stage as N and Psi grow.
+void print_at_scale(const Explained& e, const Args& a) {
+  const dist::ZeroOptions& zo = e.zo;
+  const double psi = e.psi;
+  fmt::print("\n== at scale: alpha-beta ring model, {:.3g} bytes/s per link, latency {:.3g} s ==\n", a.bandwidth,
+             a.latency);
+  std::vector<double> sizes{psi};
+  sizes.insert(sizes.end(), a.params.begin(), a.params.end());
+  const double b = static_cast<double>(dtype_size(zo.dtype));
+  for (double P : sizes) {
+    // A model of P parameters as one tensor: padding and bucket edges matter little at scale.
+    const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
+    fmt::print("Psi = {:.4g} ({} of {} weights):\n", P, human_bytes(b * P), dtype_name(zo.dtype));
+    fmt::print("  {:>5}  {:>12} {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}\n", "N",
+               "mem stage 0", "stage 1", "stage 2", "stage 3", "comm s0", "s1", "s2", "s3", "s1/2 no-rs",
+               "s2 Psi/8 bk");
+    for (int n = 1; n <= 1024; n *= 2) {
+      std::string mem, comm;
+      for (int stage = 0; stage <= 3; ++stage) {
+        dist::ZeroOptions o = zo;
+        o.stage = stage;
+        o.reduce_scatter = true;
+        // Stage 3's one gather unit is the whole tensor here; the bound must hold it (it changes no byte).
+        o.stage3_max_live_parameters = std::max(o.stage3_max_live_parameters, static_cast<std::int64_t>(P));
+        const auto m = dist::expected_memory(stage, zo.dtype, P, n);
+        mem += fmt::format(" {:>12}", human_bytes(m.model_states()));
+        comm += fmt::format(
+            " {:>10}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, o), a.bandwidth, a.latency)));
+      }
+      dist::ZeroOptions no_rs = zo;  // the reduce_scatter = false scheme (stage 1 or 2: the same traffic at GAS 1)
+      no_rs.stage = 1;
+      no_rs.reduce_scatter = false;
+      comm += fmt::format(
+          " {:>13}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, no_rs), a.bandwidth, a.latency)));
+      // Stage 2 with the buckets of before Note [Automatic bucket size] grew them with N: Psi/8.
+      dist::ZeroOptions fixed = zo;
+      fixed.stage = 2;
+      fixed.reduce_scatter = true;
+      fixed.link = {};
+      comm += fmt::format(
+          " {:>12}", human_seconds(dist::step_comm_time_s(dist::plan_zero(one, n, fixed), a.bandwidth, a.latency)));
+      fmt::print("  {:>5} {}  {}\n", n, mem, comm);
+    }
+  }
+}
+
+void print_text(const Explained& e, const Args& a) {
+  print_header(e);
+  print_layout(e);
+  print_buckets(e, a);
+  print_gather_plan(e);
+  print_memory(e);
+  print_traffic(e, a);
+  if (e.timed) print_at_scale(e, a);
+}
+
+int run(const Args& a, const CLI::App& app) {
+  const Explained e = explain(a, app);
+  if (a.format == "json")
+    print_json(e, a);
+  else
+    print_text(e, a);
+  if (!a.svg.empty()) write_svg(a.svg, e.plan);
   return 0;
 }
 
@@ -647,25 +759,9 @@ int main(int argc, char** argv) {
   app.add_option("--vocab-size", a.vocab_size, "vocabulary size instead of --data (default 65)");
   examples::add_model_options(app, a.model);
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
-  app.add_option("--zero-stage", a.zero_stage, "ZeRO stage: 0, 1, 2 or 3")->capture_default_str();
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
-  app.add_option("--reduce-bucket-size", a.reduce_bucket_size, "elements per gradient bucket");
-  app.add_flag("--overlap-comm", a.overlap_comm, "reduce buckets while backward continues");
-  app.add_option("--stage3-prefetch-bucket-size", a.stage3_prefetch_bucket_size,
-                 "stage 3: elements of the layers gathered ahead of the one computing (0 = no prefetch; default 5e7)");
-  app.add_option("--stage3-max-live-parameters", a.stage3_max_live_parameters,
-                 "stage 3: the most gathered parameter elements alive at once (default 1e9)");
-  app.add_option("--communication-data-type", a.communication_data_type,
-                 "dtype of reductions on the wire: fp32, fp16 or bf16 (default: the model dtype)");
-  app.add_flag("--reduce-scatter-with-fp32-accumulation", a.fp32_accumulation,
-               "16-bit reductions as an all-to-all summed in fp32 at the owner (the same bytes as the ring)");
-  app.add_flag("--zero-quantized-gradients", a.quantized_gradients,
-               "stages 1-3: int8 gradient reduce-scatter with one fp32 scale per block (as train_gpt)");
-  app.add_option("--zero-quantized-gradients-block-size", a.quantized_block, "elements per int8 block")
-      ->capture_default_str();
-  app.add_flag("--zero-quantized-gradients-error-feedback", a.error_feedback,
-               "keep an int8 residual of the quantization error (counted in memory)");
+  examples::add_setting_flags(app, a.settings, examples::FlagSet::layout);
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
   app.add_option("--latency", a.latency, "per-message latency in seconds for the time model")->capture_default_str();

@@ -47,4 +47,8 @@ inline std::string example_config_dir() {
   return detail::locate("ZERO_EXAMPLE_CONFIG_DIR", "examples/configs", ZERO_EXAMPLE_CONFIG_DIR);
 }
 
+/// docs/ (the tests that check a doc against the code): $ZERO_DOCS_DIR, else
+/// <bin>/../share/zero/docs, else the source tree's.
+inline std::string docs_dir() { return detail::locate("ZERO_DOCS_DIR", "docs", ZERO_DOCS_DIR); }
+
 }  // namespace zero::testing

@@ -143,4 +143,39 @@ TEST_F(TrainGptCommFlags, ZeroQuantizedGradients) {
   }
 }
 
+// The merge rule (docs/config.md): defaults, then the --config file, then the flags, then validation of
+// the result. Each of these was refused when the file was judged alone before the flags; each trains.
+TEST_F(TrainGptCommFlags, FlagsCompleteTheConfigFileBeforeItIsJudged) {
+  const auto file = [&](const char* name, const char* text) {
+    std::ofstream(dir_ / name) << text;
+    return " --config " + (dir_ / name).string();
+  };
+  const std::string q = file("q.json", R"({"zero_optimization": {"zero_quantized_gradients": true}})");
+  const std::string ef = file("ef.json", R"({"zero_optimization": {"zero_quantized_gradients_error_feedback": true}})");
+  const std::string wire = file("wire.json", R"({"communication_data_type": "bf16"})");
+  const std::string acc = file("acc.json", R"({"zero_optimization": {"reduce_scatter_with_fp32_accumulation": true}})");
+  const struct {
+    std::string flags;
+    const char* says;  // in the start-up summary
+  } cases[] = {
+      {"--zero-stage 2" + q, "int8"},
+      {"--zero-stage 2 --zero-quantized-gradients" + ef, "error-feedback residual"},
+      {"--dtype bf16" + wire, "reductions in bf16 on the wire"},
+      {"--dtype bf16" + acc, "(all-to-all, summed in fp32)"},
+  };
+  for (const auto& c : cases) {
+    const CliRun run = train_gpt(tiny(c.flags));
+    EXPECT_EQ(run.exit_code, 0) << c.flags << "\n" << run.output;
+    EXPECT_NE(run.output.find(c.says), std::string::npos) << c.flags << "\n" << run.output;
+  }
+  // A setting that does nothing at the chosen stage is refused with one line, never printed as on.
+  const CliRun s3 = train_gpt(tiny("--zero-stage 3 --overlap-param-gather"));
+  EXPECT_EQ(s3.exit_code, 1) << s3.output;
+  EXPECT_NE(s3.output.find("error: invalid config key 'zero_optimization.overlap_param_gather' "
+                           "(--overlap-param-gather): does nothing at stage 3"),
+            std::string::npos)
+      << s3.output;
+  EXPECT_EQ(std::count(s3.output.begin(), s3.output.end(), '\n'), 1) << "one line: " << s3.output;
+}
+
 }  // namespace

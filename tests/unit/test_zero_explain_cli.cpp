@@ -214,4 +214,34 @@ TEST_F(ZeroExplainCli, ScaleTableHasStage3) {
   EXPECT_NEAR(comm[2] / comm[0], 1.0, 0.01) << r.output;
 }
 
+// zero_explain shares train_gpt's merge rule: the file, then the flags, then validation of the result.
+TEST_F(ZeroExplainCli, FlagsCompleteTheConfigFileBeforeItIsJudged) {
+  const std::string bin = zero::testing::bin_dir() + "/zero_explain --vocab-size 65";
+  const auto file = [&](const char* name, const char* text) {
+    std::ofstream(dir_ / name) << text;
+    return " --config " + (dir_ / name).string();
+  };
+  const struct {
+    std::string flags;
+    const char* says;
+  } cases[] = {
+      {"--zero-stage 2" + file("q.json", R"({"zero_optimization": {"zero_quantized_gradients": true}})"), "int8"},
+      {"--zero-stage 2 --zero-quantized-gradients" +
+           file("ef.json", R"({"zero_optimization": {"zero_quantized_gradients_error_feedback": true}})"),
+       "error feedback"},
+      {"--dtype bf16" + file("wire.json", R"({"communication_data_type": "bf16"})"), "zero: stage 0, bf16"},
+      {"--dtype bf16" + file("acc.json", R"({"zero_optimization": {"reduce_scatter_with_fp32_accumulation": true}})"),
+       "summed there in fp32"},
+  };
+  for (const auto& c : cases) {
+    const CommandResult r = run_command(bin + " " + c.flags);
+    EXPECT_EQ(r.exit_code, 0) << c.flags << ": " << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << c.flags << ": " << r.output;
+  }
+  const CommandResult s3 = run_command(bin + " --zero-stage 3 --overlap-param-gather");
+  EXPECT_EQ(s3.exit_code, 1) << s3.output;
+  EXPECT_NE(s3.output.find("does nothing at stage 3"), std::string::npos) << s3.output;
+  EXPECT_EQ(std::count(s3.output.begin(), s3.output.end(), '\n'), 1) << s3.output;
+}
+
 }  // namespace

@@ -1,0 +1,43 @@
+#include "examples/setting_flags.h"
+
+#include "distributed/settings.h"
+
+namespace zero::examples {
+
+namespace {
+
+bool in_set(const dist::Setting& s, FlagSet which) {
+  return which == FlagSet::all || s.section() == "zero_optimization" ||
+         std::string_view(s.key) == "communication_data_type";
+}
+
+}  // namespace
+
+void add_setting_flags(CLI::App& app, SettingFlags& values, FlagSet which) {
+  for (const dist::Setting& s : dist::settings()) {
+    if (*s.flag == '\0' || !in_set(s, which)) continue;
+    if (s.type == dist::SettingType::boolean) {
+      app.add_flag(s.flag, values.on[s.flag], s.doc);
+    } else {
+      // Checked by flag_json when merged (exit code 1, naming the flag), as a config key would be.
+      CLI::Option* o = app.add_option(s.flag, values.text[s.flag], s.doc);
+      o->type_name(s.allowed.empty() ? (s.type == dist::SettingType::text ? "TEXT" : "NUMBER") : "ENUM");
+    }
+  }
+}
+
+dist::TrainingConfig merge_config(const nlohmann::json& base, const std::string& source, const SettingFlags& values,
+                                  const FlagGiven& given,
+                                  const std::function<void(dist::TrainingConfig&)>& program_flags) {
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (const dist::Setting& s : dist::settings()) {
+    if (*s.flag == '\0' || !given(s.flag)) continue;
+    if (const auto on = values.on.find(s.flag); on != values.on.end())
+      flags.emplace_back(s.flag, on->second ? "true" : "false");
+    else if (const auto text = values.text.find(s.flag); text != values.text.end())
+      flags.emplace_back(s.flag, text->second);
+  }
+  return dist::merge_config(base, source, flags, program_flags);
+}
+
+}  // namespace zero::examples

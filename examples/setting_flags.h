@@ -1,0 +1,43 @@
+// The command-line flags of the settings table (distributed/settings.h), shared by train_gpt and
+// zero_explain, and the one merge rule both apply: defaults, then the config file, then the flags,
+// then validation of the result (merge_config).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "distributed/config.h"
+
+namespace zero::examples {
+
+/// What the table's flags received: the text of each option, the state of each switch, by flag name.
+struct SettingFlags {
+  std::map<std::string, std::string> text;  // "--zero-stage" -> "2"
+  std::map<std::string, bool> on;           // "--overlap-comm" -> true
+};
+
+/// Which settings a program offers as flags: all of them (train_gpt), or only those that shape the
+/// ZeRO layout and its wire (zero_optimization.* and communication_data_type; zero_explain).
+enum class FlagSet { all, layout };
+
+/// Defines one CLI11 option per setting of the table that has a flag (its name, help line and, for a
+/// boolean, a switch), writing into `values`.
+void add_setting_flags(CLI::App& app, SettingFlags& values, FlagSet which);
+
+/// Whether a flag was given on the command line ("--zero-stage").
+using FlagGiven = std::function<bool(std::string_view)>;
+
+/// dist::merge_config (the one merge rule: defaults, file, flags, validation) with every table flag
+/// `given` on the command line, taken from `values`. `program_flags` applies the flags that are not
+/// one key of the table (--dtype, --batch, ...) and may call resolve_batch. Throws zero::Error with one
+/// line naming the key, and the file or the flag it came from.
+dist::TrainingConfig merge_config(const nlohmann::json& base, const std::string& source, const SettingFlags& values,
+                                  const FlagGiven& given,
+                                  const std::function<void(dist::TrainingConfig&)>& program_flags);
+
+}  // namespace zero::examples
