@@ -380,6 +380,31 @@ TEST(HalfPrecision, CpuBulkKernelsMatchElementLoops) {
   }
 }
 
+// The squared norm's documented order (core/backend.def: fixed for a given n): chunks of 2^16
+// elements, each summed in index order in double, the chunk sums added in chunk order. Nine full
+// chunks and a short tenth, so the kernel's side-by-side chunks meet a group that ends short.
+TEST(HalfPrecision, SumSquaresAddsChunksInOrder) {
+  constexpr std::int64_t kChunk = 1 << 16;
+  const std::int64_t n = 9 * kChunk + 1234;
+  Generator gen(23);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = gen.normal(0.0f, 3.0f);
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    std::vector<std::uint8_t> x(static_cast<std::size_t>(n) * dtype_size(dt));
+    for (std::int64_t i = 0; i < n; ++i) store_from_float(x.data(), i, dt, v[i]);
+    double ref = 0.0;
+    for (std::int64_t c = 0; c * kChunk < n; ++c) {
+      double s = 0.0;
+      for (std::int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+        const double d = load_as_float(x.data(), i, dt);
+        s += d * d;
+      }
+      ref += s;
+    }
+    EXPECT_EQ(backend(Device::cpu).sum_squares(x.data(), dt, n), ref) << dtype_name(dt);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // copy_ between dtypes and layouts
 
