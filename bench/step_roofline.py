@@ -13,8 +13,10 @@ For each thread count it measures the machine's peaks, then profiles a run of tr
 - the step: bench/profile_step.sh (perf, CPU-clock samples of train_gpt alone, pinned to the first t
   cores) splits its CPU time into op families; train_gpt's own ms/step is the wall time.
 
-Families are grouped into six parts. Each part's wall time is its share of the CPU time times the
-measured ms/step (with t threads a part's CPU time is spread over t cores). Its roofline time is the
+Families are grouped into six parts. A part's time is its CPU time per step divided by t (with t
+threads its work is spread over t cores; a thread waiting for the other is charged to the OpenMP
+runtime, in the overhead). What is left of the measured wall time is a seventh row, "not running": the
+time the process waited for a core (other jobs on a shared machine). Each part's roofline time is the
 least time its work can take at the peaks:
 - GEMMs (linear layers, LM head): 6 * (matrix weights) FLOPs per token (forward 2, backward 4), at
   the GEMM peak;
@@ -29,7 +31,8 @@ least time its work can take at the peaks:
 - communication: train_gpt's bytes per step over its ms in collectives (none on one rank);
 - framework overhead (autograd, tensors, allocation, the OpenMP runtime's fork/join and waiting, the
   kernel, everything else): no work a roofline must do, so its roofline time is 0.
-The step's roofline time is the sum of the parts'; the table ends with roofline / measured.
+The step's roofline time is the sum of the parts'; the table ends with roofline / measured wall time,
+and roofline / running time (the wall time less "not running").
 
 Prints one table per thread count (Markdown). Needs perf (linux-perf) and a built train_gpt and
 gemm_peak. Start-up (data, MPI_Init) and the final evaluation's batch are left out of the step.
@@ -164,18 +167,18 @@ def main():
                 continue
             cpu_ms[PARTS.get(fam, "framework overhead")] += ms
         total_cpu = sum(cpu_ms.values())
-        scale = wall_ms / total_cpu if total_cpu > 0 else 0.0
+        running_ms = total_cpu / threads
         print(f"\n### L={L} H={a.n_head} C={C} T={T} B={B} V={V}, {P:,} parameters, {a.dtype}, "
               f"--threads {threads}, {a.steps} steps\n")
         print(f"Peaks (measured now): GEMM {peak_flops * 1e-9:.1f} GFLOP/s; memcpy {bw_act * 1e-9:.1f} GB/s on "
               f"{act_mib:.2f} MiB (an activation), {bw_state * 1e-9:.1f} GB/s on {state_mib:.2f} MiB (optimizer "
-              f"state). Step: {wall_ms:.2f} ms wall (median), {total_cpu:.2f} CPU ms profiled.\n")
+              f"state). Step: {wall_ms:.2f} ms wall (median), {total_cpu:.2f} CPU ms (all threads).\n")
         print("| part | ms/step | share | work per step | achieved | of peak | roofline ms | gap ms |")
         print("|---|---|---|---|---|---|---|---|")
         roof_total = 0.0
         for part in ORDER:
             kind, amount = work[part]
-            ms = cpu_ms[part] * scale
+            ms = cpu_ms[part] / threads
             if kind == "flops":
                 peak, roof = peak_flops, amount / peak_flops * 1e3
                 work_s = f"{amount * 1e-9:.3f} GFLOP"
@@ -191,10 +194,13 @@ def main():
             of_peak = f"{amount / (ms * 1e-3) / peak * 100:.0f}%" if peak and amount and ms > 0 else "-"
             print(f"| {part} | {ms:.2f} | {ms / wall_ms * 100:.1f}% | {work_s} | {fmt_rate(kind, amount, ms)} | "
                   f"{of_peak} | {roof:.2f} | {ms - roof:.2f} |")
+        idle = max(0.0, wall_ms - running_ms)
+        print(f"| not running (waiting for a core) | {idle:.2f} | {idle / wall_ms * 100:.1f}% | | | | 0.00 | {idle:.2f} |")
         print(f"| **step** | **{wall_ms:.2f}** | 100% | | {m['tokens_per_s']:.0f} tokens/s (train_gpt) | | "
               f"**{roof_total:.2f}** | {wall_ms - roof_total:.2f} |")
-        print(f"\nThe step runs at **{roof_total / wall_ms * 100:.0f}%** of its roofline "
-              f"(roofline {roof_total:.2f} ms / measured {wall_ms:.2f} ms).")
+        print(f"\nThe step runs at **{roof_total / wall_ms * 100:.0f}%** of its roofline (roofline {roof_total:.2f} ms / "
+              f"measured {wall_ms:.2f} ms); **{roof_total / running_ms * 100:.0f}%** of the time it ran "
+              f"({running_ms:.2f} ms).")
         print("Families: " + "; ".join(f"{k} {v:.2f}" for k, v in sorted(families.items(), key=lambda kv: -kv[1])))
         sys.stdout.flush()
 
