@@ -6,7 +6,10 @@ what this machine can do.
                            [--n-layer 4 --n-head 4 --n-embd 128 --block 64 --batch 12] [-- train_gpt flags]
 
 For each thread count it measures the machine's peaks, then profiles a run of train_gpt:
-- GEMM peak: `gemm_peak --threads t` (1024^2 fp32 product; the best of Eigen and zero.cpp's own GEMM);
+- GEMM peak: `gemm_peak` (1024^2 fp32 product; the best of Eigen and zero.cpp's own GEMM, best of 10
+  rounds) on one thread; t cores can do t times that (a t-thread measurement on a shared machine
+  measures the other jobs too), so the peak of t threads is t x the one-thread peak, or the t-thread
+  measurement where that is higher;
 - bandwidth: `gemm_peak --copy-mib` memcpy (bytes read + written) on two buffer sizes: the largest
   activation (tokens x 4C floats: what one pointwise op streams) and the optimizer's state (parameters,
   gradients, two moments: 16 bytes a parameter);
@@ -64,7 +67,7 @@ EXCLUDED = "start-up (init, data, MPI_Init)"
 
 
 def gemm_peak(build, threads, copy_mib=0.0):
-    cmd = [os.path.join(build, "bin", "gemm_peak"), "--threads", str(threads)]
+    cmd = [os.path.join(build, "bin", "gemm_peak"), "--threads", str(threads), "--reps", "10", "--seconds", "2"]
     cmd += ["--copy-mib", f"{copy_mib:.3f}", "--backends", "none"] if copy_mib else ["--backends", "eigen,zero"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     if copy_mib:
@@ -156,7 +159,7 @@ def main():
     for threads in [int(t) for t in a.threads.split()]:
         families, m, wall_ms = profile(a.build, threads, train_args, a.steps)
         work, P, V = model_work(m, L, C, T, B, a.dtype)
-        peak_flops = gemm_peak(a.build, threads)
+        peak_flops = max(gemm_peak(a.build, threads), threads * gemm_peak(a.build, 1))
         act_mib = B * T * 4 * C * 4 / 2**20
         state_mib = 16 * P / 2**20
         bw_act = gemm_peak(a.build, threads, act_mib)
