@@ -3,13 +3,15 @@
 // and the system BLAS's cblas_sgemm, loaded at run time (libopenblas.so.0, else libblas.so.3) so the
 // build needs no BLAS. bench/compare_torch.sh divides train_gpt's achieved FLOP rate by the largest.
 //
-//   build/bin/gemm_peak [--n 1024] [--threads 1] [--seconds 1.0] [--reps 5]
+//   build/bin/gemm_peak [--n 1024] [--threads 1] [--seconds 1.0] [--reps 5] [--copy-mib 0]
 //
 // Prints one line per backend, `backend=<name> threads=<t> n=<n> gflops=<best rate>`, then
-// `peak_gflops=<max>`. With --copy-mib M > 0 it first prints the memory bandwidth of memcpy on a
-// buffer of M MiB split over the threads, `memcpy threads=<t> mib=<M> gbytes_per_s=<best rate>`,
-// counting the bytes read plus the bytes written (bench/step_roofline.py's bandwidth peak). --backends picks a subset (comma-separated: eigen, zero, blas). The rate is the best of --reps timed rounds (wall clock, each about
-// --seconds / reps long): on a shared machine the best round is the closest to what the cores can do.
+// `peak_gflops=<max>`. --backends picks a subset (comma-separated: eigen, zero, blas; none for only
+// the bandwidth). With --copy-mib M > 0 it first prints the memory bandwidth of memcpy on a buffer of
+// M MiB split over the threads, `memcpy threads=<t> mib=<M> gbytes_per_s=<best rate>`, counting the
+// bytes read plus the bytes written (bench/step_roofline.py's bandwidth peak). Each rate is the best
+// of --reps timed rounds (wall clock, each about --seconds / reps long): on a shared machine the best
+// round is the closest to what the cores can do.
 // The system BLAS reads its own settings from the environment (OPENBLAS_NUM_THREADS is overridden by
 // --threads; OPENBLAS_CORETYPE picks the kernel when OpenBLAS does not recognise the CPU).
 #include <CLI/CLI.hpp>
