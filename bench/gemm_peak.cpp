@@ -3,11 +3,15 @@
 // and the system BLAS's cblas_sgemm, loaded at run time (libopenblas.so.0, else libblas.so.3) so the
 // build needs no BLAS. bench/compare_torch.sh divides train_gpt's achieved FLOP rate by the largest.
 //
-//   build/bin/gemm_peak [--n 1024] [--threads 1] [--seconds 1.0] [--reps 5]
+//   build/bin/gemm_peak [--n 1024] [--threads 1] [--seconds 1.0] [--reps 5] [--copy-mib 0]
 //
 // Prints one line per backend, `backend=<name> threads=<t> n=<n> gflops=<best rate>`, then
-// `peak_gflops=<max>`. --backends picks a subset (comma-separated: eigen, zero, blas). The rate is the best of --reps timed rounds (wall clock, each about
-// --seconds / reps long): on a shared machine the best round is the closest to what the cores can do.
+// `peak_gflops=<max>`. --backends picks a subset (comma-separated: eigen, zero, blas; none for only
+// the bandwidth). With --copy-mib M > 0 it first prints the memory bandwidth of memcpy on a buffer of
+// M MiB split over the threads, `memcpy threads=<t> mib=<M> gbytes_per_s=<best rate>`, counting the
+// bytes read plus the bytes written (bench/step_roofline.py's bandwidth peak). Each rate is the best
+// of --reps timed rounds (wall clock, each about --seconds / reps long): on a shared machine the best
+// round is the closest to what the cores can do.
 // The system BLAS reads its own settings from the environment (OPENBLAS_NUM_THREADS is overridden by
 // --threads; OPENBLAS_CORETYPE picks the kernel when OpenBLAS does not recognise the CPU).
 #include <CLI/CLI.hpp>
@@ -19,7 +23,9 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/cpu/kernels.h"
@@ -76,6 +82,28 @@ SystemBlas load_system_blas(int threads) {
   return b;
 }
 
+// Best bytes/s (read + written) of memcpy over `bytes`, split into one contiguous slice per thread;
+// each thread copies its slice `calls` times, and a round is timed from the first start to the last end.
+double best_copy_bandwidth(std::size_t bytes, int threads, double seconds, int reps) {
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  const auto round = [&](int calls) {
+    std::vector<std::thread> team;
+    const auto s = Clock::now();
+    for (int t = 0; t < threads; ++t)
+      team.emplace_back([&, t] {
+        const std::size_t b = bytes * t / threads, e = bytes * (t + 1) / threads;
+        for (int i = 0; i < calls; ++i) std::memcpy(dst.data() + b, src.data() + b, e - b);
+      });
+    for (auto& th : team) th.join();
+    return std::chrono::duration<double>(Clock::now() - s).count();
+  };
+  round(2);  // warm up: page in both buffers
+  const int calls = std::max(1, static_cast<int>(seconds / reps / std::max(1e-6, round(1))));
+  double best = 0.0;
+  for (int r = 0; r < reps; ++r) best = std::max(best, 2.0 * bytes * calls / round(calls));
+  return best;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,7 +118,16 @@ int main(int argc, char** argv) {
   app.add_option("--reps", reps, "timed rounds per backend (best counts)")->capture_default_str()->check(
       CLI::Range(1, 100));
   app.add_option("--backends", backends, "which to measure: eigen, zero, blas (comma-separated)")->capture_default_str();
+  double copy_mib = 0.0;
+  app.add_option("--copy-mib", copy_mib, "also measure memcpy bandwidth on a buffer of this many MiB (0: no)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 65536.0));
   CLI11_PARSE(app, argc, argv);
+  if (copy_mib > 0.0) {
+    const auto bytes = static_cast<std::size_t>(copy_mib * 1024 * 1024) / 64 * 64;
+    fmt::print("memcpy threads={} mib={} gbytes_per_s={:.1f}\n", threads, copy_mib,
+               best_copy_bandwidth(bytes, threads, seconds, reps) * 1e-9);
+  }
 
   zero::Generator gen(7);
   std::vector<float> a(n * n), b(n * n), c(n * n);

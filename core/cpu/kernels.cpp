@@ -419,12 +419,30 @@ void pack(float* dst, const float* src, std::int64_t lds, std::int64_t rows, std
     }
     return;
   }
-  // Column by column: contiguous stores, strided loads (all in L1 at a head's size).
+  // Whole 4×4 blocks through registers: four row loads, eight shuffles, four column stores (the
+  // strided element loop below compiles to gathers, ~2.5 cycles an element: ~20% of the forward).
+  using Quad = float __attribute__((vector_size(4 * sizeof(float))));
+  using QuadIndex = std::int32_t __attribute__((vector_size(4 * sizeof(std::int32_t))));
+  const std::int64_t r4 = rows / 4 * 4, c4 = cols / 4 * 4;
+  for (std::int64_t c0 = 0; c0 < c4; c0 += 4)
+    for (std::int64_t r0 = 0; r0 < r4; r0 += 4) {
+      Quad a[4];
+      for (int i = 0; i < 4; ++i) __builtin_memcpy(&a[i], src + (r0 + i) * lds + c0, sizeof(Quad));
+      const Quad t0 = __builtin_shuffle(a[0], a[1], QuadIndex{0, 4, 1, 5});  // a0[0] a1[0] a0[1] a1[1]
+      const Quad t1 = __builtin_shuffle(a[0], a[1], QuadIndex{2, 6, 3, 7});  // a0[2] a1[2] a0[3] a1[3]
+      const Quad t2 = __builtin_shuffle(a[2], a[3], QuadIndex{0, 4, 1, 5});
+      const Quad t3 = __builtin_shuffle(a[2], a[3], QuadIndex{2, 6, 3, 7});
+      const Quad col[4] = {
+          __builtin_shuffle(t0, t2, QuadIndex{0, 1, 4, 5}), __builtin_shuffle(t0, t2, QuadIndex{2, 3, 6, 7}),
+          __builtin_shuffle(t1, t3, QuadIndex{0, 1, 4, 5}), __builtin_shuffle(t1, t3, QuadIndex{2, 3, 6, 7})};
+      for (int j = 0; j < 4; ++j) __builtin_memcpy(dst + (c0 + j) * rows_p + r0, &col[j], sizeof(Quad));
+    }
+  // The rest column by column: contiguous stores, strided loads (all in L1 at a head's size).
   for (std::int64_t c = 0; c < cols_p; ++c) {
     float* d = dst + c * rows_p;
     if (c < cols) {
 #pragma omp simd
-      for (std::int64_t r = 0; r < rows; ++r) d[r] = src[r * lds + c];
+      for (std::int64_t r = c < c4 ? r4 : 0; r < rows; ++r) d[r] = src[r * lds + c];
       fill_floats(d + rows, rows_p - rows, 0.0f);
     } else {
       fill_floats(d, rows_p, 0.0f);

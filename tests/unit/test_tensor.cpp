@@ -2,6 +2,7 @@
 // Expected values are written out by hand or computed here independently (bit-level rounding).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -10,6 +11,9 @@
 #include <vector>
 
 #include "autograd/ops.h"
+#include "core/adamw_step.h"
+#include "core/backend.h"
+#include "core/dtype.h"
 #include "core/storage.h"
 #include "core/tensor.h"
 
@@ -312,6 +316,93 @@ TEST(HalfPrecision, Bf16MatchesBitLevelReferenceAcrossMagnitudes) {
   const std::vector<float> v = magnitude_sweep();
   const auto got = Tensor::from_vector(v, {static_cast<std::int64_t>(v.size())}).to(DType::bf16).to_vector();
   for (std::size_t i = 0; i < v.size(); ++i) EXPECT_EQ(got[i], round_to_bf16(v[i])) << "value " << v[i];
+}
+
+// The CPU backend's bulk 16-bit loops (scale, accumulate, the squared norm, the AdamW update) convert
+// whole blocks at a time (f16: packed conversions); each element must get exactly what one
+// Eigen::half / Eigen::bfloat16 conversion at a time gives (core/dtype.h's load_as_float and
+// store_from_float). 1,027 elements: two 512-element blocks and a tail that is not a whole vector.
+TEST(HalfPrecision, CpuBulkKernelsMatchElementLoops) {
+  std::vector<float> v = magnitude_sweep();
+  v.resize(1017);
+  for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, -1e30f, 1e-40f, -1e-45f}) v.push_back(x);
+  const auto n = static_cast<std::int64_t>(v.size());
+  Backend& cpu = backend(Device::cpu);
+  // One element rounded to dt (a 64-bit slot: store_from_float's switch also has 32/64-bit cases).
+  const auto round_bits = [](float x, DType t) {
+    std::uint64_t slot = 0;
+    store_from_float(&slot, 0, t, x);
+    return static_cast<std::uint16_t>(slot);
+  };
+  for (DType dt : {DType::f16, DType::bf16}) {
+    std::vector<std::uint16_t> x(n), y(n), acc(n), acc16(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      store_from_float(x.data(), i, dt, v[i]);
+      store_from_float(acc.data(), i, dt, 0.25f * static_cast<float>(i % 7) - 0.5f);
+    }
+    acc16 = acc;
+    const std::vector<std::uint16_t> ref_acc = acc, ref_acc16 = acc;
+    cpu.scale(y.data(), x.data(), dt, n, 0.375f);
+    cpu.accumulate(acc.data(), dt, v.data(), DType::f32, n);
+    cpu.accumulate(acc16.data(), dt, x.data(), dt, n);
+    const double sq = cpu.sum_squares(x.data(), dt, n);
+    double ref_sq = 0.0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float xi = load_as_float(x.data(), i, dt);
+      const double d = xi;
+      ref_sq += d * d;
+      EXPECT_EQ(y[i], round_bits(xi * 0.375f, dt)) << dtype_name(dt) << " scale " << i;
+      EXPECT_EQ(acc[i], round_bits(load_as_float(ref_acc.data(), i, dt) + v[i], dt))
+          << dtype_name(dt) << " accumulate f32 " << i;
+      EXPECT_EQ(acc16[i], round_bits(load_as_float(ref_acc16.data(), i, dt) + xi, dt))
+          << dtype_name(dt) << " accumulate " << i;
+    }
+    EXPECT_TRUE((std::isnan(sq) && std::isnan(ref_sq)) || sq == ref_sq) << dtype_name(dt);
+
+    // AdamW: a finite 16-bit gradient, the f32 master, the new master rounded into the 16-bit model.
+    std::vector<std::uint16_t> g(n), model(n);
+    std::vector<float> master(n), m(n, 0.01f), s2(n, 0.02f);
+    for (std::int64_t i = 0; i < n; ++i) {
+      store_from_float(g.data(), i, dt, std::isfinite(v[i]) ? std::clamp(v[i], -100.0f, 100.0f) : 1.0f);
+      master[i] = 0.001f * static_cast<float>(i) - 0.5f;
+    }
+    std::vector<float> ref_master = master, ref_m = m, ref_s2 = s2;
+    const AdamWScalars sc{0.9999f, 1e-3f, 0.9f, 0.99f, 1e-8f, 0.1f};
+    cpu.adamw_update(master.data(), g.data(), dt, 0.5f, m.data(), s2.data(), model.data(), dt, n, sc);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float p = adamw_step(ref_master[i], ref_m[i], ref_s2[i], load_as_float(g.data(), i, dt) * 0.5f, sc);
+      const std::uint16_t r = round_bits(p, dt);
+      EXPECT_EQ(master[i], ref_master[i]) << dtype_name(dt) << " adamw " << i;
+      EXPECT_EQ(m[i], ref_m[i]);
+      EXPECT_EQ(s2[i], ref_s2[i]);
+      EXPECT_EQ(model[i], r) << dtype_name(dt) << " adamw model " << i;
+    }
+  }
+}
+
+// The squared norm's documented order (core/backend.def: fixed for a given n): chunks of 2^16
+// elements, each summed in index order in double, the chunk sums added in chunk order. Nine full
+// chunks and a short tenth, so the kernel's side-by-side chunks meet a group that ends short.
+TEST(HalfPrecision, SumSquaresAddsChunksInOrder) {
+  constexpr std::int64_t kChunk = 1 << 16;
+  const std::int64_t n = 9 * kChunk + 1234;
+  Generator gen(23);
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = gen.normal(0.0f, 3.0f);
+  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+    std::vector<std::uint8_t> x(static_cast<std::size_t>(n) * dtype_size(dt));
+    for (std::int64_t i = 0; i < n; ++i) store_from_float(x.data(), i, dt, v[i]);
+    double ref = 0.0;
+    for (std::int64_t c = 0; c * kChunk < n; ++c) {
+      double s = 0.0;
+      for (std::int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+        const double d = load_as_float(x.data(), i, dt);
+        s += d * d;
+      }
+      ref += s;
+    }
+    EXPECT_EQ(backend(Device::cpu).sum_squares(x.data(), dt, n), ref) << dtype_name(dt);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
