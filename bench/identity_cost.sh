@@ -5,8 +5,9 @@
 #
 #   bench/identity_cost.sh [--ranks 4] [--stages "2 3"] [--rounds 5] [--steps 40] [--bin build/bin] [--data FILE] [-- extra flags]
 #
-# For each stage, the two settings run alternately --rounds times (so load from other jobs spreads over
-# both) with the default model, one thread per rank; each run's ms/step is train_gpt's own figure
+# For each stage, the two settings run alternately --rounds times, each going first every other round
+# (so load from other jobs, and whatever favours a first or second run, spreads over both) with the
+# default model, one thread per rank; each run's ms/step is train_gpt's own figure
 # (steps after the first five). Prints the medians and on/off. Anything after "--" goes to every run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +37,8 @@ out=$(mktemp -d /tmp/identity_cost.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 for stage in $stages; do
   for r in $(seq "$rounds"); do
-    for check in 1 0; do
+    order="1 0"; (( r % 2 == 0 )) && order="0 1"  # which goes first alternates too
+    for check in $order; do
       log="$out/s${stage}_c${check}_$r.log"
       mpirun "${mpirun_flags[@]}" -np "$ranks" -x ZERO_COLLECTIVE_IDENTITY="$check" -x OMP_NUM_THREADS=1 \
         "$bin/train_gpt" --data "$data" --steps "$steps" --log-every "$steps" --eval-every 0 --eval-iters 1 \
