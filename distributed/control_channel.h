@@ -3,10 +3,10 @@
 // job_runtime.cpp).
 //
 // It is MPI_COMM_WORLD duplicated, on which each rank posts at most one notice (one int) to every
-// other rank. Two parties use it, never at the same time (MPI_THREAD_SERIALIZED; a mutex guards the
-// channel's own data):
-//   - a collective that waits (MpiCommunicator's wait loop, mpi_communicator.cpp) asks, about once a
-//     millisecond, "has a peer left or failed?": first_gone_peer();
+// other rank. Two parties use it, one at a time (a mutex guards the channel and its MPI calls):
+//   - a collective that waits (MpiCommunicator's wait loop, mpi_communicator.cpp; with a second channel,
+//     Communicator::duplicate, two communication threads) asks, about once a millisecond, "has a peer
+//     left or failed?": first_gone_peer();
 //   - the job runtime (finalize_mpi, fail_job in job_runtime.h), once the communication thread is
 //     joined, posts this rank's notice and waits for every peer's: post_notice(), wait_for_notices();
 //     then close().
