@@ -43,7 +43,7 @@ struct F16 {
   // these block conversions: the packed form of the same instructions (vcvtph2ps exact; vcvtps2ph
   // with round to nearest even, which is what the scalar cast does, NaNs and overflow included).
   static void load_block(const void* p, std::int64_t i, std::int64_t n, float* __restrict out) {
-    const auto* h = static_cast<const std::uint16_t*>(p) + i;
+    [[maybe_unused]] const auto* h = static_cast<const std::uint16_t*>(p) + i;
     std::int64_t k = 0;
 #if defined(__AVX512F__)
     for (; k + 16 <= n; k += 16)
@@ -56,7 +56,7 @@ struct F16 {
     for (; k < n; ++k) out[k] = load(p, i + k);
   }
   static void store_block(void* p, std::int64_t i, std::int64_t n, const float* __restrict in) {
-    auto* h = static_cast<std::uint16_t*>(p) + i;
+    [[maybe_unused]] auto* h = static_cast<std::uint16_t*>(p) + i;
     std::int64_t k = 0;
 #if defined(__AVX512F__)
     for (; k + 16 <= n; k += 16)
