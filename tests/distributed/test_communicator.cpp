@@ -612,13 +612,13 @@ TEST(InProcessWorld, BitwiseEqualToMpi) {
 
 // Rank 1 issues a reduce-scatter where the others all-gather, with equal counts: on a second channel
 // (so the job's own communicator stays in step for the tests after this one), every rank throws the
-// same line naming both sides, within a second.
+// same line naming both sides (found from the identities, not waited out as a timeout).
 TEST_F(CommunicatorTest, MismatchedCollectiveIsOneLineOnEveryRank) {
   if (n_ == 1) GTEST_SKIP() << "one rank cannot disagree with itself";
   std::shared_ptr<Communicator> channel = comm_->duplicate();
+  channel->set_timeout(60);  // a missed mismatch would end as CollectiveTimeout, which this test does not catch
   const std::vector<std::size_t> counts(std::size_t(n_), 4);
   std::vector<float> send(std::size_t(n_) * 4, 1.0f), recv(send.size(), -1.0f);
-  const auto start = std::chrono::steady_clock::now();
   std::string line;
   try {
     if (rank_ == 1)
@@ -630,8 +630,6 @@ TEST_F(CommunicatorTest, MismatchedCollectiveIsOneLineOnEveryRank) {
   } catch (const CollectiveMismatch& e) {
     line = e.what();
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_LT(seconds, 1.0);
   std::string c = "4";
   for (int r = 1; r < n_; ++r) c += ",4";
   EXPECT_EQ(line, "collective #1 at step 0: rank 0 issued all_gather 'gather of blocks.2' (counts " + c +

@@ -1380,7 +1380,6 @@ ZERO_DIST_TEST(ZeroStage3Schedule, RanksOutOfStepFailWithOneLine) {
   ZeroOptions o = base_options();
   o.stage = 3;
   ZeroOptimizer opt(model->named_parameters(), test_world(), o);
-  const auto start = std::chrono::steady_clock::now();
   try {
     if (world_rank() == 1)
       opt.gather_parameters();
@@ -1399,7 +1398,6 @@ ZERO_DIST_TEST(ZeroStage3Schedule, RanksOutOfStepFailWithOneLine) {
                 "issue the same collectives in the same order)");
     }
   }
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
 }
 
 }  // namespace

@@ -648,11 +648,11 @@ TEST(InProcessCommunicator, SameCountsDifferentPurposeIsOneLineNamingBothSides) 
   for (int n = 2; n <= kMaxRanks; ++n) {
     std::mutex mutex;
     std::vector<std::string> lines;
-    const auto start = std::chrono::steady_clock::now();
     EXPECT_THROW(run_ranks(n,
                            [&](std::shared_ptr<Communicator> comm) {
                              std::vector<float> send(std::size_t(n) * 4, 1.0f), recv(send.size(), 0.0f);
                              const std::vector<std::size_t> counts(std::size_t(n), 4);
+                             comm->set_timeout(60);     // a missed mismatch ends as a timeout, not a hang
                              comm->all_reduce_sum(1.0);  // collective #1 agrees
                              try {
                                if (comm->rank() == 1)
@@ -668,9 +668,7 @@ TEST(InProcessCommunicator, SameCountsDifferentPurposeIsOneLineNamingBothSides) 
                                throw;
                              }
                            }),
-                 CollectiveMismatch);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_LT(seconds, 1.0);
+                 CollectiveMismatch);  // not CollectiveTimeout: found at once, not waited out
     ASSERT_EQ(lines.size(), std::size_t(n));
     const std::string counts = n == 2 ? "4,4" : n == 3 ? "4,4,4" : "4,4,4,4";
     for (const std::string& line : lines)
