@@ -183,6 +183,9 @@ GradientReducer::GradientReducer(const ZeroPlan& plan, int rank, std::shared_ptr
     wire_scales_.resize(quantized_blocks(max_slice, block));
   }
   detach_grads();
+  for (std::size_t k = 0; k < plan_.buckets.size(); ++k)  // Note [Collective identity]: made once, named per issue
+    purposes_.push_back(fmt::format("{} of bucket {}", plan_.options.stage == 0 || !plan_.options.reduce_scatter
+                                                           ? "all-reduce" : "reduce-scatter", k));
   delivered_.assign(params_.size(), 0);
   used_.assign(params_.size(), 0);
   pending_.assign(plan_.buckets.size(), 0);
@@ -412,18 +415,18 @@ void GradientReducer::issue_bucket(int k) {
     if (plan_.options.stage == 0 || !plan_.options.reduce_scatter) {
       // Stage 0, or the reduce_scatter=false scheme: everyone gets the whole reduced bucket.
       if (async)
-        work = comm_->all_reduce_async(data, n, dt);
+        work = comm_->with_purpose(purposes_[k]).all_reduce_async(data, n, dt);
       else
-        comm_->all_reduce(data, n, dt);
+        comm_->with_purpose(purposes_[k]).all_reduce(data, n, dt);
     } else {
       // Each rank receives, in place, the summed slice of the bucket that lies in its own partition.
       char* recv = data;
       if (b.counts[static_cast<std::size_t>(rank_)] > 0)
         recv = data + (std::max(b.begin, plan_.layout.partition_begin(rank_)) - b.begin) * dtype_size(dt);
       if (async)
-        work = comm_->reduce_scatter_async(data, recv, b.counts, dt);
+        work = comm_->with_purpose(purposes_[k]).reduce_scatter_async(data, recv, b.counts, dt);
       else
-        comm_->reduce_scatter(data, recv, b.counts, dt);
+        comm_->with_purpose(purposes_[k]).reduce_scatter(data, recv, b.counts, dt);
     }
   } catch (...) {
     if (buffer >= 0) free_buffers_.push_back(buffer);

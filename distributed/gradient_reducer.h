@@ -121,6 +121,7 @@ class GradientReducer {
   std::shared_ptr<Communicator> comm_;
   std::vector<Tensor> params_;
   std::vector<int> hook_ids_;
+  std::vector<std::string> purposes_;  // per bucket: its collective's purpose ("reduce-scatter of bucket 3")
   Tensor accumulated_;  // stages 0/1: the flat gradient [padded]; stage 2: the partition gradient [P]
 
   // One backward (Note [Bucket order]).

@@ -76,6 +76,7 @@ std::shared_ptr<Work> ParameterGather::gather_chunk(std::int64_t begin, bool asy
   const char* send = recv;
   if (counts[static_cast<std::size_t>(rank_)] > 0)
     send = element_ptr(flat_params_, std::max(begin, layout.partition_begin(rank_)));
+  comm_->with_purpose("all-gather of the updated parameters");
   if (async) return comm_->all_gather_async(send, recv, counts, plan_.options.dtype);
   comm_->all_gather(send, recv, counts, plan_.options.dtype);
   return nullptr;

@@ -117,6 +117,7 @@ PartitionedParameters::PartitionedParameters(const ZeroPlan& plan, int rank, std
       params_[i].set_data(unit.buffer.as_strided(r.shape, contiguous_strides(r.shape), r.offset - g.begin));
       unit_of_[i] = u;
     }
+    gather_purposes_.push_back("gather of " + g.name);  // Note [Collective identity]
     unit.guard.owner = this;
     unit.guard.unit = u;
     unit.buffer.storage()->free_memory();
@@ -309,7 +310,7 @@ bool PartitionedParameters::join(std::int64_t entry, std::size_t u, bool may_evi
   const char* send = recv;
   const std::int64_t mine = plan_.layout.partition_begin(rank_);
   if (counts[static_cast<std::size_t>(rank_)] > 0) send = element_ptr(shard_, std::max(g.begin, mine) - mine);
-  s.work = channel_->with_purpose("gather of " + g.name).all_gather_async(send, recv, counts, plan_.options.dtype);
+  s.work = channel_->with_purpose(gather_purposes_[u]).all_gather_async(send, recv, counts, plan_.options.dtype);
   live_ += size;
   max_live_ = std::max(max_live_, live_);
   ++gathers_;
@@ -459,7 +460,7 @@ void PartitionedParameters::issue(std::size_t u) {
   const std::int64_t mine = plan_.layout.partition_begin(rank_);
   if (counts[static_cast<std::size_t>(rank_)] > 0) send = element_ptr(shard_, std::max(g.begin, mine) - mine);
   try {
-    unit.work = channel_->with_purpose("gather of " + g.name).all_gather_async(send, recv, counts, plan_.options.dtype);
+    unit.work = channel_->with_purpose(gather_purposes_[u]).all_gather_async(send, recv, counts, plan_.options.dtype);
   } catch (...) {
     unit.buffer.storage()->free_memory();
     throw;

@@ -148,6 +148,7 @@ class PartitionedParameters {
   std::vector<Tensor> params_;
   std::vector<std::size_t> unit_of_;  // per parameter
   std::vector<Unit> units_;
+  std::vector<std::string> gather_purposes_;  // per unit: "gather of blocks.2"
   std::vector<Scratch> scratch_;
   std::vector<int> use_hook_ids_, grad_hook_ids_;
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 
 #include "core/check.h"
 #include "distributed/config.h"
@@ -15,9 +16,10 @@ namespace {
 using T = TrainingConfig;
 using S = SettingType;
 
-// The table. A row: DeepSpeed key, flag ("" = none), type, default as docs/config.md shows it, allowed
-// values, the flag's help line, and the field. Keep docs/config.md's rows in this order.
-std::vector<Setting> make_table() {
+// The table, one section at a time. A row: DeepSpeed key, flag ("" = none), type, default as
+// docs/config.md shows it, allowed values, the flag's help line, and the field. Keep docs/config.md's rows
+// in this order.
+std::vector<Setting> top_level_settings() {
   return {
       {"train_batch_size", "", S::integer, "derived", {}, "sequences per optimizer step, all ranks",
        [](T& c) -> SettingField { return &c.train_batch_size; }},
@@ -40,6 +42,11 @@ std::vector<Setting> make_table() {
        "fp32/bf16 with --nonfinite-grads skip: stop after N consecutive skipped steps (0 = never stop; config "
        "nonfinite_skip_limit)",
        [](T& c) -> SettingField { return &c.nonfinite_skip_limit; }},
+  };
+}
+
+std::vector<Setting> precision_settings() {
+  return {
       {"fp16.enabled", "", S::boolean, "`false`", {}, "f16 weights and gradients with loss scaling",
        [](T& c) -> SettingField { return &c.fp16.enabled; }},
       {"fp16.loss_scale", "", S::number, "`0`", {}, "0: dynamic; > 0: this static scale",
@@ -60,6 +67,11 @@ std::vector<Setting> make_table() {
        [](T& c) -> SettingField { return &c.fp16.min_scale_skip_limit; }},
       {"bf16.enabled", "", S::boolean, "`false`", {}, "bf16 weights and gradients",
        [](T& c) -> SettingField { return &c.bf16.enabled; }},
+  };
+}
+
+std::vector<Setting> zero_settings() {
+  return {
       {"zero_optimization.stage", "--zero-stage", S::integer, "`0`", {}, "ZeRO stage: 0 (data parallel), 1, 2 or 3",
        [](T& c) -> SettingField { return &c.zero_optimization.stage; }},
       {"zero_optimization.reduce_bucket_size", "--reduce-bucket-size", S::elements, "automatic", {},
@@ -101,6 +113,15 @@ std::vector<Setting> make_table() {
        "stages 1, 2: all-gather the updated parameters while the next forward runs",
        [](T& c) -> SettingField { return &c.zero_optimization.overlap_param_gather; }},
   };
+}
+
+std::vector<Setting> make_table() {
+  std::vector<Setting> table = top_level_settings();
+  for (auto section : {precision_settings, zero_settings}) {
+    std::vector<Setting> rows = section();
+    table.insert(table.end(), std::make_move_iterator(rows.begin()), std::make_move_iterator(rows.end()));
+  }
+  return table;
 }
 
 }  // namespace

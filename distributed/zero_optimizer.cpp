@@ -187,7 +187,8 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
   }
   // Every rank starts from rank 0's weights (models built from the same seed already agree).
   if (world_ > 1)
-    comm_->broadcast(flat_params_.raw_data(), static_cast<std::size_t>(layout.padded_numel()), opts.dtype, 0);
+    comm_->with_purpose("broadcast of rank 0's parameters")
+        .broadcast(flat_params_.raw_data(), static_cast<std::size_t>(layout.padded_numel()), opts.dtype, 0);
   flat_params_.storage()->bump_version();  // written behind the tensors' back (Note [Compute copies])
 
   reducer_ = std::make_unique<GradientReducer>(plan_, rank_, comm_, params_, device);
@@ -209,7 +210,7 @@ Tensor ZeroOptimizer::shard_of_rank0_weights(Device device) {
     if (r.numel == 0) continue;
     Tensor full = Tensor::empty(r.shape, dt, device);
     full.copy_(params_[i]);  // converts to the model dtype
-    if (world_ > 1) comm_->broadcast(full.raw_data(), static_cast<std::size_t>(r.numel), dt, 0);
+    if (world_ > 1) comm_->with_purpose("broadcast of " + r.name).broadcast(full.raw_data(), static_cast<std::size_t>(r.numel), dt, 0);
     if (lo < hi) flat_range(shard, lo - begin, hi - lo).copy_(flat_range(full, lo - r.offset, hi - lo));
   }
   return shard;
@@ -385,7 +386,7 @@ ZeroOptimizer::StepDecision ZeroOptimizer::agree_on_step(const Tensor& grad, boo
   std::vector<double> control(1 + params_.size());
   control[0] = norm_is_global ? 0.0 : local_sq;
   for (std::size_t i = 0; i < params_.size(); ++i) control[1 + i] = used[i] ? 1.0 : 0.0;
-  if (world_ > 1) comm_->all_reduce_sum(control);
+  if (world_ > 1) comm_->with_purpose("gradient norm and used parameters").all_reduce_sum(control);
   const double sq = norm_is_global ? local_sq : control[0];
   norm_span.reset();
 
