@@ -330,6 +330,25 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 // Exception safety (Note [Exception safety] in distributed/zero_optimizer.cpp)
 // =====================================================================================================
 
+// Trains `s` once for each occurrence of each of `sites` that its fault-free run `clean` saw, with a fault
+// there alone, and hands each outcome to `check(faulted, what)`.
+void for_each_single_fault(const RunSetup& s, const Outcome& clean, const std::vector<std::string>& sites,
+                           const std::function<void(const Outcome&, const std::string&)>& check) {
+  for (const std::string& site : sites) {
+    const long total = clean.seen.count(site) ? clean.seen.at(site) : 0;
+    ASSERT_GT(total, 0) << site << ", " << describe(s);
+    for (long k = 0; k < total; ++k) {
+      auto fault = std::make_shared<Fault>();
+      fault->site = site;
+      fault->target = k;
+      const Outcome o = train(s, fault);
+      const std::string what = fmt::format("{} #{} of {}, {}", site, k, total, describe(s));
+      EXPECT_EQ(o.faults, 1) << what;
+      check(o, what);
+    }
+  }
+}
+
 ZERO_DIST_TEST(ZeroFaults, EveryInjectedFaultLeavesTheRunAsWithoutIt) {
   const std::vector<RunSetup> setups = {{0, 2, false, DType::f32}, {0, 1, true, DType::f32},  {1, 2, true, DType::f32},
                                      {1, 1, false, DType::bf16}, {2, 2, true, DType::f32}, {2, 2, false, DType::f16}};
@@ -339,26 +358,16 @@ ZERO_DIST_TEST(ZeroFaults, EveryInjectedFaultLeavesTheRunAsWithoutIt) {
   for (const RunSetup& s : setups) {
     const Outcome clean = train(s, std::make_shared<Fault>());
     expect_replicas_identical(clean.params, "clean, " + describe(s));
-    for (const std::string& site : sites) {
-      const long total = clean.seen.count(site) ? clean.seen.at(site) : 0;
-      ASSERT_GT(total, 0) << site << ", " << describe(s);
-      for (long k = 0; k < total; ++k) {
-        auto fault = std::make_shared<Fault>();
-        fault->site = site;
-        fault->target = k;
-        const Outcome o = train(s, fault);
-        const std::string what = fmt::format("{} #{} of {}, {}", site, k, total, describe(s));
-        EXPECT_EQ(o.faults, 1) << what;
-        EXPECT_LE(max_rel_diff(o.params, clean.params), 1e-6) << what;
-        EXPECT_EQ(o.param_steps, clean.param_steps) << what;
-        EXPECT_EQ(o.loss_scale, clean.loss_scale) << what;
-        EXPECT_EQ(o.steps, clean.steps) << what;
-        EXPECT_EQ(o.skipped, clean.skipped) << what;
-        expect_replicas_identical(o.params, what);
-        ++runs;
-        bitwise += o.params == clean.params;
-      }
-    }
+    for_each_single_fault(s, clean, sites, [&](const Outcome& o, const std::string& what) {
+      EXPECT_LE(max_rel_diff(o.params, clean.params), 1e-6) << what;
+      EXPECT_EQ(o.param_steps, clean.param_steps) << what;
+      EXPECT_EQ(o.loss_scale, clean.loss_scale) << what;
+      EXPECT_EQ(o.steps, clean.steps) << what;
+      EXPECT_EQ(o.skipped, clean.skipped) << what;
+      expect_replicas_identical(o.params, what);
+      ++runs;
+      bitwise += o.params == clean.params;
+    });
   }
   if (test_world()->rank() == 0)
     std::printf("fault injection: %d faulted runs on %d rank(s), %d bitwise identical to the run without the fault\n",
@@ -652,21 +661,12 @@ ZERO_DIST_TEST(ZeroErrorFeedback, AFailedBackwardLeavesTheResidualAsBefore) {
   for (const RunSetup& s : setups) {
     const Outcome clean = train(s, std::make_shared<Fault>());
     ASSERT_FALSE(all_zero(clean.residual)) << describe(s);
-    for (const std::string site : {"collective", "collective_wait", "hook_after", "model_backward"}) {
-      const long total = clean.seen.count(site) ? clean.seen.at(site) : 0;
-      ASSERT_GT(total, 0) << site << ", " << describe(s);
-      for (long k = 0; k < total; ++k) {
-        auto fault = std::make_shared<Fault>();
-        fault->site = site;
-        fault->target = k;
-        const Outcome o = train(s, fault);
-        const std::string what = fmt::format("{} #{} of {}, {}", site, k, total, describe(s));
-        EXPECT_EQ(o.faults, 1) << what;
-        EXPECT_EQ(o.residual, clean.residual) << what;
-        EXPECT_EQ(o.residual_scales, clean.residual_scales) << what;
-        EXPECT_EQ(o.params, clean.params) << what;
-      }
-    }
+    for_each_single_fault(s, clean, {"collective", "collective_wait", "hook_after", "model_backward"},
+                          [&](const Outcome& o, const std::string& what) {
+                            EXPECT_EQ(o.residual, clean.residual) << what;
+                            EXPECT_EQ(o.residual_scales, clean.residual_scales) << what;
+                            EXPECT_EQ(o.params, clean.params) << what;
+                          });
   }
 }
 
