@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "distributed/job_runtime.h"
-#include "distributed/mpi_communicator.h"
-#include "distributed/zero_plan.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/comm/mpi_communicator.h"
+#include "distributed/zero/zero_plan.h"
 
 using zero::DType;
 using namespace zero::dist;

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "distributed/inprocess_communicator.h"
+#include "distributed/comm/inprocess_communicator.h"
 
 using namespace zero;
 using namespace zero::dist;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/communicator.h"
+#include "distributed/comm/communicator.h"
 
 namespace zero::examples {
 

@@ -8,8 +8,8 @@
 #include <map>
 
 #include "core/check.h"
-#include "distributed/checkpoint.h"
-#include "distributed/settings.h"
+#include "distributed/run/checkpoint.h"
+#include "distributed/run/settings.h"
 
 namespace zero::examples {
 

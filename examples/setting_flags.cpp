@@ -1,6 +1,6 @@
 #include "examples/setting_flags.h"
 
-#include "distributed/settings.h"
+#include "distributed/run/settings.h"
 
 namespace zero::examples {
 

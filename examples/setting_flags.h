@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "distributed/config.h"
+#include "distributed/run/config.h"
 
 namespace zero::examples {
 

@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/job_runtime.h"
-#include "distributed/zero_optimizer.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/zero/zero_optimizer.h"
 #include "nn/layers.h"
 
 using namespace zero;

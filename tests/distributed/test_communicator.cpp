@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "core/check.h"
-#include "distributed/job_runtime.h"
-#include "distributed/inprocess_communicator.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/comm/inprocess_communicator.h"
+#include "distributed/comm/mpi_communicator.h"
 #include "tests/rounding_input.h"
 
 namespace zero::dist {

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/zero_optimizer.h"
+#include "distributed/zero/zero_optimizer.h"
 #include "nn/gpt.h"
 #include "tests/distributed/forwarding_communicator.h"
 #include "tests/distributed/world.h"

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "autograd/autograd.h"
-#include "distributed/job_runtime.h"
-#include "distributed/zero_optimizer.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/zero/zero_optimizer.h"
 #include "nn/gpt.h"
 #include "tests/distributed/world.h"
 

@@ -20,12 +20,12 @@
 #include <vector>
 
 #include "autograd/ops.h"
-#include "distributed/job_runtime.h"
-#include "distributed/zero_optimizer.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/zero/zero_optimizer.h"
 #include "tests/unit/kernel_bounds.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/runtime.h"
-#include "distributed/nccl_communicator.h"
+#include "distributed/comm/nccl_communicator.h"
 #endif
 
 namespace zero::dist {

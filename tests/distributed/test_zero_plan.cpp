@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "distributed/job_runtime.h"
-#include "distributed/zero_optimizer.h"
-#include "distributed/zero_plan.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/zero/zero_optimizer.h"
+#include "distributed/zero/zero_plan.h"
 #include "nn/gpt.h"
 #include "tests/distributed/world.h"
 

@@ -20,7 +20,7 @@
 
 #include <memory>
 
-#include "distributed/communicator.h"
+#include "distributed/comm/communicator.h"
 
 #ifdef ZERO_INPROCESS_TESTS
 
@@ -38,7 +38,7 @@ void run_on_every_rank(void (*body)());
 
 #else
 
-#include "distributed/job_runtime.h"
+#include "distributed/comm/job_runtime.h"
 
 namespace zero::dist::harness {
 /// This process's communicator: the job's MPI world.

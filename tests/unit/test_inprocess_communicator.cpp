@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "distributed/inprocess_communicator.h"
+#include "distributed/comm/inprocess_communicator.h"
 #include "tests/rounding_input.h"
 
 namespace zero::dist {

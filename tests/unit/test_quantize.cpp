@@ -19,9 +19,9 @@
 
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
-#include "distributed/gradient_reducer.h"
-#include "distributed/inprocess_communicator.h"
-#include "distributed/quantize.h"
+#include "distributed/zero/gradient_reducer.h"
+#include "distributed/comm/inprocess_communicator.h"
+#include "distributed/comm/quantize.h"
 #include "tests/rounding_input.h"
 
 namespace zero::dist {

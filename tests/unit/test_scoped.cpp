@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "distributed/scoped.h"
+#include "distributed/comm/scoped.h"
 
 namespace zero::dist {
 namespace {

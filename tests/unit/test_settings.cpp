@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/check.h"
-#include "distributed/config.h"
-#include "distributed/settings.h"
+#include "distributed/run/config.h"
+#include "distributed/run/settings.h"
 #include "test_paths.h"
 
 namespace {
