@@ -8,8 +8,7 @@
 #include <map>
 
 #include "core/check.h"
-#include "distributed/run/checkpoint.h"
-#include "distributed/run/settings.h"
+#include "distributed/distributed.h"
 
 namespace zero::examples {
 

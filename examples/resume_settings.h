@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/run/config.h"
+#include "distributed/distributed.h"
 #include "examples/train_options.h"
 
 namespace zero::examples {

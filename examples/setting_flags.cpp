@@ -1,6 +1,6 @@
 #include "examples/setting_flags.h"
 
-#include "distributed/run/settings.h"
+#include "distributed/distributed.h"
 
 namespace zero::examples {
 

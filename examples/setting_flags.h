@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "distributed/run/config.h"
+#include "distributed/distributed.h"
 
 namespace zero::examples {
 

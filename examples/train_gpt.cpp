@@ -44,16 +44,11 @@
 #include "core/gemm_precision.h"
 #include "core/storage.h"
 #include "core/trace.h"
-#include "distributed/run/checkpoint.h"
-#include "distributed/run/config.h"
-#include "distributed/comm/job_runtime.h"
-#include "distributed/run/trace_file.h"
+#include "distributed/distributed.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
-#include "distributed/comm/nccl_communicator.h"
 #endif
-#include "distributed/zero/zero_optimizer.h"
 #include "examples/gpt_sampling.h"
 #include "examples/preemption.h"
 #include "examples/resume_settings.h"

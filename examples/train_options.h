@@ -13,7 +13,7 @@
 #include <string_view>
 #include <utility>
 
-#include "distributed/run/config.h"
+#include "distributed/distributed.h"
 #include "examples/setting_flags.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"

@@ -26,8 +26,7 @@
 #include <vector>
 
 #include "autograd/autograd.h"
-#include "distributed/run/config.h"
-#include "distributed/zero/zero_plan.h"
+#include "distributed/distributed.h"
 #include "examples/cli_errors.h"
 #include "examples/model_options.h"
 #include "examples/setting_flags.h"

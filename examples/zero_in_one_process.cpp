@@ -33,8 +33,7 @@
 #include "examples/cli_errors.h"
 #include "core/check.h"
 #include "core/cpu/kernels.h"
-#include "distributed/comm/inprocess_communicator.h"
-#include "distributed/zero/zero_optimizer.h"
+#include "distributed/distributed.h"
 #include "nn/gpt.h"
 
 namespace {
