@@ -1,5 +1,5 @@
 // zero_in_one_process: ZeRO (stage 2 by default) on 4 ranks inside this one process, each rank a thread
-// (distributed/inprocess_communicator.h), training a tiny character-level GPT for a few steps. Made to
+// (distributed/comm/inprocess_communicator.h), training a tiny character-level GPT for a few steps. Made to
 // be read, and to be stepped through in a debugger with every rank in view.
 //
 //   build/bin/zero_in_one_process                   4 ranks, stage 2, 3 steps

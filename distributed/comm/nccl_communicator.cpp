@@ -197,7 +197,7 @@ bool all_equal(std::span<const std::size_t> counts) {
 }
 
 // Runs `body` (NCCL calls) inside ncclGroupStart / ncclGroupEnd, closing the group on every path
-// (detail::run_grouped, distributed/scoped.h).
+// (detail::run_grouped, distributed/comm/scoped.h).
 template <class Body>
 void nccl_group(Body&& body) {
   detail::run_grouped([] { ZERO_NCCL_CHECK(ncclGroupStart()); }, std::forward<Body>(body),
@@ -242,7 +242,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Communicator> bootstrap, Nccl
   if (options_.device < 0) {
     ZERO_CHECK(local_size <= devices,
                "NcclCommunicator: {} ranks on this node but {} GPU(s); NCCL needs one GPU per rank. To run several "
-               "ranks on one GPU use make_host_staged(mpi_world()) (distributed/nccl_communicator.h)",
+               "ranks on one GPU use make_host_staged(mpi_world()) (distributed/comm/nccl_communicator.h)",
                local_size, devices);
     device_ = local_rank % devices;
   } else {

@@ -1,4 +1,4 @@
-// Exception safety for the GPU communicator (distributed/nccl_communicator.cpp), in plain C++ so it is
+// Exception safety for the GPU communicator (distributed/comm/nccl_communicator.cpp), in plain C++ so it is
 // tested without NCCL or a GPU (tests/unit/test_scoped.cpp): a group call that is closed on every path,
 // and an owning handle for the streams, events and buffers the communicator acquires.
 #pragma once

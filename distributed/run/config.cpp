@@ -235,7 +235,7 @@ class Section {
     out = v;
   }
 
-  // A setting of the table (distributed/settings.h), whatever its field's type.
+  // A setting of the table (distributed/run/settings.h), whatever its field's type.
   void read(const std::string& key, const SettingField& field) {
     std::visit([&](auto* p) { read(key, *p); }, field);
   }
@@ -308,7 +308,7 @@ class Section {
   std::set<std::string> known_;
 };
 
-// Reads every setting of the table (distributed/settings.h) that lives in `section`.
+// Reads every setting of the table (distributed/run/settings.h) that lives in `section`.
 void read_settings(Section& s, const std::string& section, TrainingConfig& c) {
   for (const Setting& setting : settings())
     if (setting.section() == section) s.read(setting.name(), setting.field(c));

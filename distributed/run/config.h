@@ -19,7 +19,7 @@
 // A JSON null counts as "not given" (the default applies; for the batch keys: derive it), as in
 // DeepSpeed. Integer keys also accept whole JSON floats, so 5e8 is a valid bucket size.
 //
-// The merge rule (distributed/settings.h): defaults, then the file, then the flags, then validation
+// The merge rule (distributed/run/settings.h): defaults, then the file, then the flags, then validation
 // of the result; a file is never judged alone before the flags are on it. In a training program:
 //   auto cfg = TrainingConfig::parse_for_merge(read_config_file(path), path);  // types and keys only
 //   for (auto& w : cfg.warnings) if (rank == 0) fmt::print(stderr, "{}\n", w);
@@ -68,7 +68,7 @@ struct Bf16Config {
 struct ZeroConfig {
   int stage = 0;                                     // 0 (plain data parallel), 1, 2 or 3
   // IPG bucket and all-gather chunk, elements. Unset (nullopt, or null in the file): the automatic size
-  // default_bucket_size(Ψ) of distributed/zero_plan.h, which keeps stage 2's gradient memory below
+  // default_bucket_size(Ψ) of distributed/zero/zero_plan.h, which keeps stage 2's gradient memory below
   // stage 1's; DeepSpeed's fixed default is 5e8 (docs/zero.md, "Bucket size"). A value given is used
   // as is: reduce_bucket_size > 0, allgather_bucket_size > 0 and even (DeepSpeed's rules).
   std::optional<std::int64_t> reduce_bucket_size;
@@ -84,7 +84,7 @@ struct ZeroConfig {
   // Megatron-LM's reduce_scatter_with_fp32_accumulation (not a DeepSpeed key): with 16-bit gradient
   // reductions, an all-to-all whose receiver adds the n contributions in fp32 and rounds once, instead
   // of the ring's rounding at every hop; the same bytes on the wire (Note [fp32-accumulating
-  // reduce-scatter] in distributed/communicator.cpp). Unset: off. true needs a 16-bit wire (a 16-bit
+  // reduce-scatter] in distributed/comm/communicator.cpp). Unset: off. true needs a 16-bit wire (a 16-bit
   // model without communication_data_type "fp32").
   std::optional<bool> reduce_scatter_with_fp32_accumulation;
   // Stage 3, DeepSpeed's keys and defaults, in elements (docs/zero.md, "Stage 3"): the elements of
@@ -96,14 +96,14 @@ struct ZeroConfig {
   // gradient reduce-scatter sends int8 values with one fp32 scale per block of
   // zero_quantized_gradients_block_size elements (not a DeepSpeed key; 1 ..= 1048576, default 256) as an
   // all-to-all, and the owner adds the dequantized contributions in fp32 (Note [int8 quantized
-  // reduce-scatter] in distributed/quantize.cpp). Any model dtype. Refused at stage 0, with
+  // reduce-scatter] in distributed/comm/quantize.cpp). Any model dtype. Refused at stage 0, with
   // reduce_scatter false, reduce_scatter_with_fp32_accumulation or communication_data_type "fp32" for a
   // 16-bit model.
   bool zero_quantized_gradients = false;
   std::int64_t zero_quantized_gradients_block_size = 256;
   // Not a DeepSpeed key: keep each step's quantization residual (int8, one fp32 scale per block) and add
   // it to the next step's gradient before quantizing (Note [Error feedback] in
-  // distributed/gradient_reducer.cpp). Needs zero_quantized_gradients.
+  // distributed/zero/gradient_reducer.cpp). Needs zero_quantized_gradients.
   bool zero_quantized_gradients_error_feedback = false;
 };
 

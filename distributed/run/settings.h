@@ -1,4 +1,4 @@
-// The settings table: every scalar key of the training config (distributed/config.h) declared once,
+// The settings table: every scalar key of the training config (distributed/run/config.h) declared once,
 // with its DeepSpeed key, the command-line flag that overrides it, its type, default, allowed values
 // and one line of documentation.
 //
@@ -6,7 +6,7 @@
 // TrainingConfig::to_json, the flags of train_gpt and zero_explain (examples/setting_flags.h), the
 // merge of flags over a file (apply_flag), and the key tables of docs/config.md (checked against the
 // table by tests/unit/test_settings.cpp). Rules that relate several keys (fp16 and bf16 both on,
-// int8 gradients at stage 0, ...) are in validate_config (distributed/config.cpp), which runs once on
+// int8 gradients at stage 0, ...) are in validate_config (distributed/run/config.cpp), which runs once on
 // the merged result.
 //
 // The merge rule, used by every program that takes a config file and flags:

@@ -50,7 +50,7 @@ struct ParamRange {
 };
 
 /// A reduction bucket: a fixed range [begin, end) of the flat buffer. See Note [Bucket order] in
-/// distributed/gradient_reducer.cpp.
+/// distributed/zero/gradient_reducer.cpp.
 struct Bucket {
   int index = 0;                    // issue order: bucket 0 holds the END of the flat buffer
   std::int64_t begin = 0, end = 0;  // flat elements

@@ -13,8 +13,8 @@
 // (Note [Unused parameters] in zero_optimizer.cpp); for a 16-bit model it also rounds the updated
 // master back into the model-dtype parameters of the range (a range of the flat buffer at stages 0-2,
 // the rank's parameter shard at stage 3), so after step() this rank's range of the model is current
-// and the other ranks' ranges wait for the all-gather (distributed/parameter_gather.h) or, at stage 3,
-// for the next gather of each unit (distributed/partitioned_parameters.h).
+// and the other ranks' ranges wait for the all-gather (distributed/zero/parameter_gather.h) or, at stage 3,
+// for the next gather of each unit (distributed/zero/partitioned_parameters.h).
 #pragma once
 
 #include <cstdint>

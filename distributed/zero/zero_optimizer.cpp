@@ -20,7 +20,7 @@ namespace zero::dist {
 // pick the device themselves: Tensor::copy_ / zero_, the backend's accumulate, optim::scale_grad_,
 // optim::grad_sq_norm and optim::adamw_update (all through core/backend.h). No ZeRO file branches on
 // the device. The communicator is handed device pointers (NCCL, or MPI staged through pinned host
-// memory: distributed/nccl_communicator.h).
+// memory: distributed/comm/nccl_communicator.h).
 
 // Note [Exception safety]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -156,7 +156,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
     params_.push_back(p.tensor);
   }
   plan_ = plan_zero(entries, world_, opts);
-  // Note [Wire dtype] (distributed/communicator.cpp): DeepSpeed's communication_data_type.
+  // Note [Wire dtype] (distributed/comm/communicator.cpp): DeepSpeed's communication_data_type.
   comm_->set_reduce_in_fp32(opts.reduce_in_fp32 && opts.dtype != DType::f32);
   comm_->set_fp32_accumulation(opts.reduce_scatter_with_fp32_accumulation);
   comm_->set_quantized_gradients(static_cast<std::size_t>(plan_.options.quantized_gradients_block));

@@ -64,7 +64,7 @@ class ZeroOptimizer {
   /// Takes over the trainable parameters of `params` (requires_grad; frozen ones are left alone).
   /// Collective: every rank must construct it with the same parameter list and options.
   /// Parameters on cuda keep every buffer on the device (Note [ZeRO on cuda] in the .cpp); `comm` must
-  /// then take device buffers (NcclCommunicator or make_host_staged, distributed/nccl_communicator.h).
+  /// then take device buffers (NcclCommunicator or make_host_staged, distributed/comm/nccl_communicator.h).
   /// Throws zero::Error for a stage outside 0..3, a non-float dtype, a bucket size < 1,
   /// gradient_accumulation_steps < 1, negative clipping / weight decay, a null communicator, no
   /// trainable parameter, a parameter listed twice, a non-leaf parameter, parameters on different
@@ -155,7 +155,7 @@ class ZeroOptimizer {
   /// error feedback's residual and its copy from the accumulation's start (Note [Error feedback state]).
   MemoryBreakdown memory() const;
 
-  // ---- what a checkpoint reads and restores (distributed/checkpoint.h) ----
+  // ---- what a checkpoint reads and restores (distributed/run/checkpoint.h) ----
   /// The flat range this rank steps and keeps fp32 state for: [0, padded_numel) at stage 0, its
   /// partition [r·P, (r+1)·P) at stages 1-3. Elements.
   std::int64_t region_begin() const { return optimizer_->region_begin(); }

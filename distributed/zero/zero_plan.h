@@ -85,11 +85,11 @@ struct ZeroOptions {
   std::int64_t allgather_bucket_size = kAutoBucketSize;
   // DeepSpeed's communication_data_type "fp32" for a 16-bit model: reductions travel in fp32 and are
   // rounded once (twice the bytes). false (the default, communication_data_type = the model dtype):
-  // 16-bit partial sums, rounded at every hop (Note [Wire dtype] in distributed/communicator.cpp).
+  // 16-bit partial sums, rounded at every hop (Note [Wire dtype] in distributed/comm/communicator.cpp).
   bool reduce_in_fp32 = false;
   // Megatron-LM's reduce_scatter_with_fp32_accumulation: 16-bit reductions (not fp32 ones, and not with
   // reduce_in_fp32) go as an all-to-all whose receiver adds in fp32 and rounds once; same wire bytes
-  // (Note [fp32-accumulating reduce-scatter] in distributed/communicator.cpp).
+  // (Note [fp32-accumulating reduce-scatter] in distributed/comm/communicator.cpp).
   bool reduce_scatter_with_fp32_accumulation = false;
   // DeepSpeed's zero_quantized_gradients: > 0, the stage 1/2 reduce-scatter sends int8 blocks of this
   // many elements with an fp32 scale each (Note [int8 quantized reduce-scatter] in quantize.cpp); 0 off.

@@ -1,4 +1,4 @@
-// The gradient reducer (distributed/gradient_reducer.h) on its own promises: at most two bucket buffers
+// The gradient reducer (distributed/zero/gradient_reducer.h) on its own promises: at most two bucket buffers
 // alive at once at stage 2 (DeepSpeed's double buffer), whatever overlap_comm does, and stage 2 holding
 // less gradient memory than stage 1 at every setting.
 //

@@ -327,7 +327,7 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // =====================================================================================================
-// Exception safety (Note [Exception safety] in distributed/zero_optimizer.cpp)
+// Exception safety (Note [Exception safety] in distributed/zero/zero_optimizer.cpp)
 // =====================================================================================================
 
 ZERO_DIST_TEST(ZeroFaults, EveryInjectedFaultLeavesTheRunAsWithoutIt) {
@@ -521,8 +521,8 @@ ZERO_DIST_TEST(ZeroNonfinite, SkipModeStopsAtTheLimitOfSkipsInARow) {
 }
 
 // =====================================================================================================
-// Error feedback is optimizer state (Note [Error feedback state] in distributed/gradient_reducer.cpp,
-// Note [Error-feedback checkpoints] in distributed/checkpoint.cpp)
+// Error feedback is optimizer state (Note [Error feedback state] in distributed/zero/gradient_reducer.cpp,
+// Note [Error-feedback checkpoints] in distributed/run/checkpoint.cpp)
 // =====================================================================================================
 
 // int8 gradients with error feedback; a non-finite step is skipped however many come in a row; fp16

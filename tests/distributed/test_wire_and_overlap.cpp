@@ -219,7 +219,7 @@ ZERO_DIST_TEST(OverlapParamGather, BitwiseIdenticalToWaitingForTheGather) {
 }
 
 // ---- fp32 accumulation: one rounding, whatever the bucket size ---------------------------------------
-// Note [fp32-accumulating reduce-scatter] (distributed/communicator.cpp).
+// Note [fp32-accumulating reduce-scatter] (distributed/comm/communicator.cpp).
 
 // The collectives against sums formed here: rank order in fp32, rounded once.
 template <typename T>

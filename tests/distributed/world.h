@@ -7,7 +7,7 @@
 //   zero_inprocess_tests  (the ZeRO suites compiled once more with ZERO_INPROCESS_TESTS defined, plus
 //                         tests/inprocess/main.cpp; plain ctest, no MPI)
 //                         ZERO_DIST_TEST(Suite, Name) is a test that runs its body on every rank of an
-//                         in-process world (run_ranks, distributed/inprocess_communicator.h), for each
+//                         in-process world (run_ranks, distributed/comm/inprocess_communicator.h), for each
 //                         world size given by --ranks N (default: 1, 2, 3 and 4 in turn); test_world() is
 //                         the communicator of the rank whose thread calls it.
 // A test written with ZERO_DIST_TEST and test_world() therefore runs both ways. Tests of MPI itself (the
