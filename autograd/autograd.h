@@ -94,13 +94,13 @@ bool needs_grad(const Tensor& t);
 
 // ---- Parameter hooks: the two places a distributed optimizer plugs into a model ----------------------
 // Both are registered per parameter (on the tensor's autograd metadata), so two models in one process
-// (ranks that are threads: distributed/inprocess_communicator.h) never see each other's hooks.
+// (ranks that are threads: distributed/comm/inprocess_communicator.h) never see each other's hooks.
 //   post-accumulate-grad hook  runs when the parameter's gradient of this backward is final
 //                              (PyTorch's Tensor.register_post_accumulate_grad_hook): ZeRO's gradient
-//                              reducer copies it into a bucket there (distributed/gradient_reducer.h);
+//                              reducer copies it into a bucket there (distributed/zero/gradient_reducer.h);
 //   parameter-use hook         runs before a layer's forward reads the parameter (nn::Module::compute):
 //                              ZeRO's parameter gather waits there for the all-gather that fills it
-//                              (distributed/parameter_gather.h). PyTorch's nearest is a module forward
+//                              (distributed/zero/parameter_gather.h). PyTorch's nearest is a module forward
 //                              pre-hook; this one has the granularity of one parameter.
 // A hook may throw: the exception propagates out of backward() or out of the forward.
 

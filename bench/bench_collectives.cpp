@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "distributed/job_runtime.h"
-#include "distributed/mpi_communicator.h"
-#include "distributed/zero_plan.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/comm/mpi_communicator.h"
+#include "distributed/zero/zero_plan.h"
 
 using zero::DType;
 using namespace zero::dist;
@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   app.add_flag("--bf16", bf16, "add bf16 reduce-scatters (S/2 bytes): ring, and all-to-all with fp32 accumulation");
   app.add_option("--bandwidth", bandwidth,
                  "bytes/s per rank's link: adds the alpha-beta ring model's time beside each of our collectives "
-                 "(distributed/zero_plan.h)")
+                 "(distributed/zero/zero_plan.h)")
       ->check(CLI::PositiveNumber);
   app.add_option("--latency", latency, "seconds per message for the model (with --bandwidth)")
       ->check(CLI::NonNegativeNumber);

@@ -2,7 +2,7 @@
 //
 //   build/bin/bench_reduction_error [--ranks 2,4,8,16] [--elements 1048576] [--seed 1] [--block 256]
 //
-// Every rank of an in-process world (distributed/inprocess_communicator.h: N threads, the MPI backend's
+// Every rank of an in-process world (distributed/comm/inprocess_communicator.h: N threads, the MPI backend's
 // arithmetic bit for bit) holds a synthetic gradient and contributes it pre-divided by N and rounded to
 // the model dtype, as the gradient reducer does. The reference is the sum of those same contributions in
 // fp64, so what is measured is the reduction's error alone, not the rounding of the inputs. Rows:
@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "distributed/inprocess_communicator.h"
+#include "distributed/comm/inprocess_communicator.h"
 
 using namespace zero;
 using namespace zero::dist;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # identity_cost.sh: what checking every collective's identity costs (Note [Identity records] in
-# distributed/mpi_communicator.cpp): train_gpt's ms/step under mpirun with the check on and off
+# distributed/comm/mpi_communicator.cpp): train_gpt's ms/step under mpirun with the check on and off
 # (ZERO_COLLECTIVE_IDENTITY=1 / 0), side by side in one run.
 #
 #   bench/identity_cost.sh [--ranks 4] [--stages "2 3"] [--rounds 5] [--steps 40] [--bin build/bin] [--data FILE] [-- extra flags]

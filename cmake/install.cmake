@@ -1,6 +1,7 @@
 # `cmake --install` rules: the headers under <prefix>/include/zero (by layer: core/, autograd/, nn/,
-# optim/, distributed/), libzero.a and libzero_core.a under <prefix>/lib, and the CMake package "zero" so that another
-# project can write
+# optim/, distributed/ with its comm/, zero/ and run/), one static library per layer under <prefix>/lib
+# (libzero_core.a ... libzero_distributed_run.a), and the CMake package "zero" so that another project
+# can write
 #
 #   find_package(zero REQUIRED)                 # -DCMAKE_PREFIX_PATH=<prefix>
 #   target_link_libraries(app PRIVATE zero::zero)
@@ -13,7 +14,8 @@ include(CMakePackageConfigHelpers)
 set(ZERO_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/zero CACHE STRING
     "Where the CMake package files of zero are installed, relative to the prefix")
 
-install(TARGETS zero zero_core EXPORT zeroTargets
+# zero is an interface target that links the layers' libraries, as in the build tree.
+install(TARGETS zero ${ZERO_LIBRARIES} EXPORT zeroTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 foreach(layer core autograd nn optim distributed)

@@ -7,7 +7,7 @@
 // Off by default; while off, a Span or instant() costs one relaxed atomic load. enable() starts
 // collecting into memory, set_active() pauses and resumes (a range of steps), take() hands the events
 // over. Events from several threads are appended under one mutex: a few hundred per training step.
-// distributed/trace_file.h gathers every rank's events into one file.
+// distributed/run/trace_file.h gathers every rank's events into one file.
 #pragma once
 
 #include <atomic>

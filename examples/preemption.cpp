@@ -24,7 +24,7 @@ namespace zero::examples {
 // convention for "ended by a signal" (143 for SIGTERM, 130 for SIGINT).
 //
 // A second signal means "now": a rank that has one before the checkpoint is committed (the rename of its
-// temporary directory, distributed/checkpoint.cpp) makes every rank abandon it, so the previous
+// temporary directory, distributed/run/checkpoint.cpp) makes every rank abandon it, so the previous
 // checkpoint stays the newest; at a step boundary it skips the save altogether. A third signal gets its
 // default action: the process ends at once (and the crash-safe checkpoint format keeps every earlier
 // checkpoint loadable).

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/communicator.h"
+#include "distributed/distributed.h"
 
 namespace zero::examples {
 

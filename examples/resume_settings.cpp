@@ -8,8 +8,7 @@
 #include <map>
 
 #include "core/check.h"
-#include "distributed/checkpoint.h"
-#include "distributed/settings.h"
+#include "distributed/distributed.h"
 
 namespace zero::examples {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/config.h"
+#include "distributed/distributed.h"
 #include "examples/train_options.h"
 
 namespace zero::examples {
@@ -37,7 +37,7 @@ struct CheckpointSettings {
 /// checkpoint and the culprit: a missing or unreadable state.json, or a given model-shape flag
 /// (--n-layer, --n-head, --n-embd, --block, --norm) that differs from the checkpoint's.
 /// `resolved`, when not empty, is the checkpoint directory already chosen for the flag's path (by rank
-/// 0 for the whole job: Note [One resolution] in distributed/checkpoint.cpp).
+/// 0 for the whole job: Note [One resolution] in distributed/run/checkpoint.cpp).
 CheckpointSettings take_checkpoint_settings(Args& a, const Given& given, const std::string& resolved = "");
 
 /// The path --resume or --init-from gives when it names a checkpoint or save directory, else "".

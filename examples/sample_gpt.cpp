@@ -15,7 +15,7 @@
 #include <iostream>
 
 #include "core/safetensors.h"
-#include "distributed/checkpoint.h"
+#include "distributed/distributed.h"
 #include "examples/cli_errors.h"
 #include "examples/gpt_sampling.h"
 

@@ -1,6 +1,6 @@
 #include "examples/setting_flags.h"
 
-#include "distributed/settings.h"
+#include "distributed/distributed.h"
 
 namespace zero::examples {
 

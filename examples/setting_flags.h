@@ -1,4 +1,4 @@
-// The command-line flags of the settings table (distributed/settings.h), shared by train_gpt and
+// The command-line flags of the settings table (distributed/run/settings.h), shared by train_gpt and
 // zero_explain, and the one merge rule both apply: defaults, then the config file, then the flags,
 // then validation of the result (merge_config).
 #pragma once
@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include "distributed/config.h"
+#include "distributed/distributed.h"
 
 namespace zero::examples {
 

@@ -44,16 +44,11 @@
 #include "core/gemm_precision.h"
 #include "core/storage.h"
 #include "core/trace.h"
-#include "distributed/checkpoint.h"
-#include "distributed/config.h"
-#include "distributed/job_runtime.h"
-#include "distributed/trace_file.h"
+#include "distributed/distributed.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
-#include "distributed/nccl_communicator.h"
 #endif
-#include "distributed/zero_optimizer.h"
 #include "examples/gpt_sampling.h"
 #include "examples/preemption.h"
 #include "examples/resume_settings.h"
@@ -95,7 +90,7 @@ std::string matmul_note(Device device, MatmulPrecision precision) {
   return fmt::format(" ({} tensor-core matmuls)", matmul_precision_name(precision));
 }
 
-// The world's communicator for --comm on --device (Note [ZeRO on cuda] in distributed/zero_optimizer.cpp).
+// The world's communicator for --comm on --device (Note [ZeRO on cuda] in distributed/zero/zero_optimizer.cpp).
 // For cuda, selects this rank's GPU first (local rank modulo the visible devices), before any allocation.
 std::shared_ptr<dist::Communicator> make_communicator(const Args& a, std::shared_ptr<dist::Communicator> world) {
   if (a.device == "cpu") {
@@ -380,7 +375,7 @@ void TrainingRun::configure() {
     comm_.set_timeout(a_.collective_timeout);
   else if (tc_.collective_timeout_s && std::getenv("ZERO_COLLECTIVE_TIMEOUT_S") == nullptr)
     comm_.set_timeout(*tc_.collective_timeout_s);
-  // One writer per save directory (Note [One writer] in distributed/checkpoint.cpp): rank 0 takes the
+  // One writer per save directory (Note [One writer] in distributed/run/checkpoint.cpp): rank 0 takes the
   // lock before any work, and every rank stops with its message if it cannot.
   if (a_.save_dir.empty()) return;
   std::string error;
@@ -602,7 +597,7 @@ TrainingRun::StepResult TrainingRun::train_step(std::int64_t step) {
     throw Error(fmt::format("step {}: {} ({} of {} steps skipped; --min-scale-skip-limit 0 keeps skipping)", step + 1,
                             e.what(), opt_->skipped_steps(), opt_->steps() + opt_->skipped_steps()));
   } catch (const dist::NonfiniteSkipLimitError& e) {
-    // Every rank saw the same non-finite norm (Note [Non-finite gradients] in distributed/zero_optimizer.cpp).
+    // Every rank saw the same non-finite norm (Note [Non-finite gradients] in distributed/zero/zero_optimizer.cpp).
     throw Error(fmt::format("{} ({} of {} steps skipped; --nonfinite-skip-limit 0 keeps skipping)", e.what(),
                             opt_->skipped_steps(), opt_->steps() + opt_->skipped_steps()));
   }

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <utility>
 
-#include "distributed/config.h"
+#include "distributed/distributed.h"
 #include "examples/setting_flags.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
@@ -34,7 +34,7 @@ struct Args {
   std::string config;
   std::string dtype = "fp32";
   int grad_accum = 1;
-  // The flags of the settings table (--zero-stage, --overlap-comm, ...: distributed/settings.h).
+  // The flags of the settings table (--zero-stage, --overlap-comm, ...: distributed/run/settings.h).
   SettingFlags settings;
   // Device and communicator.
   std::string device = "cpu";  // cpu | cuda
@@ -73,7 +73,7 @@ void apply_step_cap(Args& a);
 /// naming the flag for anything else, or for a range that lies beyond --steps.
 std::pair<std::int64_t, std::int64_t> trace_range(const Args& a);
 
-/// Every flag by the rule of the config key it overrides (distributed/config.cpp), naming the flag;
+/// Every flag by the rule of the config key it overrides (distributed/run/config.cpp), naming the flag;
 /// then every output path probed (probe_output_paths). Throws zero::Error with one line.
 void validate(const Args& a, const Given& given);
 

@@ -11,7 +11,7 @@
 //   build/bin/zero_explain --world-size 4 --svg layout.svg
 //
 // Model and ZeRO flags have train_gpt's names and defaults (--config, then the flags over it). The
-// numbers come from distributed/zero_plan.h: layout arithmetic, checked by the tests against what a
+// numbers come from distributed/zero/zero_plan.h: layout arithmetic, checked by the tests against what a
 // real ZeroOptimizer allocates and its ledger counts. The bucket order and the stage-2 pool follow the
 // real hook order, recorded from one backward of the model on a dummy batch (no optimizer step).
 #include <fmt/format.h>
@@ -26,8 +26,7 @@
 #include <vector>
 
 #include "autograd/autograd.h"
-#include "distributed/config.h"
-#include "distributed/zero_plan.h"
+#include "distributed/distributed.h"
 #include "examples/cli_errors.h"
 #include "examples/model_options.h"
 #include "examples/setting_flags.h"
@@ -45,7 +44,7 @@ struct Args {
   std::int64_t vocab_size = 0;
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
   int world_size = 1, grad_accum = 1;
-  examples::SettingFlags settings;  // the ZeRO flags of the settings table (distributed/settings.h)
+  examples::SettingFlags settings;  // the ZeRO flags of the settings table (distributed/run/settings.h)
   double bandwidth = 0, latency = 0;
   std::vector<double> params;
 };

@@ -1,5 +1,5 @@
 // zero_in_one_process: ZeRO (stage 2 by default) on 4 ranks inside this one process, each rank a thread
-// (distributed/inprocess_communicator.h), training a tiny character-level GPT for a few steps. Made to
+// (distributed/comm/inprocess_communicator.h), training a tiny character-level GPT for a few steps. Made to
 // be read, and to be stepped through in a debugger with every rank in view.
 //
 //   build/bin/zero_in_one_process                   4 ranks, stage 2, 3 steps
@@ -33,8 +33,7 @@
 #include "examples/cli_errors.h"
 #include "core/check.h"
 #include "core/cpu/kernels.h"
-#include "distributed/inprocess_communicator.h"
-#include "distributed/zero_optimizer.h"
+#include "distributed/distributed.h"
 #include "nn/gpt.h"
 
 namespace {

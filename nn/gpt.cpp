@@ -125,7 +125,7 @@ Tensor GPT::forward(const Tensor& idx) const {
   }
   // LM head tied to the token embedding: logits = lnf(x) @ wte^T. The final norm runs before the
   // weight is read: at ZeRO stage 3 reading another layer's parameters frees the ones read before
-  // (Note [Gathering on use] in distributed/partitioned_parameters.cpp).
+  // (Note [Gathering on use] in distributed/zero/partitioned_parameters.cpp).
   autograd::ScopeGuard scope("head");
   const Tensor h = lnf->forward(x);
   return linear(h, wte->gemm_weight(), Tensor());

@@ -2,7 +2,7 @@
 // semantics of PyTorch's torch.optim.AdamW (amsgrad=False, maximize=False).
 //
 // One entry, adamw_update, steps one contiguous range on any device: AdamW::step calls it per parameter;
-// the ZeRO optimizer (distributed/sharded_optimizer.cpp) calls it on each slice of the flat fp32 master
+// the ZeRO optimizer (distributed/zero/sharded_optimizer.cpp) calls it on each slice of the flat fp32 master
 // buffer its rank owns. It forms the step's scalars once and runs the device's one AdamW kernel
 // (Backend::adamw_update: core/cpu/elementwise.cpp, core/cuda/elementwise.cu), whose per-element math
 // is adamw_step in core/adamw_step.h, shared by both devices. Both optimizers therefore compute

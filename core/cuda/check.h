@@ -1,4 +1,4 @@
-// Error checks for CUDA runtime and cuBLAS calls (NCCL's is in distributed/nccl_communicator.cpp).
+// Error checks for CUDA runtime and cuBLAS calls (NCCL's is in distributed/comm/nccl_communicator.cpp).
 //
 // Every call into a CUDA library is wrapped: a failure throws zero::Error naming the call, the library's
 // own error string and file:line, like ZERO_CHECK (core/check.h). Kernel launches are followed by

@@ -1,7 +1,7 @@
 // The CUDA runtime layer: is there a device, which one, which stream, device and pinned memory, copies.
 //
 // One process drives one GPU (one rank per GPU, or several ranks sharing GPU 0 in the host-staged test
-// mode, distributed/nccl_communicator.h). Call set_device() before the first allocation if the process
+// mode, distributed/comm/nccl_communicator.h). Call set_device() before the first allocation if the process
 // should not use device 0.
 //
 // Streams. Work is issued on the calling thread's *current stream*: by default one non-blocking stream

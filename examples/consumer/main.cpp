@@ -7,8 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/job_runtime.h"
-#include "distributed/zero_optimizer.h"
+#include "distributed/distributed.h"
 #include "nn/layers.h"
 
 using namespace zero;

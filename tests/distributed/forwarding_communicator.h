@@ -8,7 +8,7 @@
 #include <span>
 #include <string_view>
 
-#include "distributed/communicator.h"
+#include "distributed/comm/communicator.h"
 
 namespace zero::dist::testing {
 

@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "distributed/job_runtime.h"
+#include "distributed/comm/job_runtime.h"
 
 namespace {
 

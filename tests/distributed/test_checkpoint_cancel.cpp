@@ -12,9 +12,9 @@
 #include <memory>
 #include <string>
 
-#include "distributed/checkpoint.h"
-#include "distributed/job_runtime.h"
-#include "distributed/zero_optimizer.h"
+#include "distributed/run/checkpoint.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/zero/zero_optimizer.h"
 #include "nn/gpt.h"
 
 namespace zero::dist {

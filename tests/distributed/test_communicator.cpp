@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "core/check.h"
-#include "distributed/job_runtime.h"
-#include "distributed/inprocess_communicator.h"
-#include "distributed/mpi_communicator.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/comm/inprocess_communicator.h"
+#include "distributed/comm/mpi_communicator.h"
 #include "tests/rounding_input.h"
 
 namespace zero::dist {
@@ -512,7 +512,7 @@ TEST_F(CommunicatorTest, ControlScalarsStayOutOfTheFiveCounters) {
 
 // ---- the in-process backend gives the same bits ----------------------------------------------------
 //
-// Every MPI rank also runs an in-process world (distributed/inprocess_communicator.h) of the same size
+// Every MPI rank also runs an in-process world (distributed/comm/inprocess_communicator.h) of the same size
 // on the same inputs, which are formulas of (rank, index), and keeps what its own rank computed there:
 // it must equal this rank's MPI result bit for bit, for sums that round (Note [The ring's order] in
 // inprocess_communicator.cpp).

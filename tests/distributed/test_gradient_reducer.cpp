@@ -1,4 +1,4 @@
-// The gradient reducer (distributed/gradient_reducer.h) on its own promises: at most two bucket buffers
+// The gradient reducer (distributed/zero/gradient_reducer.h) on its own promises: at most two bucket buffers
 // alive at once at stage 2 (DeepSpeed's double buffer), whatever overlap_comm does, and stage 2 holding
 // less gradient memory than stage 1 at every setting.
 //
@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "distributed/zero_optimizer.h"
+#include "distributed/zero/zero_optimizer.h"
 #include "nn/gpt.h"
 #include "tests/distributed/forwarding_communicator.h"
 #include "tests/distributed/world.h"

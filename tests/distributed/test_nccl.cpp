@@ -16,8 +16,8 @@
 #include "core/cuda/runtime.h"
 #include "core/kernels.h"
 #include "core/tensor.h"
-#include "distributed/job_runtime.h"
-#include "distributed/nccl_communicator.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/comm/nccl_communicator.h"
 
 namespace zero::dist {
 namespace {

@@ -28,10 +28,10 @@
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "core/check.h"
-#include "distributed/checkpoint.h"
-#include "distributed/inprocess_communicator.h"
-#include "distributed/job_runtime.h"
-#include "distributed/zero_optimizer.h"
+#include "distributed/run/checkpoint.h"
+#include "distributed/comm/inprocess_communicator.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/zero/zero_optimizer.h"
 #include "nn/module.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
@@ -327,7 +327,7 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // =====================================================================================================
-// Exception safety (Note [Exception safety] in distributed/zero_optimizer.cpp)
+// Exception safety (Note [Exception safety] in distributed/zero/zero_optimizer.cpp)
 // =====================================================================================================
 
 // Trains `s` once for each occurrence of each of `sites` that its fault-free run `clean` saw, with a fault
@@ -530,8 +530,8 @@ ZERO_DIST_TEST(ZeroNonfinite, SkipModeStopsAtTheLimitOfSkipsInARow) {
 }
 
 // =====================================================================================================
-// Error feedback is optimizer state (Note [Error feedback state] in distributed/gradient_reducer.cpp,
-// Note [Error-feedback checkpoints] in distributed/checkpoint.cpp)
+// Error feedback is optimizer state (Note [Error feedback state] in distributed/zero/gradient_reducer.cpp,
+// Note [Error-feedback checkpoints] in distributed/run/checkpoint.cpp)
 // =====================================================================================================
 
 // int8 gradients with error feedback; a non-finite step is skipped however many come in a row; fp16

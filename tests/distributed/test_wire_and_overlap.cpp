@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "autograd/autograd.h"
-#include "distributed/job_runtime.h"
-#include "distributed/zero_optimizer.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/zero/zero_optimizer.h"
 #include "nn/gpt.h"
 #include "tests/distributed/world.h"
 
@@ -219,7 +219,7 @@ ZERO_DIST_TEST(OverlapParamGather, BitwiseIdenticalToWaitingForTheGather) {
 }
 
 // ---- fp32 accumulation: one rounding, whatever the bucket size ---------------------------------------
-// Note [fp32-accumulating reduce-scatter] (distributed/communicator.cpp).
+// Note [fp32-accumulating reduce-scatter] (distributed/comm/communicator.cpp).
 
 // The collectives against sums formed here: rank order in fp32, rounded once.
 template <typename T>

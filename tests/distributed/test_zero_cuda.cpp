@@ -1,4 +1,4 @@
-// ZeRO's data path on cuda tensors (Note [ZeRO on cuda] in distributed/zero_optimizer.cpp): every rank's
+// ZeRO's data path on cuda tensors (Note [ZeRO on cuda] in distributed/zero/zero_optimizer.cpp): every rank's
 // parameters on the GPU, collectives through the host-staged MPI communicator (so any number of ranks can
 // share the one GPU of a test machine), and the same ZeRO run on the CPU with plain MPI, both against
 // exact AdamW in double with the bound of Note [AdamW trajectory bound] (tests/unit/kernel_bounds.h).
@@ -20,12 +20,12 @@
 #include <vector>
 
 #include "autograd/ops.h"
-#include "distributed/job_runtime.h"
-#include "distributed/zero_optimizer.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/zero/zero_optimizer.h"
 #include "tests/unit/kernel_bounds.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/runtime.h"
-#include "distributed/nccl_communicator.h"
+#include "distributed/comm/nccl_communicator.h"
 #endif
 
 namespace zero::dist {

@@ -1,4 +1,4 @@
-// ZeroPlan (distributed/zero_plan.h, what zero_explain prints) against a real ZeroOptimizer on this
+// ZeroPlan (distributed/zero/zero_plan.h, what zero_explain prints) against a real ZeroOptimizer on this
 // job's ranks: the planned per-rank memory must equal what the optimizer allocated (memory(), bucket
 // pool included) and the planned bytes per step what its communicator's ledger counted, for every
 // stage, reduce_scatter on and off, several bucket sizes and accumulation steps. The plan is pure
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "distributed/job_runtime.h"
-#include "distributed/zero_optimizer.h"
-#include "distributed/zero_plan.h"
+#include "distributed/comm/job_runtime.h"
+#include "distributed/zero/zero_optimizer.h"
+#include "distributed/zero/zero_plan.h"
 #include "nn/gpt.h"
 #include "tests/distributed/world.h"
 

@@ -7,7 +7,7 @@
 //   zero_inprocess_tests  (the ZeRO suites compiled once more with ZERO_INPROCESS_TESTS defined, plus
 //                         tests/inprocess/main.cpp; plain ctest, no MPI)
 //                         ZERO_DIST_TEST(Suite, Name) is a test that runs its body on every rank of an
-//                         in-process world (run_ranks, distributed/inprocess_communicator.h), for each
+//                         in-process world (run_ranks, distributed/comm/inprocess_communicator.h), for each
 //                         world size given by --ranks N (default: 1, 2, 3 and 4 in turn); test_world() is
 //                         the communicator of the rank whose thread calls it.
 // A test written with ZERO_DIST_TEST and test_world() therefore runs both ways. Tests of MPI itself (the
@@ -20,7 +20,7 @@
 
 #include <memory>
 
-#include "distributed/communicator.h"
+#include "distributed/comm/communicator.h"
 
 #ifdef ZERO_INPROCESS_TESTS
 
@@ -38,7 +38,7 @@ void run_on_every_rank(void (*body)());
 
 #else
 
-#include "distributed/job_runtime.h"
+#include "distributed/comm/job_runtime.h"
 
 namespace zero::dist::harness {
 /// This process's communicator: the job's MPI world.

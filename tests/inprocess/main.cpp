@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/inprocess_communicator.h"
+#include "distributed/comm/inprocess_communicator.h"
 #include "tests/distributed/world.h"
 
 namespace zero::dist::harness {

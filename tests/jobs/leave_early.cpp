@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "distributed/job_runtime.h"
+#include "distributed/comm/job_runtime.h"
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "none";

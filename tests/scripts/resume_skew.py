@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Ranks of one job resuming from a save directory that another job is still writing, each rank
-opening it at a different moment (Note [One resolution] in distributed/checkpoint.cpp).
+opening it at a different moment (Note [One resolution] in distributed/run/checkpoint.cpp).
 
 A 2-rank writer saves every step into S; each try starts a 2-rank `train_gpt --resume S` whose rank 1
 starts one second after rank 0 (mpirun's MPMD form with a `sleep 1` in front of rank 1), lets it log a

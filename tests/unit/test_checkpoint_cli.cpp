@@ -169,7 +169,7 @@ TEST_F(CheckpointCli, BitwiseResumeFourRanksStage2Fp16) {
   EXPECT_GT(skipped, 0) << "the test should exercise overflow steps";
 }
 
-// int8 gradients with error feedback (Note [Error-feedback checkpoints] in distributed/checkpoint.cpp):
+// int8 gradients with error feedback (Note [Error-feedback checkpoints] in distributed/run/checkpoint.cpp):
 // each rank's residual is in the checkpoint, so a resume at the same world size, stage and dtype is bit
 // for bit the straight run; at another world size the residual starts from zero, which rank 0 says in
 // one warning line.
@@ -524,7 +524,7 @@ TEST_F(CheckpointCli, Fp16StopsAtTheMinimumLossScale) {
 // bf16 with --nonfinite-grads skip, on weights that make every gradient NaN: the run stops at the
 // --nonfinite-skip-limit-th skipped step with one error line naming the step and the limit and exit
 // code 1, on one rank and under mpirun alike (Note [Non-finite gradients] in
-// distributed/zero_optimizer.cpp); the default limit is fp16's (1); 0 keeps skipping to the end.
+// distributed/zero/zero_optimizer.cpp); the default limit is fp16's (1); 0 keeps skipping to the end.
 TEST_F(CheckpointCli, Bf16SkipModeStopsAtTheSkipLimit) {
   ASSERT_EQ(train("--steps 1 --save-dir " + p("a")).exit_code, 0);
   const std::string bad =
@@ -569,7 +569,7 @@ TEST_F(CheckpointCli, NonFiniteWeightsAreRefusedByName) {
   EXPECT_EQ(allowed.output.find("holds a non-finite value"), std::string::npos) << allowed.output;
 }
 
-// Note [One writer] (distributed/checkpoint.cpp): a second job saving into a directory another job
+// Note [One writer] (distributed/run/checkpoint.cpp): a second job saving into a directory another job
 // holds stops at start-up with one line naming the lock and its owner's pid; a lock whose owner is
 // gone is taken over with a warning; the lock goes at exit.
 TEST_F(CheckpointCli, ASaveDirectoryHasOneWriter) {
@@ -624,7 +624,7 @@ TEST_F(CheckpointCli, KeepNeverDeletesAnotherJobsCheckpoints) {
                                             "step_00000006", "step_00000007"}));
 }
 
-// Note [Never cancel a collective] (distributed/mpi_communicator.cpp): rank 0's rename of `latest`
+// Note [Never cancel a collective] (distributed/comm/mpi_communicator.cpp): rank 0's rename of `latest`
 // fails (a directory is in its way) while rank 1 waits in the save's closing all-reduce; the job ends
 // with the filesystem's error in one line, never with Open MPI's MPI_Cancel abort (exit code 7).
 TEST_F(CheckpointCli, AFailedRenameOnOneRankEndsWithItsOwnError) {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "core/check.h"
-#include "distributed/config.h"
+#include "distributed/run/config.h"
 
 namespace zero::dist {
 namespace {

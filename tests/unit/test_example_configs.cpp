@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/config.h"
+#include "distributed/run/config.h"
 #include "test_paths.h"
 
 namespace zero::dist {

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "distributed/inprocess_communicator.h"
+#include "distributed/comm/inprocess_communicator.h"
 #include "tests/rounding_input.h"
 
 namespace zero::dist {
@@ -47,7 +47,7 @@ bool same_bits(T a, T b) {
 }
 
 // Element i of the slice owned by `owner`, reduced the way the ring does (Note [The ring's order] in
-// distributed/inprocess_communicator.cpp), one scalar at a time: the partial result starts at rank
+// distributed/comm/inprocess_communicator.cpp), one scalar at a time: the partial result starts at rank
 // owner+1, each following rank combines it with its own value in fp32, rank `owner` last; a 16-bit
 // partial result is rounded at every hop, or (fp32 wire) once at the end.
 template <typename T>
@@ -213,7 +213,7 @@ TEST(InProcessCommunicator, ReduceToEveryRoot) {
   });
 }
 
-// ---- fp32 accumulation (Note [fp32-accumulating reduce-scatter] in distributed/communicator.cpp) ---------
+// ---- fp32 accumulation (Note [fp32-accumulating reduce-scatter] in distributed/comm/communicator.cpp) ---------
 
 // Element i of a 16-bit sum with fp32 accumulation: every rank's value widened, added in fp32 in rank order
 // 0, 1, ..., n-1, rounded to T once. The same for every owner.

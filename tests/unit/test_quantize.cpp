@@ -1,10 +1,10 @@
 // int8 quantized gradients (DeepSpeed's zero_quantized_gradients; Note [int8 quantized reduce-scatter] in
-// distributed/quantize.cpp) against references written out here:
+// distributed/comm/quantize.cpp) against references written out here:
 //   - the block quantizer against its closed form: scale = absmax/127, q = round-half-even(x/scale), and
 //     every dequantized value within scale/2 of its input;
 //   - the in-process quantized reduce-scatter against an fp64 sum of the dequantized contributions, and
 //     its ledger against the byte count of the int8 values and fp32 scales;
-//   - error feedback (Note [Error feedback] in distributed/gradient_reducer.cpp): over K reductions the
+//   - error feedback (Note [Error feedback] in distributed/zero/gradient_reducer.cpp): over K reductions the
 //     sum of the reduced gradients stays within a closed-form bound of the sum of the exact averages,
 //     while without feedback small gradients in a block with a large one are lost every step.
 // That the MPI backend gives the same bits is tested under mpirun (InProcessWorld.BitwiseEqualToMpi).
@@ -19,9 +19,9 @@
 
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
-#include "distributed/gradient_reducer.h"
-#include "distributed/inprocess_communicator.h"
-#include "distributed/quantize.h"
+#include "distributed/zero/gradient_reducer.h"
+#include "distributed/comm/inprocess_communicator.h"
+#include "distributed/comm/quantize.h"
 #include "tests/rounding_input.h"
 
 namespace zero::dist {

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "core/safetensors.h"
-#include "distributed/checkpoint.h"
+#include "distributed/run/checkpoint.h"
 #include "optim/loss_scaler.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// distributed/scoped.h without NCCL or a GPU: the group runner against a fake NCCL group (a per-thread
+// distributed/comm/scoped.h without NCCL or a GPU: the group runner against a fake NCCL group (a per-thread
 // depth counter, as NCCL keeps) whose calls fail on demand, and the owning handle against a counting
 // releaser inside an owner whose constructor throws half-way — the two error paths of NcclCommunicator.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "distributed/scoped.h"
+#include "distributed/comm/scoped.h"
 
 namespace zero::dist {
 namespace {

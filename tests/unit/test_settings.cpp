@@ -1,4 +1,4 @@
-// The settings table (distributed/settings.h) and the one merge rule (dist::merge_config): a table of
+// The settings table (distributed/run/settings.h) and the one merge rule (dist::merge_config): a table of
 // every flag x key pair that interacts, each merged both ways (the key in the file and the flag on the
 // command line) and checked against the same settings written into one file; the flags' text; the
 // table's round trip through the parser and to_json; docs/config.md's key tables against the table.
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/check.h"
-#include "distributed/config.h"
-#include "distributed/settings.h"
+#include "distributed/run/config.h"
+#include "distributed/run/settings.h"
 #include "test_paths.h"
 
 namespace {

@@ -1,6 +1,6 @@
 // train_gpt's promise on bad input: one line naming the problem, a non-zero exit, no crash, and no
 // metrics file left behind; and the job's promise under mpirun: one line for the whole job, and no
-// hang when a rank leaves early (Note [No hang] in distributed/job_runtime.cpp). Runs the real
+// hang when a rank leaves early (Note [No hang] in distributed/comm/job_runtime.cpp). Runs the real
 // binaries (build/bin/train_gpt, build/bin/zero_leave_early) on small files made here.
 #include <gtest/gtest.h>
 

@@ -1,0 +1,107 @@
+#include "distributed/zero/flat_layout.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace zero::dist {
+
+char* element_ptr(const Tensor& t, std::int64_t element) {
+  return static_cast<char*>(t.raw_data()) + element * static_cast<std::int64_t>(dtype_size(t.dtype()));
+}
+
+Tensor flat_range(const Tensor& t, std::int64_t begin, std::int64_t n) {
+  return t.as_strided({n}, {1}, t.offset() + begin);
+}
+
+FlatLayout::FlatLayout(const std::vector<Entry>& entries, int world_size) : world_size_(world_size) {
+  ZERO_CHECK(world_size >= 1, "FlatLayout: world_size must be >= 1, got {}", world_size);
+  std::int64_t offset = 0;
+  params_.reserve(entries.size());
+  for (const Entry& e : entries) {
+    for (auto d : e.shape)
+      ZERO_CHECK(d >= 0, "FlatLayout: parameter '{}' has a negative dimension in shape {}", e.name, shape_str(e.shape));
+    ParamRange p;
+    p.name = e.name;
+    p.shape = e.shape;
+    p.numel = shape_numel(e.shape);
+    p.offset = offset;
+    p.decay = e.decay;
+    offset += p.numel;
+    params_.push_back(std::move(p));
+  }
+  numel_ = offset;
+  const std::int64_t align = alignment();
+  padded_ = (numel_ + align - 1) / align * align;
+  partition_size_ = padded_ / world_size_;
+
+  // Cut every parameter at partition boundaries. Walking parameters in flat order and, inside one,
+  // ranks in increasing order, appends each rank's slices in flat order.
+  owned_.assign(static_cast<std::size_t>(world_size_), {});
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    ParamRange& p = params_[i];
+    std::int64_t pos = p.offset;
+    while (pos < p.end()) {
+      const int r = owner_of(pos);
+      const std::int64_t stop = std::min(p.end(), partition_end(r));
+      ParamSlice s{r, i, pos, pos - p.offset, stop - pos, p.decay};
+      p.slices.push_back(s);
+      owned_[static_cast<std::size_t>(r)].push_back(s);
+      pos = stop;
+    }
+  }
+}
+
+std::int64_t FlatLayout::partition_real_numel(int rank) const {
+  ZERO_CHECK(rank >= 0 && rank < world_size_, "FlatLayout: rank {} out of range [0, {})", rank, world_size_);
+  const std::int64_t b = partition_begin(rank), e = partition_end(rank);
+  return std::max<std::int64_t>(0, std::min(e, numel_) - b);
+}
+
+const std::vector<ParamSlice>& FlatLayout::owned(int rank) const {
+  ZERO_CHECK(rank >= 0 && rank < world_size_, "FlatLayout: rank {} out of range [0, {})", rank, world_size_);
+  return owned_[static_cast<std::size_t>(rank)];
+}
+
+int FlatLayout::owner_of(std::int64_t flat_offset) const {
+  ZERO_CHECK(flat_offset >= 0 && flat_offset < padded_, "FlatLayout: flat offset {} outside [0, {})", flat_offset,
+             padded_);
+  return static_cast<int>(flat_offset / partition_size_);
+}
+
+std::vector<std::size_t> FlatLayout::range_counts(std::int64_t begin, std::int64_t end) const {
+  ZERO_CHECK(0 <= begin && begin <= end && end <= padded_, "FlatLayout: range [{}, {}) outside [0, {})", begin, end,
+             padded_);
+  std::vector<std::size_t> counts(static_cast<std::size_t>(world_size_), 0);
+  for (int r = 0; r < world_size_; ++r) {
+    const std::int64_t lo = std::max(begin, partition_begin(r));
+    const std::int64_t hi = std::min(end, partition_end(r));
+    if (hi > lo) counts[static_cast<std::size_t>(r)] = static_cast<std::size_t>(hi - lo);
+  }
+  return counts;
+}
+
+std::vector<Bucket> FlatLayout::make_buckets(std::int64_t bucket_size) const {
+  ZERO_CHECK(bucket_size >= 1, "FlatLayout: bucket size must be >= 1 element, got {}", bucket_size);
+  std::vector<Bucket> buckets;
+  for (std::int64_t end = padded_; end > 0; end -= bucket_size) {
+    Bucket b;
+    b.index = static_cast<int>(buckets.size());
+    b.end = end;
+    b.begin = std::max<std::int64_t>(0, end - bucket_size);
+    b.counts = range_counts(b.begin, b.end);
+    buckets.push_back(std::move(b));
+  }
+  // Parameters overlapping each bucket. Buckets run backwards through the buffer, so bucket k covers
+  // [padded - (k+1)·size, padded - k·size) and a parameter's buckets are a contiguous index range.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamRange& p = params_[i];
+    if (p.numel == 0) continue;
+    const std::int64_t first = (padded_ - p.end()) / bucket_size;      // holds p's last element
+    const std::int64_t last = (padded_ - 1 - p.offset) / bucket_size;  // holds p's first element
+    for (std::int64_t k = first; k <= last; ++k) buckets[static_cast<std::size_t>(k)].params.push_back(i);
+  }
+  return buckets;
+}
+
+}  // namespace zero::dist
