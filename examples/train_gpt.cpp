@@ -435,6 +435,7 @@ void TrainingRun::build_model() {
         fmt::print(stderr, "{}\n", w);
   }
   model_.emplace(cfg_, init_gen_);
+  model_->set_recompute(autograd::parse_recompute(tc_.activation_checkpointing.recompute_granularity));
   if (resume_) dist::check_parameters(*resume_, model_->named_parameters());
   if (!a_.init_from.empty())
     dist::load_weights(a_.init_from, model_->named_parameters(), a_.allow_non_finite_weights);
