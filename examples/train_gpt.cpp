@@ -48,6 +48,7 @@
 #include "distributed/config.h"
 #include "distributed/job_runtime.h"
 #include "distributed/trace_file.h"
+#include "examples/activation_meter.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
@@ -279,6 +280,7 @@ class TrainingRun {
   void open_resume();
   void build_model();
   void build_optimizer();
+  void make_activation_meter();
   void restore();
   void open_log();
   void print_setup() const;
@@ -321,6 +323,7 @@ class TrainingRun {
   dist::ZeroOptions zo_;
   std::optional<examples::OptimizerSettings> optimizer_;
   std::optional<dist::ZeroOptimizer> opt_;
+  std::optional<examples::ActivationMeter> meter_;  // memory_bytes.activations
   std::int64_t first_step_ = 0;
   std::ofstream log_;
   std::int64_t saved_step_ = -1;      // the step of the last checkpoint this run committed
@@ -452,6 +455,24 @@ void TrainingRun::build_optimizer() {
   // Stage 3 has just freed the fp32 model it was built from and the full flat buffer (8Ψ bytes): give
   // them back to the system rather than keep them cached for blocks of other sizes.
   if (zo_.stage == 3) empty_cpu_cache();
+  make_activation_meter();
+}
+
+// The activation meter (examples/activation_meter.h) over this device's allocator. At stage 3 the
+// parameters a forward or a re-run gathers, and for a 16-bit model their f32 compute copies, are not
+// activations: the meter leaves them out.
+void TrainingRun::make_activation_meter() {
+  std::function<std::size_t()> in_use = [] { return cpu_allocator_stats().in_use; };
+#ifdef ZERO_HAS_CUDA
+  if (device_ == Device::cuda) in_use = [] { return cuda::allocator_stats().in_use; };
+#endif
+  std::function<std::size_t()> gathered;
+  if (const dist::PartitionedParameters* p = opt_->partitioned()) {
+    const std::size_t per_element = dtype_size(zo_.dtype) + (zo_.dtype == DType::f32 ? 0 : 4);
+    gathered = [p, per_element] { return static_cast<std::size_t>(p->live_elements()) * per_element; };
+  }
+  meter_.emplace(std::move(in_use), std::move(gathered));
+  autograd::set_recompute_probe([this](bool done) { meter_->on_recompute(done); });
 }
 
 // A resumed run's optimizer state, generators and step.
@@ -586,12 +607,16 @@ TrainingRun::StepResult TrainingRun::train_step(std::int64_t step) {
   // Global batch rows [(i·world + rank)·micro, +micro) are this rank's micro-step i.
   auto [x_host, y_host] = examples::TextData::batch(data_->train, a_.batch, a_.block, data_gen_);
   const Tensor x = x_host.to(device_), y = y_host.to(device_);
+  // The first step makes the persistent caches (compute copies): activations are measured after it.
+  meter_->set_counting(step > first_step_ || a_.steps == first_step_ + 1);
   for (int i = 0; i < gas_; ++i) {
     const std::int64_t first = (static_cast<std::int64_t>(i) * world_ + rank_) * micro_;
     Tensor loss;
     {
       trace::Span span("forward", "forward");
+      meter_->begin_forward();
       loss = model_->loss(x.narrow(0, first, micro_), y.narrow(0, first, micro_));
+      meter_->end_forward();
     }
     opt_->backward(loss);
     r.loss_sum += loss.item();
@@ -789,7 +814,9 @@ void TrainingRun::print_summary(const Summary& s) const {
                s.comm_ms_per_step, 1000.0 * ledger.seconds[int(dist::Collective::reduce_scatter)] / s.steps,
                1000.0 * ledger.seconds[int(dist::Collective::all_reduce)] / s.steps,
                1000.0 * ledger.seconds[int(dist::Collective::all_gather)] / s.steps, s.comm_cpu_ms_per_step);
-  fmt::print("memory per rank: model states {}, buckets {}{}{}, peak RSS {}\n", mib(s.mem.model_states()),
+  fmt::print("memory per rank: model states {}, activations {} (held for backward {} + recompute {}), buckets "
+             "{}{}{}, peak RSS {}\n", mib(s.mem.model_states()), mib(static_cast<double>(meter_->activations())),
+             mib(static_cast<double>(meter_->held())), mib(static_cast<double>(meter_->recompute_working_set())),
              mib(s.mem.buckets),
              zo_.stage == 3 ? fmt::format(", gathered parameters at most {} at once (bound {})", mib(s.mem.gathered),
                                           mib(opt_->plan().memory().gathered))
@@ -858,6 +885,9 @@ void TrainingRun::write_metrics(const Summary& s) const {
                         {"optimizer_states", s.mem.optimizer_states},
                         {"buckets", s.mem.buckets},
                         {"gathered", s.mem.gathered},
+                        {"activations", meter_->activations()},
+                        {"activations_held", meter_->held()},
+                        {"activations_recompute", meter_->recompute_working_set()},
                         {"peak_rss", s.rss}}},
                       {"loss_scale", opt_->loss_scale()},
                       {"skipped_steps", opt_->skipped_steps()},

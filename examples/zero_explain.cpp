@@ -32,6 +32,7 @@
 #include "examples/model_options.h"
 #include "examples/setting_flags.h"
 #include "examples/text_data.h"
+#include "nn/activation_memory.h"
 #include "nn/gpt.h"
 
 namespace {
@@ -45,12 +46,18 @@ struct Args {
   std::int64_t vocab_size = 0;
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
   int world_size = 1, grad_accum = 1;
+  std::int64_t batch = 12;  // train_gpt's --batch and its default: sequences per step over all ranks
   examples::SettingFlags settings;  // the ZeRO flags of the settings table (distributed/settings.h)
   double bandwidth = 0, latency = 0;
   std::vector<double> params;
 };
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
+// Bytes in binary and decimal units side by side: "3.00 MiB (3.15 MB)".
+std::string bytes_gib_gb(double bytes) {
+  return bytes >= 1e9 ? fmt::format("{:.2f} GiB ({:.2f} GB)", bytes / (1024.0 * 1024.0 * 1024.0), bytes / 1e9)
+                      : fmt::format("{} ({:.2f} MB)", mib(bytes), bytes / 1e6);
+}
 
 // Human units for the scale table (params can reach TB totals at stage 0).
 std::string human_bytes(double bytes) {
@@ -78,7 +85,7 @@ std::string shape_str(const Shape& s) {
 
 // The ZeRO options train_gpt would run with, by its merge rule (examples/setting_flags.h): the
 // defaults, the --config file, the flags given, then validation of the result.
-dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
+dist::TrainingConfig make_config(const Args& a, const CLI::App& app) {
   const json file = a.config.empty() ? json::object() : dist::read_config_file(a.config);
   const auto given = [&](std::string_view flag) {
     const CLI::Option* o = app.get_option_no_throw(std::string(flag));
@@ -88,12 +95,16 @@ dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
       examples::merge_config(file, a.config, a.settings, given, [&](dist::TrainingConfig& c) {
         if (given("--dtype")) c.set_model_dtype(parse_float_dtype(a.dtype));
         if (given("--grad-accum")) c.gradient_accumulation_steps = a.grad_accum;
+        // train_gpt's batch rule: --batch (or the file's train_batch_size, else train_gpt's default).
+        if (given("--batch") || !c.train_batch_size) {
+          ZERO_CHECK(a.batch >= 1, "--batch must be positive, got {}", a.batch);
+          c.train_batch_size = a.batch;
+          if (!c.gradient_accumulation_steps) c.train_micro_batch_size_per_gpu.reset();
+        }
+        c.resolve_batch(a.world_size);
       });
   for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
-  dist::ZeroOptions zo = tc.zero_options();
-  // Note [Automatic bucket size]: with a link model, automatic buckets grow with N.
-  zo.link = {a.bandwidth, a.latency};
-  return zo;
+  return tc;
 }
 
 // One bucket's reduction in the alpha-beta model: its collective, bus bytes, and the latency and
@@ -287,6 +298,9 @@ struct Explained {
   dist::StepTraffic traffic;
   double baseline = 0.0;  // stage 0's traffic, bytes per step
   bool timed = false;     // --bandwidth given: the alpha-beta time model is on
+  std::int64_t micro_batch = 1;  // sequences per forward on one rank (train_gpt's rule from --batch)
+  autograd::Recompute recompute = autograd::Recompute::none;
+  nn::ActivationBytes activations;  // per rank, one micro-step (nn/activation_memory.h)
 };
 
 // When each bucket can leave: after the hook of the last of its parameters to deliver.
@@ -315,7 +329,12 @@ Explained explain(const Args& a, const CLI::App& app) {
   e.cfg.vocab_size = a.vocab_size > 0 ? a.vocab_size : 65;
   e.cfg.validate();
   if (!a.data.empty()) e.cfg.vocab_size = examples::TextData::load(a.data, e.cfg.block_size).vocab_size();
-  e.zo = make_options(a, app);
+  const dist::TrainingConfig tc = make_config(a, app);
+  e.zo = tc.zero_options();
+  e.zo.link = {a.bandwidth, a.latency};  // Note [Automatic bucket size]: with a link model, buckets grow with N
+  e.micro_batch = *tc.train_micro_batch_size_per_gpu;
+  e.recompute = autograd::parse_recompute(tc.activation_checkpointing.recompute_granularity);
+  e.activations = nn::activation_bytes(e.cfg, e.micro_batch, e.recompute);
   Generator gen(1337);
   nn::GPT model(e.cfg, gen);
   for (const auto& p : model.named_parameters())
@@ -456,6 +475,12 @@ void json_costs(const Explained& e, const Args& a, json& j) {
   const double baseline = e.baseline;
   const std::vector<dist::FlatLayout::Entry>& entries = e.entries;
   j["memory_bytes"] = memory_json(plan.memory());
+  j["memory_bytes"]["activations"] = e.activations.total();  // as train_gpt's metrics measure it
+  j["activations_bytes"] = {{"recompute", autograd::recompute_name(e.recompute)},
+                            {"micro_batch", e.micro_batch},
+                            {"held_for_backward", e.activations.held},
+                            {"recompute_working_set", e.activations.recompute},
+                            {"total", e.activations.total()}};
   j["memory_formula_bytes"] = memory_json(dist::expected_memory(zo.stage, zo.dtype, psi, N));
   j["traffic_bytes_per_step"] = traffic_json(traffic);
   j["baseline_bytes_per_step"] = baseline;
@@ -628,6 +653,19 @@ void print_gather_plan(const Explained& e) {
   }
 }
 
+// Activation memory per rank, every recompute mode, the chosen one marked (docs/zero.md, section 9).
+void print_activations(const Explained& e) {
+  fmt::print("\n== activations per rank: micro-batch {} x {} tokens, one forward and backward (f32 on cpu; "
+             "docs/zero.md, section 9) ==\n",
+             e.micro_batch, e.cfg.block_size);
+  for (autograd::Recompute m : {autograd::Recompute::none, autograd::Recompute::full, autograd::Recompute::selective}) {
+    const nn::ActivationBytes b = nn::activation_bytes(e.cfg, e.micro_batch, m);
+    fmt::print("{} recompute {:<9}: {} = held for backward {} + recompute working set {}\n",
+               m == e.recompute ? "*" : " ", autograd::recompute_name(m), bytes_gib_gb(b.total()), mib(b.held),
+               mib(b.recompute));
+  }
+}
+
 // Memory per rank at every stage, beside the ZeRO paper's formula and its worked example.
 void print_memory(const Explained& e) {
   const dist::ZeroPlan& plan = e.plan;
@@ -655,6 +693,7 @@ void print_memory(const Explained& e) {
   fmt::print("(gathered: stage 3's working memory, the most gathered parameters alive at once, at most "
              "stage3_max_live_parameters = {} elements; not a model state)\n",
              zo.stage3_max_live_parameters);
+  print_activations(e);
 }
 
 // Traffic per step of every scheme, against stage 0.
@@ -761,6 +800,8 @@ int main(int argc, char** argv) {
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
+  app.add_option("--batch", a.batch, "train_gpt's global batch: sequences per optimizer step over all ranks (for "
+                 "the activation memory)")->capture_default_str();
   examples::add_setting_flags(app, a.settings, examples::FlagSet::layout);
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
