@@ -324,6 +324,7 @@ class TrainingRun {
   std::optional<examples::OptimizerSettings> optimizer_;
   std::optional<dist::ZeroOptimizer> opt_;
   std::optional<examples::ActivationMeter> meter_;  // memory_bytes.activations
+  std::int64_t stage3_gathers_ = 0;                  // stage 3: unit all-gathers issued by training steps
   std::int64_t first_step_ = 0;
   std::ofstream log_;
   std::int64_t saved_step_ = -1;      // the step of the last checkpoint this run committed
@@ -607,6 +608,8 @@ TrainingRun::StepResult TrainingRun::train_step(std::int64_t step) {
   // Global batch rows [(i·world + rank)·micro, +micro) are this rank's micro-step i.
   auto [x_host, y_host] = examples::TextData::batch(data_->train, a_.batch, a_.block, data_gen_);
   const Tensor x = x_host.to(device_), y = y_host.to(device_);
+  const dist::PartitionedParameters* stage3 = opt_->partitioned();
+  const std::int64_t gathers_before = stage3 != nullptr ? stage3->gathers() : 0;
   // The first step makes the persistent caches (compute copies): activations are measured after it.
   meter_->set_counting(step > first_step_ || a_.steps == first_step_ + 1);
   for (int i = 0; i < gas_; ++i) {
@@ -635,6 +638,7 @@ TrainingRun::StepResult TrainingRun::train_step(std::int64_t step) {
   backend(device_).synchronize();
   step_span.reset();
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (stage3 != nullptr) stage3_gathers_ += stage3->gathers() - gathers_before;
   return r;
 }
 
@@ -823,6 +827,9 @@ void TrainingRun::print_summary(const Summary& s) const {
                             : "",
              s.mem.residual > 0 ? fmt::format(", error-feedback residual {}", mib(s.mem.residual)) : "",
              mib(static_cast<double>(s.rss)));
+  if (zo_.stage == 3)
+    fmt::print("stage 3: {:.1f} unit all-gathers per step (training steps; evaluation apart)\n",
+               static_cast<double>(stage3_gathers_) / s.steps);
   if (s.peak > 0.0)
     fmt::print("compute: {:.2f} TFLOP/s per rank, MFU {:.1f}% of {:.0f} TFLOP/s ({} {} peak)\n", s.tflops,
                100.0 * s.mfu, s.peak / 1e12, device_name(device_), matmul_precision_name(s.precision));
@@ -889,6 +896,8 @@ void TrainingRun::write_metrics(const Summary& s) const {
                         {"activations_held", meter_->held()},
                         {"activations_recompute", meter_->recompute_working_set()},
                         {"peak_rss", s.rss}}},
+                      {"stage3_all_gathers_per_step",
+                       zo_.stage == 3 ? nlohmann::json(static_cast<double>(stage3_gathers_) / s.steps) : nlohmann::json()},
                       {"loss_scale", opt_->loss_scale()},
                       {"skipped_steps", opt_->skipped_steps()},
                       {"config", tc_.to_json()}};

@@ -350,6 +350,13 @@ Explained explain(const Args& a, const CLI::App& app) {
   return e;
 }
 
+// Stage 3's unit all-gathers per optimizer step for the GPT, once the schedule is learned: per
+// micro-step U + 1 in the forward (the tied wte twice) and U - 1 in the backward (Note [One schedule]).
+std::int64_t stage3_all_gathers_per_step(const Explained& e) {
+  return static_cast<std::int64_t>(e.zo.gradient_accumulation_steps) * 2 *
+         static_cast<std::int64_t>(e.plan.units.size());
+}
+
 // --format json: the run's settings.
 void json_settings(const Explained& e, json& j) {
   const dist::ZeroPlan& plan = e.plan;
@@ -476,6 +483,7 @@ void json_costs(const Explained& e, const Args& a, json& j) {
   const std::vector<dist::FlatLayout::Entry>& entries = e.entries;
   j["memory_bytes"] = memory_json(plan.memory());
   j["memory_bytes"]["activations"] = e.activations.total();  // as train_gpt's metrics measure it
+  if (e.zo.stage == 3) j["stage3_all_gathers_per_step"] = stage3_all_gathers_per_step(e);
   j["activations_bytes"] = {{"recompute", autograd::recompute_name(e.recompute)},
                             {"micro_batch", e.micro_batch},
                             {"held_for_backward", e.activations.held},
@@ -634,6 +642,11 @@ void print_gather_plan(const Explained& e) {
                "({} elements) and all-gathers a unit before its forward and again before its backward, freeing it "
                "after ==\n",
                plan.units.size(), L.partition_size());
+    const std::size_t U = plan.units.size();
+    fmt::print("all-gathers per step: {} = GAS {} x ({} in the forward: every unit, and wte again for the tied LM "
+               "head; {} in the backward: every unit but wte, which the forward's last read left gathered); "
+               "recompute adds none (a block's re-run reads the unit its backward gathers)\n",
+               stage3_all_gathers_per_step(e), zo.gradient_accumulation_steps, U + 1, U - 1);
     fmt::print("live bound: stage3_max_live_parameters {} elements (largest unit {}: {} elements; all units: {}); "
                "prefetch: stage3_prefetch_bucket_size {} elements of the next units in last step's order\n",
                zo.stage3_max_live_parameters, largest->name, largest->size(), L.numel(),
@@ -733,7 +746,8 @@ void print_at_scale(const Explained& e, const Args& a) {
   for (double P : sizes) {
     // A model of P parameters as one tensor: padding and bucket edges matter little at scale.
     const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
-    fmt::print("Psi = {:.4g} ({} of {} weights):\n", P, human_bytes(b * P), dtype_name(zo.dtype));
+    fmt::print("Psi = {:.4g} ({} = {:.2f} GB of {} weights; memory below in GiB of 2^30 bytes = 1.074 GB):\n", P,
+               human_bytes(b * P), b * P / 1e9, dtype_name(zo.dtype));
     fmt::print("  {:>5}  {:>12} {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}\n", "N",
                "mem stage 0", "stage 1", "stage 2", "stage 3", "comm s0", "s1", "s2", "s3", "s1/2 no-rs",
                "s2 Psi/8 bk");
