@@ -29,6 +29,7 @@
 #include "distributed/config.h"
 #include "distributed/zero_plan.h"
 #include "examples/cli_errors.h"
+#include "examples/memory_planner.h"
 #include "examples/model_options.h"
 #include "examples/setting_flags.h"
 #include "examples/text_data.h"
@@ -47,6 +48,8 @@ struct Args {
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
   int world_size = 1, grad_accum = 1;
   std::int64_t batch = 12;  // train_gpt's --batch and its default: sequences per step over all ranks
+  std::string memory_budget;  // --memory-budget: the planner (examples/memory_planner.h)
+  double compute_flops = 1e11;
   examples::SettingFlags settings;  // the ZeRO flags of the settings table (distributed/settings.h)
   double bandwidth = 0, latency = 0;
   std::vector<double> params;
@@ -95,10 +98,12 @@ dist::TrainingConfig make_config(const Args& a, const CLI::App& app) {
       examples::merge_config(file, a.config, a.settings, given, [&](dist::TrainingConfig& c) {
         if (given("--dtype")) c.set_model_dtype(parse_float_dtype(a.dtype));
         if (given("--grad-accum")) c.gradient_accumulation_steps = a.grad_accum;
-        // train_gpt's batch rule: --batch (or the file's train_batch_size, else train_gpt's default).
+        // train_gpt's batch rule: --batch, or the file's train_batch_size, else train_gpt's default when
+        // it splits into the ranks and micro-steps (else a micro-batch of 1: only the activations use it).
         if (given("--batch") || !c.train_batch_size) {
           ZERO_CHECK(a.batch >= 1, "--batch must be positive, got {}", a.batch);
-          c.train_batch_size = a.batch;
+          const std::int64_t split = static_cast<std::int64_t>(a.world_size) * c.gradient_accumulation_steps.value_or(1);
+          c.train_batch_size = given("--batch") || a.batch % split == 0 ? a.batch : split;
           if (!c.gradient_accumulation_steps) c.train_micro_batch_size_per_gpu.reset();
         }
         c.resolve_batch(a.world_size);
@@ -301,6 +306,8 @@ struct Explained {
   std::int64_t micro_batch = 1;  // sequences per forward on one rank (train_gpt's rule from --batch)
   autograd::Recompute recompute = autograd::Recompute::none;
   nn::ActivationBytes activations;  // per rank, one micro-step (nn/activation_memory.h)
+  std::int64_t batch = 1;           // global batch (train_gpt's rule)
+  double budget_bytes = 0;          // --memory-budget; 0: no planner
 };
 
 // When each bucket can leave: after the hook of the last of its parameters to deliver.
@@ -335,6 +342,9 @@ Explained explain(const Args& a, const CLI::App& app) {
   e.micro_batch = *tc.train_micro_batch_size_per_gpu;
   e.recompute = autograd::parse_recompute(tc.activation_checkpointing.recompute_granularity);
   e.activations = nn::activation_bytes(e.cfg, e.micro_batch, e.recompute);
+  e.batch = *tc.train_batch_size;
+  if (!a.memory_budget.empty()) e.budget_bytes = examples::parse_size(a.memory_budget, "--memory-budget");
+  ZERO_CHECK(a.compute_flops > 0, "--compute-flops must be > 0 FLOP/s, got {}", a.compute_flops);
   Generator gen(1337);
   nn::GPT model(e.cfg, gen);
   for (const auto& p : model.named_parameters())
@@ -516,6 +526,40 @@ void json_costs(const Explained& e, const Args& a, json& j) {
   }
 }
 
+// The planner's input: this model, ranks, batch and ZeRO options, with --memory-budget and the link.
+examples::PlannerInput planner_input(const Explained& e, const Args& a) {
+  examples::PlannerInput in;
+  in.cfg = e.cfg;
+  in.entries = e.entries;
+  in.world_size = e.N;
+  in.batch = e.batch;
+  in.base = e.zo;
+  in.budget_bytes = e.budget_bytes;
+  in.flops_per_s = a.compute_flops;
+  in.bandwidth = a.bandwidth;
+  in.latency = a.latency;
+  return in;
+}
+
+// --memory-budget in the JSON: every configuration, those that fit first, fastest first.
+json json_memory_plan(const Explained& e, const Args& a) {
+  const examples::PlannerInput in = planner_input(e, a);
+  json rows = json::array();
+  for (const examples::PlanChoice& c : examples::plan_configurations(in))
+    rows.push_back({{"zero_stage", c.stage},
+                    {"recompute", autograd::recompute_name(c.recompute)},
+                    {"gradient_accumulation_steps", c.gradient_accumulation_steps},
+                    {"micro_batch", c.micro_batch},
+                    {"reduce_bucket_size", c.reduce_bucket_size},
+                    {"stage3_max_live_parameters", c.stage3_max_live_parameters},
+                    {"memory_bytes", c.memory_bytes},
+                    {"activations_bytes", c.activation_bytes},
+                    {"fits", examples::fits(c, in)},
+                    {"step_s", c.step_s()}});
+  return {{"budget_bytes", e.budget_bytes}, {"configurations", rows},
+          {"choice", !rows.empty() && rows[0]["fits"].get<bool>() ? rows[0] : json()}};
+}
+
 void print_json(const Explained& e, const Args& a) {
   json j;
   json_settings(e, j);
@@ -523,6 +567,7 @@ void print_json(const Explained& e, const Args& a) {
   json_buckets(e, a, j);
   json_gather_units(e, j);
   json_costs(e, a, j);
+  if (e.budget_bytes > 0) j["memory_plan"] = json_memory_plan(e, a);
   std::cout << j.dump(2) << "\n";
 }
 
@@ -789,6 +834,10 @@ void print_text(const Explained& e, const Args& a) {
   print_memory(e);
   print_traffic(e, a);
   if (e.timed) print_at_scale(e, a);
+  if (e.budget_bytes > 0) {
+    const examples::PlannerInput in = planner_input(e, a);
+    examples::print_plan(in, examples::plan_configurations(in));
+  }
 }
 
 int run(const Args& a, const CLI::App& app) {
@@ -815,9 +864,14 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
   app.add_option("--batch", a.batch, "train_gpt's global batch: sequences per optimizer step over all ranks (for "
-                 "the activation memory)")->capture_default_str();
+                 "the activation memory; not given and not splitting into the ranks: one sequence per micro-step)")
+      ->capture_default_str();
   examples::add_setting_flags(app, a.settings, examples::FlagSet::layout);
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
+  app.add_option("--memory-budget", a.memory_budget,
+                 "per-rank memory budget (2GiB, 1.5GB, 800MiB): list the configurations that fit and choose one");
+  app.add_option("--compute-flops", a.compute_flops, "FLOP/s of one rank, for the planner's step time")
+      ->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
   app.add_option("--latency", a.latency, "per-message latency in seconds for the time model")->capture_default_str();
   app.add_option("--params", a.params, "more model sizes (parameters) for the scale table, e.g. 124e6 1.5e9");
