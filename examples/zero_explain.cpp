@@ -367,6 +367,8 @@ std::int64_t stage3_all_gathers_per_step(const Explained& e) {
          static_cast<std::int64_t>(e.plan.units.size());
 }
 
+json json_at_scale(const Explained& e, const Args& a);
+
 // --format json: the run's settings.
 void json_settings(const Explained& e, json& j) {
   const dist::ZeroPlan& plan = e.plan;
@@ -523,7 +525,42 @@ void json_costs(const Explained& e, const Args& a, json& j) {
     j["bandwidth"] = a.bandwidth;
     j["latency"] = a.latency;
     j["comm_time_s_per_step"] = dist::step_comm_time_s(plan, a.bandwidth, a.latency);
+    j["at_scale"] = json_at_scale(e, a);
   }
+}
+
+// The text's scale table as JSON (with --bandwidth): for this model and every --params size, at N = 1, 2,
+// 4, ..., 1024 and stages 0-3, the model states per rank, the modelled communication time, and the
+// plan's bucket count and calls per collective per step (reduce-scatter / all-reduce buckets,
+// all-gather chunks or stage-3 units).
+json json_at_scale(const Explained& e, const Args& a) {
+  std::vector<double> sizes{e.psi};
+  sizes.insert(sizes.end(), a.params.begin(), a.params.end());
+  json out = json::array();
+  for (double P : sizes) {
+    const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
+    json rows = json::array();
+    for (int n = 1; n <= 1024; n *= 2)
+      for (int stage = 0; stage <= 3; ++stage) {
+        dist::ZeroOptions o = e.zo;
+        o.stage = stage;
+        o.reduce_scatter = true;
+        o.stage3_max_live_parameters = std::max(o.stage3_max_live_parameters, static_cast<std::int64_t>(P));
+        const dist::ZeroPlan p = dist::plan_zero(one, n, o);
+        const dist::StepTraffic t = p.traffic();
+        json calls = json::object();
+        for (int c = 0; c < dist::kNumCollectives; ++c)
+          if (t.calls[c] > 0) calls[std::string(dist::collective_name(static_cast<Collective>(c)))] = t.calls[c];
+        rows.push_back({{"world_size", n},
+                        {"zero_stage", stage},
+                        {"model_states_bytes", dist::expected_memory(stage, e.zo.dtype, P, n).model_states()},
+                        {"comm_time_s_per_step", dist::step_comm_time_s(p, a.bandwidth, a.latency)},
+                        {"buckets", p.buckets.size()},
+                        {"calls_per_step", calls}});
+      }
+    out.push_back({{"params", P}, {"rows", rows}});
+  }
+  return out;
 }
 
 // The planner's input: this model, ranks, batch and ZeRO options, with --memory-budget and the link.

@@ -109,4 +109,35 @@ TEST(MemoryPlanner, TheChosenConfigurationMeasuresWhatWasPlanned) {
   fs::remove_all(dir);
 }
 
+// zero_explain --format json with --bandwidth: the scale table, its model states against the ZeRO paper's
+// closed forms (bf16: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N) and its bucket and call counts.
+TEST(ZeroExplainScale, JsonScaleTableFollowsThePaperAndCountsBuckets) {
+  const auto r = zero::testing::run_command(zero::testing::bin_dir() + "/zero_explain --dtype bf16 --zero-stage 2 "
+                                            "--bandwidth 25e9 --latency 5e-6 --params 1.5e9 --format json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json scale = nlohmann::json::parse(r.output)["at_scale"];
+  ASSERT_EQ(scale.size(), 2u);
+  const nlohmann::json& big = scale[1];
+  EXPECT_EQ(big["params"].get<double>(), 1.5e9);
+  ASSERT_EQ(big["rows"].size(), 11u * 4u);  // N = 1 .. 1024, stages 0-3
+  const double psi = 1.5e9;
+  for (const auto& row : big["rows"]) {
+    const double n = row["world_size"].get<double>();
+    const int stage = row["zero_stage"].get<int>();
+    const double want[4] = {16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n};
+    EXPECT_NEAR(row["model_states_bytes"].get<double>(), want[stage], 1e-9 * want[stage]) << row.dump();
+    const std::size_t buckets = row["buckets"].get<std::size_t>();
+    EXPECT_GE(buckets, 1u);
+    const nlohmann::json& calls = row["calls_per_step"];
+    if (n > 1) {
+      // Stage 0 all-reduces each bucket; stages 1-3 reduce-scatter each bucket (GAS 1).
+      const char* reduction = stage == 0 ? "all_reduce" : "reduce_scatter";
+      EXPECT_EQ(calls[reduction].get<std::size_t>(), buckets) << row.dump();
+      if (stage > 0) {
+        EXPECT_GE(calls["all_gather"].get<std::size_t>(), 1u) << row.dump();
+      }
+    }
+  }
+}
+
 }  // namespace
