@@ -655,7 +655,14 @@ void print_layout(const Explained& e) {
   }
 
   fmt::print("\n== partitions: P = {} elements per rank ==\n", L.partition_size());
+  // Beyond 16 ranks the first and last 4 (--format json lists every rank).
+  const int head = N > 16 ? 4 : N;
   for (int r = 0; r < N; ++r) {
+    if (r >= head && r < N - head) {
+      if (r == head) fmt::print("... ranks {} to {}: {} more partitions of {} elements (--format json lists every one)\n",
+                                head, N - head - 1, N - 2 * head, L.partition_size());
+      continue;
+    }
     const auto& owned = L.owned(r);
     std::string names;
     if (!owned.empty()) {

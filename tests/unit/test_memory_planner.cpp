@@ -4,6 +4,7 @@
 // activations) exactly the memory the planner counted, under the budget.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -138,6 +139,18 @@ TEST(ZeroExplainScale, JsonScaleTableFollowsThePaperAndCountsBuckets) {
       }
     }
   }
+}
+
+// At 1,024 ranks the text stays short: the partitions listing keeps the first and last 4 ranks.
+TEST(ZeroExplainScale, TextAtAThousandRanksIsCompact) {
+  const auto r = zero::testing::run_command(zero::testing::bin_dir() + "/zero_explain --world-size 1024");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(std::count(r.output.begin(), r.output.end(), '\n'), 150) << r.output;
+  EXPECT_NE(r.output.find("rank 1023: "), std::string::npos);
+  EXPECT_NE(r.output.find("... ranks 4 to 1019: 1016 more partitions"), std::string::npos);
+  const auto j = zero::testing::run_command(zero::testing::bin_dir() + "/zero_explain --world-size 1024 --format json");
+  ASSERT_EQ(j.exit_code, 0);
+  EXPECT_EQ(nlohmann::json::parse(j.output)["partitions"].size(), 1024u);
 }
 
 }  // namespace
