@@ -18,6 +18,8 @@ std::atomic<std::uint64_t> g_next_sequence_nr{0};
 std::atomic<int> g_next_hook_id{0};
 thread_local const char* g_scope = nullptr;  // Note [Traced scopes]
 thread_local std::uint32_t g_record_context = 0;  // Note [Record context]
+thread_local RecordObserver* g_observer = nullptr;  // autograd/checkpoint.h
+thread_local const BeforeNodeFn* g_before_node = nullptr;
 
 // Labels live as long as the process: graph nodes keep pointers to them.
 const char* intern(const std::string& label) {
@@ -69,6 +71,8 @@ class AccumulateGrad final : public Node {
   std::shared_ptr<TensorImpl> leaf_;
 };
 
+}  // namespace
+
 std::shared_ptr<Node> gradient_edge(const Tensor& t) {
   if (!t.defined() || !t.impl()->autograd) return nullptr;
   auto& m = *t.impl()->autograd;
@@ -83,6 +87,8 @@ std::shared_ptr<Node> gradient_edge(const Tensor& t) {
   }
   return acc;
 }
+
+namespace {
 
 // a + b out of place (either may be shared with another gradient). 16-bit gradients (of f16/bf16
 // parameters) are summed in f32 and rounded once.
@@ -140,6 +146,8 @@ NoGradGuard::~NoGradGuard() { g_grad_mode = previous_; }
 bool needs_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
 
 void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output, BackwardFn backward) {
+  RecordObserver* observer = g_observer;
+  if (observer != nullptr) observer->on_record(name, inputs, output);
   if (!g_grad_mode) return;
   bool any = false;
   for (const auto& t : inputs) any = any || needs_grad(t);
@@ -150,11 +158,32 @@ void record(const char* name, const std::vector<Tensor>& inputs, Tensor& output,
   node->context_ = g_record_context;
   node->next_.reserve(inputs.size());
   for (const auto& t : inputs) {
-    node->next_.push_back(gradient_edge(t));
+    std::shared_ptr<Node> edge = gradient_edge(t);
+    if (observer != nullptr && edge != nullptr) edge = observer->map_edge(edge);
+    node->next_.push_back(std::move(edge));
     node->input_shapes_.push_back(t.defined() ? t.shape() : Shape{});
   }
+  if (observer != nullptr) observer->on_node(node.get());
   meta_of(output).grad_fn = std::move(node);
 }
+
+void attach_node(const std::shared_ptr<Node>& node, Tensor& output) {
+  node->sequence_nr_ = g_next_sequence_nr++;
+  node->scope_ = g_scope;
+  node->context_ = 0;
+  meta_of(output).grad_fn = node;
+}
+
+RecordObserver* set_record_observer(RecordObserver* observer) {
+  RecordObserver* previous = g_observer;
+  g_observer = observer;
+  return previous;
+}
+RecordObserver* record_observer() { return g_observer; }
+const BeforeNodeFn* current_before_node() { return g_before_node; }
+
+EnableGradGuard::EnableGradGuard() : previous_(g_grad_mode) { g_grad_mode = true; }
+EnableGradGuard::~EnableGradGuard() { g_grad_mode = previous_; }
 
 void set_record_context(std::uint32_t context) { g_record_context = context; }
 std::uint32_t record_context() { return g_record_context; }
@@ -216,6 +245,11 @@ void backward(const Tensor& root, const Tensor& grad_output, bool retain_graph, 
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, decltype(later_first)> ready(
       later_first);
   NoGradGuard no_grad;  // backward closures compute plain tensors; no second-order graphs
+  struct BeforeNodeScope {  // a checkpointed segment's backward reuses it (autograd/checkpoint.h)
+    const BeforeNodeFn* previous = g_before_node;
+    explicit BeforeNodeScope(const BeforeNodeFn* f) { g_before_node = f; }
+    ~BeforeNodeScope() { g_before_node = previous; }
+  } before_node_scope(before_node ? &before_node : nullptr);
   std::unordered_map<Node*, Tensor> buffers;
   buffers[root_node.get()] = seed;
   ready.push(root_node);

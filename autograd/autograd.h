@@ -148,4 +148,61 @@ using BeforeNodeFn = std::function<void(std::uint32_t context)>;
 void backward(const Tensor& root, const Tensor& grad_output = Tensor(), bool retain_graph = false,
               const BeforeNodeFn& before_node = {});
 
+// ---- Hooks for checkpointed segments (autograd/checkpoint.h) -----------------------------------------
+// A checkpointed segment watches every op recorded on its thread while it runs (also with grad mode
+// off), and in its re-run gives the new nodes substitute edges where they point outside the segment
+// (Note [Checkpoint edges] in autograd/checkpoint.cpp). Nothing here costs more than a pointer test
+// while no segment is running.
+
+/// Installed on one thread by autograd::checkpoint while a segment runs.
+class RecordObserver {
+ public:
+  virtual ~RecordObserver() = default;
+  /// Called by every record() on this thread, first, whether or not grad mode is on.
+  virtual void on_record(const char* name, const std::vector<Tensor>& inputs, const Tensor& output) = 0;
+  /// The edge a node recorded now gets for an input whose gradient edge is `edge` (non-null).
+  virtual std::shared_ptr<Node> map_edge(const std::shared_ptr<Node>& edge) = 0;
+  /// Called for every node record() creates (grad mode on).
+  virtual void on_node(Node* node) = 0;
+  /// Called by an op before it draws from `gen` (dropout masks).
+  virtual void on_random(Generator& gen) = 0;
+  /// Called by an op that can skip its computation: the output the segment kept for the op `name`
+  /// about to be recorded (its re-run), or an undefined tensor (compute it).
+  virtual Tensor kept_output(const char* name) = 0;
+};
+
+/// Installs `observer` on this thread (nullptr: none); returns the previous one.
+RecordObserver* set_record_observer(RecordObserver* observer);
+RecordObserver* record_observer();
+
+/// Ops call these: they forward to the observer when one is installed (Note [Save or recompute]).
+inline void note_random_use(Generator& gen) {
+  if (RecordObserver* o = record_observer()) o->on_random(gen);
+}
+inline Tensor kept_output(const char* name) {
+  RecordObserver* o = record_observer();
+  return o != nullptr ? o->kept_output(name) : Tensor();
+}
+
+/// The node that gradients of `t` flow into: its grad_fn, its AccumulateGrad node (a leaf that
+/// requires grad; made on first use), or null.
+std::shared_ptr<Node> gradient_edge(const Tensor& t);
+/// Makes `node` (whose next_ and input_shapes_ the caller filled) the grad_fn of `output`, numbered
+/// and labelled like a node record() makes, with no record context.
+void attach_node(const std::shared_ptr<Node>& node, Tensor& output);
+/// The before_node of the backward() running on this thread (null outside one, or when it has none).
+const BeforeNodeFn* current_before_node();
+
+/// Turns grad mode on in its scope (this thread), e.g. to build a graph inside a backward.
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace zero::autograd

@@ -387,9 +387,13 @@ Tensor linear_gemm(const Tensor& x, const Tensor& weight, const Tensor& bias, st
   Tensor xh = operand(x, wt), wd = dense(weight), bd = bias.defined() ? dense(bias) : Tensor();
   Shape oshape = x.shape();
   oshape.back() = out_f;
-  Tensor out = Tensor::empty(oshape, DType::f32, dev);
-  be.gemm_ex(false, true, N, out_f, in, 1.0f, xh.raw_data(), wt, in, wd.raw_data(), wt, in, 0.0f, out.raw_data(),
-             DType::f32, out_f, bias.defined() ? f32(bd) : nullptr);
+  // A checkpointed segment's re-run may hand back the output it kept (Note [Save or recompute]).
+  Tensor out = autograd::kept_output("linear");
+  if (!out.defined()) {
+    out = Tensor::empty(oshape, DType::f32, dev);
+    be.gemm_ex(false, true, N, out_f, in, 1.0f, xh.raw_data(), wt, in, wd.raw_data(), wt, in, 0.0f, out.raw_data(),
+               DType::f32, out_f, bias.defined() ? f32(bd) : nullptr);
+  }
   record("linear", {x, weight, bias}, out, [&be, xh, wd, wt, N, in, out_f, has_bias = bias.defined()](const Tensor& g) {
     Tensor gd = dense(g), gh = operand(gd, wt);
     Tensor gx = Tensor::empty(xh.shape(), DType::f32, xh.device());
@@ -561,6 +565,7 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
   // cpu draws every element from gen; cuda draws one 64-bit seed from it and hashes (seed, i), so runs
   // repeat on either device but the masks differ between them.
   Tensor mask = Tensor::empty(x.shape(), DType::f32, dev);
+  autograd::note_random_use(gen);  // a checkpointed segment replays the draws (Note [Save or recompute])
   if (mask.numel() > 0) kernels(dev).dropout_mask(f32(mask), gen, p, mask.numel());
   Tensor out;
   {

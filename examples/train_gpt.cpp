@@ -45,6 +45,7 @@
 #include "core/storage.h"
 #include "core/trace.h"
 #include "distributed/distributed.h"
+#include "examples/activation_meter.h"
 #ifdef ZERO_HAS_CUDA
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
@@ -274,6 +275,7 @@ class TrainingRun {
   void open_resume();
   void build_model();
   void build_optimizer();
+  void make_activation_meter();
   void restore();
   void open_log();
   void print_setup() const;
@@ -316,6 +318,8 @@ class TrainingRun {
   dist::ZeroOptions zo_;
   std::optional<examples::OptimizerSettings> optimizer_;
   std::optional<dist::ZeroOptimizer> opt_;
+  std::optional<examples::ActivationMeter> meter_;  // memory_bytes.activations
+  std::int64_t stage3_gathers_ = 0;                  // stage 3: unit all-gathers issued by training steps
   std::int64_t first_step_ = 0;
   std::ofstream log_;
   std::int64_t saved_step_ = -1;      // the step of the last checkpoint this run committed
@@ -430,6 +434,7 @@ void TrainingRun::build_model() {
         fmt::print(stderr, "{}\n", w);
   }
   model_.emplace(cfg_, init_gen_);
+  model_->set_recompute(autograd::parse_recompute(tc_.activation_checkpointing.recompute_granularity));
   if (resume_) dist::check_parameters(*resume_, model_->named_parameters());
   if (!a_.init_from.empty())
     dist::load_weights(a_.init_from, model_->named_parameters(), a_.allow_non_finite_weights);
@@ -446,6 +451,24 @@ void TrainingRun::build_optimizer() {
   // Stage 3 has just freed the fp32 model it was built from and the full flat buffer (8Ψ bytes): give
   // them back to the system rather than keep them cached for blocks of other sizes.
   if (zo_.stage == 3) empty_cpu_cache();
+  make_activation_meter();
+}
+
+// The activation meter (examples/activation_meter.h) over this device's allocator. At stage 3 the
+// parameters a forward or a re-run gathers, and for a 16-bit model their f32 compute copies, are not
+// activations: the meter leaves them out.
+void TrainingRun::make_activation_meter() {
+  std::function<std::size_t()> in_use = [] { return cpu_allocator_stats().in_use; };
+#ifdef ZERO_HAS_CUDA
+  if (device_ == Device::cuda) in_use = [] { return cuda::allocator_stats().in_use; };
+#endif
+  std::function<std::size_t()> gathered;
+  if (const dist::PartitionedParameters* p = opt_->partitioned()) {
+    const std::size_t per_element = dtype_size(zo_.dtype) + (zo_.dtype == DType::f32 ? 0 : 4);
+    gathered = [p, per_element] { return static_cast<std::size_t>(p->live_elements()) * per_element; };
+  }
+  meter_.emplace(std::move(in_use), std::move(gathered));
+  autograd::set_recompute_probe([this](bool done) { meter_->on_recompute(done); });
 }
 
 // A resumed run's optimizer state, generators and step.
@@ -580,12 +603,18 @@ TrainingRun::StepResult TrainingRun::train_step(std::int64_t step) {
   // Global batch rows [(i·world + rank)·micro, +micro) are this rank's micro-step i.
   auto [x_host, y_host] = examples::TextData::batch(data_->train, a_.batch, a_.block, data_gen_);
   const Tensor x = x_host.to(device_), y = y_host.to(device_);
+  const dist::PartitionedParameters* stage3 = opt_->partitioned();
+  const std::int64_t gathers_before = stage3 != nullptr ? stage3->gathers() : 0;
+  // The first step makes the persistent caches (compute copies): activations are measured after it.
+  meter_->set_counting(step > first_step_ || a_.steps == first_step_ + 1);
   for (int i = 0; i < gas_; ++i) {
     const std::int64_t first = (static_cast<std::int64_t>(i) * world_ + rank_) * micro_;
     Tensor loss;
     {
       trace::Span span("forward", "forward");
+      meter_->begin_forward();
       loss = model_->loss(x.narrow(0, first, micro_), y.narrow(0, first, micro_));
+      meter_->end_forward();
     }
     opt_->backward(loss);
     r.loss_sum += loss.item();
@@ -604,6 +633,7 @@ TrainingRun::StepResult TrainingRun::train_step(std::int64_t step) {
   backend(device_).synchronize();
   step_span.reset();
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (stage3 != nullptr) stage3_gathers_ += stage3->gathers() - gathers_before;
   return r;
 }
 
@@ -783,13 +813,18 @@ void TrainingRun::print_summary(const Summary& s) const {
                s.comm_ms_per_step, 1000.0 * ledger.seconds[int(dist::Collective::reduce_scatter)] / s.steps,
                1000.0 * ledger.seconds[int(dist::Collective::all_reduce)] / s.steps,
                1000.0 * ledger.seconds[int(dist::Collective::all_gather)] / s.steps, s.comm_cpu_ms_per_step);
-  fmt::print("memory per rank: model states {}, buckets {}{}{}, peak RSS {}\n", mib(s.mem.model_states()),
+  fmt::print("memory per rank: model states {}, activations {} (held for backward {} + recompute {}), buckets "
+             "{}{}{}, peak RSS {}\n", mib(s.mem.model_states()), mib(static_cast<double>(meter_->activations())),
+             mib(static_cast<double>(meter_->held())), mib(static_cast<double>(meter_->recompute_working_set())),
              mib(s.mem.buckets),
              zo_.stage == 3 ? fmt::format(", gathered parameters at most {} at once (bound {})", mib(s.mem.gathered),
                                           mib(opt_->plan().memory().gathered))
                             : "",
              s.mem.residual > 0 ? fmt::format(", error-feedback residual {}", mib(s.mem.residual)) : "",
              mib(static_cast<double>(s.rss)));
+  if (zo_.stage == 3)
+    fmt::print("stage 3: {:.1f} unit all-gathers per step (training steps; evaluation apart)\n",
+               static_cast<double>(stage3_gathers_) / s.steps);
   if (s.peak > 0.0)
     fmt::print("compute: {:.2f} TFLOP/s per rank, MFU {:.1f}% of {:.0f} TFLOP/s ({} {} peak)\n", s.tflops,
                100.0 * s.mfu, s.peak / 1e12, device_name(device_), matmul_precision_name(s.precision));
@@ -852,7 +887,12 @@ void TrainingRun::write_metrics(const Summary& s) const {
                         {"optimizer_states", s.mem.optimizer_states},
                         {"buckets", s.mem.buckets},
                         {"gathered", s.mem.gathered},
+                        {"activations", meter_->activations()},
+                        {"activations_held", meter_->held()},
+                        {"activations_recompute", meter_->recompute_working_set()},
                         {"peak_rss", s.rss}}},
+                      {"stage3_all_gathers_per_step",
+                       zo_.stage == 3 ? nlohmann::json(static_cast<double>(stage3_gathers_) / s.steps) : nlohmann::json()},
                       {"loss_scale", opt_->loss_scale()},
                       {"skipped_steps", opt_->skipped_steps()},
                       {"config", tc_.to_json()}};

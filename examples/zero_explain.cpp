@@ -28,9 +28,11 @@
 #include "autograd/autograd.h"
 #include "distributed/distributed.h"
 #include "examples/cli_errors.h"
+#include "examples/memory_planner.h"
 #include "examples/model_options.h"
 #include "examples/setting_flags.h"
 #include "examples/text_data.h"
+#include "nn/activation_memory.h"
 #include "nn/gpt.h"
 
 namespace {
@@ -44,12 +46,20 @@ struct Args {
   std::int64_t vocab_size = 0;
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
   int world_size = 1, grad_accum = 1;
+  std::int64_t batch = 12;  // train_gpt's --batch and its default: sequences per step over all ranks
+  std::string memory_budget;  // --memory-budget: the planner (examples/memory_planner.h)
+  double compute_flops = 1e11;
   examples::SettingFlags settings;  // the ZeRO flags of the settings table (distributed/run/settings.h)
   double bandwidth = 0, latency = 0;
   std::vector<double> params;
 };
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
+// Bytes in binary and decimal units side by side: "3.00 MiB (3.15 MB)".
+std::string bytes_gib_gb(double bytes) {
+  return bytes >= 1e9 ? fmt::format("{:.2f} GiB ({:.2f} GB)", bytes / (1024.0 * 1024.0 * 1024.0), bytes / 1e9)
+                      : fmt::format("{} ({:.2f} MB)", mib(bytes), bytes / 1e6);
+}
 
 // Human units for the scale table (params can reach TB totals at stage 0).
 std::string human_bytes(double bytes) {
@@ -77,7 +87,7 @@ std::string shape_str(const Shape& s) {
 
 // The ZeRO options train_gpt would run with, by its merge rule (examples/setting_flags.h): the
 // defaults, the --config file, the flags given, then validation of the result.
-dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
+dist::TrainingConfig make_config(const Args& a, const CLI::App& app) {
   const json file = a.config.empty() ? json::object() : dist::read_config_file(a.config);
   const auto given = [&](std::string_view flag) {
     const CLI::Option* o = app.get_option_no_throw(std::string(flag));
@@ -87,12 +97,18 @@ dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
       examples::merge_config(file, a.config, a.settings, given, [&](dist::TrainingConfig& c) {
         if (given("--dtype")) c.set_model_dtype(parse_float_dtype(a.dtype));
         if (given("--grad-accum")) c.gradient_accumulation_steps = a.grad_accum;
+        // train_gpt's batch rule: --batch, or the file's train_batch_size, else train_gpt's default when
+        // it splits into the ranks and micro-steps (else a micro-batch of 1: only the activations use it).
+        if (given("--batch") || !c.train_batch_size) {
+          ZERO_CHECK(a.batch >= 1, "--batch must be positive, got {}", a.batch);
+          const std::int64_t split = static_cast<std::int64_t>(a.world_size) * c.gradient_accumulation_steps.value_or(1);
+          c.train_batch_size = given("--batch") || a.batch % split == 0 ? a.batch : split;
+          if (!c.gradient_accumulation_steps) c.train_micro_batch_size_per_gpu.reset();
+        }
+        c.resolve_batch(a.world_size);
       });
   for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
-  dist::ZeroOptions zo = tc.zero_options();
-  // Note [Automatic bucket size]: with a link model, automatic buckets grow with N.
-  zo.link = {a.bandwidth, a.latency};
-  return zo;
+  return tc;
 }
 
 // One bucket's reduction in the alpha-beta model: its collective, bus bytes, and the latency and
@@ -286,6 +302,11 @@ struct Explained {
   dist::StepTraffic traffic;
   double baseline = 0.0;  // stage 0's traffic, bytes per step
   bool timed = false;     // --bandwidth given: the alpha-beta time model is on
+  std::int64_t micro_batch = 1;  // sequences per forward on one rank (train_gpt's rule from --batch)
+  autograd::Recompute recompute = autograd::Recompute::none;
+  nn::ActivationBytes activations;  // per rank, one micro-step (nn/activation_memory.h)
+  std::int64_t batch = 1;           // global batch (train_gpt's rule)
+  double budget_bytes = 0;          // --memory-budget; 0: no planner
 };
 
 // When each bucket can leave: after the hook of the last of its parameters to deliver.
@@ -314,7 +335,15 @@ Explained explain(const Args& a, const CLI::App& app) {
   e.cfg.vocab_size = a.vocab_size > 0 ? a.vocab_size : 65;
   e.cfg.validate();
   if (!a.data.empty()) e.cfg.vocab_size = examples::TextData::load(a.data, e.cfg.block_size).vocab_size();
-  e.zo = make_options(a, app);
+  const dist::TrainingConfig tc = make_config(a, app);
+  e.zo = tc.zero_options();
+  e.zo.link = {a.bandwidth, a.latency};  // Note [Automatic bucket size]: with a link model, buckets grow with N
+  e.micro_batch = *tc.train_micro_batch_size_per_gpu;
+  e.recompute = autograd::parse_recompute(tc.activation_checkpointing.recompute_granularity);
+  e.activations = nn::activation_bytes(e.cfg, e.micro_batch, e.recompute);
+  e.batch = *tc.train_batch_size;
+  if (!a.memory_budget.empty()) e.budget_bytes = examples::parse_size(a.memory_budget, "--memory-budget");
+  ZERO_CHECK(a.compute_flops > 0, "--compute-flops must be > 0 FLOP/s, got {}", a.compute_flops);
   Generator gen(1337);
   nn::GPT model(e.cfg, gen);
   for (const auto& p : model.named_parameters())
@@ -329,6 +358,15 @@ Explained explain(const Args& a, const CLI::App& app) {
   e.ready_after = ready_after_hooks(e.plan, e.order);
   return e;
 }
+
+// Stage 3's unit all-gathers per optimizer step for the GPT, once the schedule is learned: per
+// micro-step U + 1 in the forward (the tied wte twice) and U - 1 in the backward (Note [One schedule]).
+std::int64_t stage3_all_gathers_per_step(const Explained& e) {
+  return static_cast<std::int64_t>(e.zo.gradient_accumulation_steps) * 2 *
+         static_cast<std::int64_t>(e.plan.units.size());
+}
+
+json json_at_scale(const Explained& e, const Args& a);
 
 // --format json: the run's settings.
 void json_settings(const Explained& e, json& j) {
@@ -455,6 +493,13 @@ void json_costs(const Explained& e, const Args& a, json& j) {
   const double baseline = e.baseline;
   const std::vector<dist::FlatLayout::Entry>& entries = e.entries;
   j["memory_bytes"] = memory_json(plan.memory());
+  j["memory_bytes"]["activations"] = e.activations.total();  // as train_gpt's metrics measure it
+  if (e.zo.stage == 3) j["stage3_all_gathers_per_step"] = stage3_all_gathers_per_step(e);
+  j["activations_bytes"] = {{"recompute", autograd::recompute_name(e.recompute)},
+                            {"micro_batch", e.micro_batch},
+                            {"held_for_backward", e.activations.held},
+                            {"recompute_working_set", e.activations.recompute},
+                            {"total", e.activations.total()}};
   j["memory_formula_bytes"] = memory_json(dist::expected_memory(zo.stage, zo.dtype, psi, N));
   j["traffic_bytes_per_step"] = traffic_json(traffic);
   j["baseline_bytes_per_step"] = baseline;
@@ -479,7 +524,76 @@ void json_costs(const Explained& e, const Args& a, json& j) {
     j["bandwidth"] = a.bandwidth;
     j["latency"] = a.latency;
     j["comm_time_s_per_step"] = dist::step_comm_time_s(plan, a.bandwidth, a.latency);
+    j["at_scale"] = json_at_scale(e, a);
   }
+}
+
+// The text's scale table as JSON (with --bandwidth): for this model and every --params size, at N = 1, 2,
+// 4, ..., 1024 and stages 0-3, the model states per rank, the modelled communication time, and the
+// plan's bucket count and calls per collective per step (reduce-scatter / all-reduce buckets,
+// all-gather chunks or stage-3 units).
+json json_at_scale(const Explained& e, const Args& a) {
+  std::vector<double> sizes{e.psi};
+  sizes.insert(sizes.end(), a.params.begin(), a.params.end());
+  json out = json::array();
+  for (double P : sizes) {
+    const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
+    json rows = json::array();
+    for (int n = 1; n <= 1024; n *= 2)
+      for (int stage = 0; stage <= 3; ++stage) {
+        dist::ZeroOptions o = e.zo;
+        o.stage = stage;
+        o.reduce_scatter = true;
+        o.stage3_max_live_parameters = std::max(o.stage3_max_live_parameters, static_cast<std::int64_t>(P));
+        const dist::ZeroPlan p = dist::plan_zero(one, n, o);
+        const dist::StepTraffic t = p.traffic();
+        json calls = json::object();
+        for (int c = 0; c < dist::kNumCollectives; ++c)
+          if (t.calls[c] > 0) calls[std::string(dist::collective_name(static_cast<Collective>(c)))] = t.calls[c];
+        rows.push_back({{"world_size", n},
+                        {"zero_stage", stage},
+                        {"model_states_bytes", dist::expected_memory(stage, e.zo.dtype, P, n).model_states()},
+                        {"comm_time_s_per_step", dist::step_comm_time_s(p, a.bandwidth, a.latency)},
+                        {"buckets", p.buckets.size()},
+                        {"calls_per_step", calls}});
+      }
+    out.push_back({{"params", P}, {"rows", rows}});
+  }
+  return out;
+}
+
+// The planner's input: this model, ranks, batch and ZeRO options, with --memory-budget and the link.
+examples::PlannerInput planner_input(const Explained& e, const Args& a) {
+  examples::PlannerInput in;
+  in.cfg = e.cfg;
+  in.entries = e.entries;
+  in.world_size = e.N;
+  in.batch = e.batch;
+  in.base = e.zo;
+  in.budget_bytes = e.budget_bytes;
+  in.flops_per_s = a.compute_flops;
+  in.bandwidth = a.bandwidth;
+  in.latency = a.latency;
+  return in;
+}
+
+// --memory-budget in the JSON: every configuration, those that fit first, fastest first.
+json json_memory_plan(const Explained& e, const Args& a) {
+  const examples::PlannerInput in = planner_input(e, a);
+  json rows = json::array();
+  for (const examples::PlanChoice& c : examples::plan_configurations(in))
+    rows.push_back({{"zero_stage", c.stage},
+                    {"recompute", autograd::recompute_name(c.recompute)},
+                    {"gradient_accumulation_steps", c.gradient_accumulation_steps},
+                    {"micro_batch", c.micro_batch},
+                    {"reduce_bucket_size", c.reduce_bucket_size},
+                    {"stage3_max_live_parameters", c.stage3_max_live_parameters},
+                    {"memory_bytes", c.memory_bytes},
+                    {"activations_bytes", c.activation_bytes},
+                    {"fits", examples::fits(c, in)},
+                    {"step_s", c.step_s()}});
+  return {{"budget_bytes", e.budget_bytes}, {"configurations", rows},
+          {"choice", !rows.empty() && rows[0]["fits"].get<bool>() ? rows[0] : json()}};
 }
 
 void print_json(const Explained& e, const Args& a) {
@@ -489,6 +603,7 @@ void print_json(const Explained& e, const Args& a) {
   json_buckets(e, a, j);
   json_gather_units(e, j);
   json_costs(e, a, j);
+  if (e.budget_bytes > 0) j["memory_plan"] = json_memory_plan(e, a);
   std::cout << j.dump(2) << "\n";
 }
 
@@ -539,7 +654,14 @@ void print_layout(const Explained& e) {
   }
 
   fmt::print("\n== partitions: P = {} elements per rank ==\n", L.partition_size());
+  // Beyond 16 ranks the first and last 4 (--format json lists every rank).
+  const int head = N > 16 ? 4 : N;
   for (int r = 0; r < N; ++r) {
+    if (r >= head && r < N - head) {
+      if (r == head) fmt::print("... ranks {} to {}: {} more partitions of {} elements (--format json lists every one)\n",
+                                head, N - head - 1, N - 2 * head, L.partition_size());
+      continue;
+    }
     const auto& owned = L.owned(r);
     std::string names;
     if (!owned.empty()) {
@@ -608,6 +730,11 @@ void print_gather_plan(const Explained& e) {
                "({} elements) and all-gathers a unit before its forward and again before its backward, freeing it "
                "after ==\n",
                plan.units.size(), L.partition_size());
+    const std::size_t U = plan.units.size();
+    fmt::print("all-gathers per step: {} = GAS {} x ({} in the forward: every unit, and wte again for the tied LM "
+               "head; {} in the backward: every unit but wte, which the forward's last read left gathered); "
+               "recompute adds none (a block's re-run reads the unit its backward gathers)\n",
+               stage3_all_gathers_per_step(e), zo.gradient_accumulation_steps, U + 1, U - 1);
     fmt::print("live bound: stage3_max_live_parameters {} elements (largest unit {}: {} elements; all units: {}); "
                "prefetch: stage3_prefetch_bucket_size {} elements of the next units in last step's order\n",
                zo.stage3_max_live_parameters, largest->name, largest->size(), L.numel(),
@@ -624,6 +751,19 @@ void print_gather_plan(const Explained& e) {
                  g.name.empty() ? "(root)" : g.name, fmt::format("[{}, {})", g.begin, g.end), g.size(), covers,
                  counts);
     }
+  }
+}
+
+// Activation memory per rank, every recompute mode, the chosen one marked (docs/zero.md, section 9).
+void print_activations(const Explained& e) {
+  fmt::print("\n== activations per rank: micro-batch {} x {} tokens, one forward and backward (f32 on cpu; "
+             "docs/zero.md, section 9) ==\n",
+             e.micro_batch, e.cfg.block_size);
+  for (autograd::Recompute m : {autograd::Recompute::none, autograd::Recompute::full, autograd::Recompute::selective}) {
+    const nn::ActivationBytes b = nn::activation_bytes(e.cfg, e.micro_batch, m);
+    fmt::print("{} recompute {:<9}: {} = held for backward {} + recompute working set {}\n",
+               m == e.recompute ? "*" : " ", autograd::recompute_name(m), bytes_gib_gb(b.total()), mib(b.held),
+               mib(b.recompute));
   }
 }
 
@@ -654,6 +794,7 @@ void print_memory(const Explained& e) {
   fmt::print("(gathered: stage 3's working memory, the most gathered parameters alive at once, at most "
              "stage3_max_live_parameters = {} elements; not a model state)\n",
              zo.stage3_max_live_parameters);
+  print_activations(e);
 }
 
 // Traffic per step of every scheme, against stage 0.
@@ -693,7 +834,8 @@ void print_at_scale(const Explained& e, const Args& a) {
   for (double P : sizes) {
     // A model of P parameters as one tensor: padding and bucket edges matter little at scale.
     const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
-    fmt::print("Psi = {:.4g} ({} of {} weights):\n", P, human_bytes(b * P), dtype_name(zo.dtype));
+    fmt::print("Psi = {:.4g} ({} = {:.2f} GB of {} weights; memory below in GiB of 2^30 bytes = 1.074 GB):\n", P,
+               human_bytes(b * P), b * P / 1e9, dtype_name(zo.dtype));
     fmt::print("  {:>5}  {:>12} {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}\n", "N",
                "mem stage 0", "stage 1", "stage 2", "stage 3", "comm s0", "s1", "s2", "s3", "s1/2 no-rs",
                "s2 Psi/8 bk");
@@ -735,6 +877,10 @@ void print_text(const Explained& e, const Args& a) {
   print_memory(e);
   print_traffic(e, a);
   if (e.timed) print_at_scale(e, a);
+  if (e.budget_bytes > 0) {
+    const examples::PlannerInput in = planner_input(e, a);
+    examples::print_plan(in, examples::plan_configurations(in));
+  }
 }
 
 int run(const Args& a, const CLI::App& app) {
@@ -760,8 +906,15 @@ int main(int argc, char** argv) {
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 or bf16")->capture_default_str();
   app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
+  app.add_option("--batch", a.batch, "train_gpt's global batch: sequences per optimizer step over all ranks (for "
+                 "the activation memory; not given and not splitting into the ranks: one sequence per micro-step)")
+      ->capture_default_str();
   examples::add_setting_flags(app, a.settings, examples::FlagSet::layout);
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
+  app.add_option("--memory-budget", a.memory_budget,
+                 "per-rank memory budget (2GiB, 1.5GB, 800MiB): list the configurations that fit and choose one");
+  app.add_option("--compute-flops", a.compute_flops, "FLOP/s of one rank, for the planner's step time")
+      ->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
   app.add_option("--latency", a.latency, "per-message latency in seconds for the time model")->capture_default_str();
   app.add_option("--params", a.params, "more model sizes (parameters) for the scale table, e.g. 124e6 1.5e9");

@@ -121,7 +121,13 @@ Tensor GPT::forward(const Tensor& idx) const {
   }
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     autograd::ScopeGuard scope(autograd::tracing() ? "block " + std::to_string(i) : std::string());
-    x = blocks[i]->forward(x);
+    if (recompute_ == autograd::Recompute::none) {
+      x = blocks[i]->forward(x);
+    } else {
+      const Block* block = blocks[i].get();
+      x = autograd::checkpoint([block](const std::vector<Tensor>& in) { return block->forward(in[0]); }, {x},
+                               autograd::recompute_policy(recompute_));
+    }
   }
   // LM head tied to the token embedding: logits = lnf(x) @ wte^T. The final norm runs before the
   // weight is read: at ZeRO stage 3 reading another layer's parameters frees the ones read before

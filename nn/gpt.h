@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/rms_norm.h"
 
@@ -92,6 +93,13 @@ class GPT : public Module {
 
   const GPTConfig& config() const { return cfg_; }
 
+  /// Activation recompute per block (autograd/checkpoint.h): none (default), full (each block a
+  /// checkpointed segment keeping only its input) or selective (keeping also its GEMMs' outputs). The
+  /// results are bitwise the same in every mode; only the memory held for the backward and the compute
+  /// change (docs/zero.md, section 9). Not part of the model's config: a training setting.
+  void set_recompute(autograd::Recompute mode) { recompute_ = mode; }
+  autograd::Recompute recompute() const { return recompute_; }
+
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;
   std::vector<std::shared_ptr<Block>> blocks;
@@ -99,6 +107,7 @@ class GPT : public Module {
 
  private:
   GPTConfig cfg_;
+  autograd::Recompute recompute_ = autograd::Recompute::none;
 };
 
 /// Training FLOPs per token (forward + backward), PaLM paper (Chowdhery et al. 2022) appendix B:

@@ -83,7 +83,7 @@ const std::map<std::string, std::vector<std::string>>& ignored_keys() {
       {"",
        {"steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "tensorboard", "csv_monitor",
         "wandb", "comet", "comms_logger", "flops_profiler", "timers", "zero_allow_untested_optimizer",
-        "zero_force_ds_cpu_optimizer", "activation_checkpointing", "aio", "checkpoint", "compile",
+        "zero_force_ds_cpu_optimizer", "aio", "checkpoint", "compile",
         "graph_harvesting", "disable_allgather"}},
       {"fp16", {"auto_cast"}},
       {"bf16", {"immediate_grad_update", "check_grad_overflow"}},
@@ -99,6 +99,7 @@ const std::map<std::string, std::vector<std::string>>& ignored_keys() {
         "override_module_apply", "log_trace_cache_warnings"}},
       {"optimizer.params", {"torch_adam", "fused"}},
       {"scheduler.params", {"last_batch_iteration"}},
+      {"activation_checkpointing", {"synchronize_checkpoint_boundary", "profile"}},
   };
   return keys;
 }
@@ -155,6 +156,7 @@ const std::map<std::string, std::set<std::string>>& complete_modelled_keys() {
     parse(json{{"fp16", json::object()},
                {"bf16", json::object()},
                {"zero_optimization", json::object()},
+               {"activation_checkpointing", json::object()},
                {"optimizer", {{"type", "AdamW"}, {"params", json::object()}}},
                {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 1}}}}}},
           "");
@@ -409,6 +411,10 @@ void validate_top_level(const TrainingConfig& c, const Where& src) {
     fail(src, "nonfinite_grads", fmt::format("must be \"error\" or \"skip\", got \"{}\"", c.nonfinite_grads));
   if (c.nonfinite_skip_limit < 0)
     fail(src, "nonfinite_skip_limit", fmt::format("must be >= 0 (0 = never stop), got {}", c.nonfinite_skip_limit));
+  const std::string& r = c.activation_checkpointing.recompute_granularity;
+  if (r != "none" && r != "full" && r != "selective")
+    fail(src, "activation_checkpointing.recompute_granularity",
+         fmt::format("must be \"none\", \"full\" or \"selective\", got \"{}\"", r));
 }
 
 // The fp16 section (the loss scaler) and the one-dtype rule.
@@ -533,6 +539,22 @@ void validate_config(const TrainingConfig& c, const Where& src) {
   validate_schedule(c, src);
 }
 
+// DeepSpeed's activation_checkpointing keys that partition or offload activations across the ranks of
+// a tensor-parallel group: with data parallelism only (every rank holds the whole model) there is no
+// such group, so they are refused when set, with the reason.
+void parse_activation_checkpointing(Section& s, TrainingConfig& c, const std::string& src) {
+  read_settings(s, "activation_checkpointing", c);
+  for (const char* key : {"partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
+                          "number_checkpoints"}) {
+    const json* v = s.find(key);
+    if (v == nullptr || (v->is_boolean() && !v->get<bool>())) continue;  // absent, null or false
+    fail(src, std::string("activation_checkpointing.") + key,
+         "needs tensor parallelism (activations split across the ranks of a model-parallel group), which "
+         "zero.cpp does not have; use \"recompute_granularity\" to save activation memory");
+  }
+  s.check_keys();
+}
+
 TrainingConfig parse(const json& j, const std::string& src) {
   if (!j.is_object()) {
     const std::string where = src.empty() ? "" : fmt::format(" in {}", src);
@@ -568,6 +590,7 @@ TrainingConfig parse(const json& j, const std::string& src) {
   }
   if (auto s = root.section("optimizer")) c.optimizer = parse_optimizer(*s);
   if (auto s = root.section("scheduler")) c.scheduler = parse_scheduler(*s);
+  if (auto s = root.section("activation_checkpointing")) parse_activation_checkpointing(*s, c, src);
   root.check_keys();
   return c;
 }

@@ -131,6 +131,14 @@ struct SchedulerConfig {
   double cos_min_ratio = 1e-4;           // final lr / peak lr, in [0, 1]
 };
 
+/// DeepSpeed's "activation_checkpointing" section. Of DeepSpeed's keys only those that apply without
+/// tensor parallelism are accepted (docs/config.md); the mode of recompute is Megatron's granularity.
+struct ActivationCheckpointingConfig {
+  // "none", "full" (each transformer block re-run in the backward) or "selective" (its GEMM outputs
+  // kept, the rest re-run): autograd/checkpoint.h. Megatron-LM's --recompute-granularity, plus "none".
+  std::string recompute_granularity = "none";
+};
+
 struct TrainingConfig {
   // Batch keys: train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps *
   // world_size. Unset (nullopt) ones are derived by resolve_batch; after it all three are set.
@@ -161,6 +169,7 @@ struct TrainingConfig {
   Fp16Config fp16;
   Bf16Config bf16;
   ZeroConfig zero_optimization;
+  ActivationCheckpointingConfig activation_checkpointing;
   std::optional<OptimizerConfig> optimizer;  // absent: the training program's own defaults apply
   std::optional<SchedulerConfig> scheduler;
 

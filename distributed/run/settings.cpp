@@ -115,9 +115,19 @@ std::vector<Setting> zero_settings() {
   };
 }
 
+std::vector<Setting> activation_checkpointing_settings() {
+  return {
+      {"activation_checkpointing.recompute_granularity", "--recompute", S::text, "`\"none\"`",
+       {"none", "full", "selective"},
+       "activation recompute per transformer block: none, full (keep only block inputs) or selective (keep also "
+       "the GEMM outputs, recompute norms, attention scores, GELU, dropout)",
+       [](T& c) -> SettingField { return &c.activation_checkpointing.recompute_granularity; }},
+  };
+}
+
 std::vector<Setting> make_table() {
   std::vector<Setting> table = top_level_settings();
-  for (auto section : {precision_settings, zero_settings}) {
+  for (auto section : {precision_settings, zero_settings, activation_checkpointing_settings}) {
     std::vector<Setting> rows = section();
     table.insert(table.end(), std::make_move_iterator(rows.begin()), std::make_move_iterator(rows.end()));
   }
