@@ -31,9 +31,11 @@ std::vector<Setting> top_level_settings() {
        "dtype gradient reductions travel in: fp32, fp16 or bf16 (default: the model dtype; fp32 is more accurate "
        "for a 16-bit model, at twice the bytes)",
        [](T& c) -> SettingField { return &c.communication_data_type; }},
-      {"gradient_clipping", "", S::number, "`1.0`", {}, "max global gradient norm (0 = off)",
+      {"gradient_clipping", "--clip", S::number, "`1.0`", {}, "max global gradient norm (0 = off)",
        [](T& c) -> SettingField { return &c.gradient_clipping; }},
-      {"collective_timeout_s", "", S::number, "`300`", {}, "seconds one collective may take",
+      {"collective_timeout_s", "--collective-timeout", S::number, "`300`", {},
+       "seconds one collective may take before the job ends with a message naming it (default: "
+       "$ZERO_COLLECTIVE_TIMEOUT_S, else the config's collective_timeout_s, else 300)",
        [](T& c) -> SettingField { return &c.collective_timeout_s; }},
       {"nonfinite_grads", "--nonfinite-grads", S::text, "`\"error\"`", {"error", "skip"},
        "fp32/bf16 step with an inf/NaN gradient: error (stop, naming the step) or skip",

@@ -500,8 +500,10 @@ void print_header(const Explained& e) {
   const dist::ZeroOptions& zo = e.zo;
   const int N = e.N;
   const nn::GPTConfig& cfg = e.cfg;
+  std::vector<std::string> variant;  // the model options' values: "layernorm", ...
+  for (const nn::ModelOption& o : nn::model_options()) variant.push_back(cfg.*o.field);
   fmt::print("model: {} layers, {} heads, {} channels, {}, block {}, vocab {}: Psi = {} parameters ({} tensors)\n",
-             cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.norm, cfg.block_size, cfg.vocab_size, L.numel(),
+             cfg.n_layer, cfg.n_head, cfg.n_embd, fmt::join(variant, ", "), cfg.block_size, cfg.vocab_size, L.numel(),
              L.params().size());
   fmt::print(
       "zero: stage {}, {}, {} rank(s), reduce_scatter {}, overlap_comm {}, GAS {}, reduce_bucket_size {}, "
