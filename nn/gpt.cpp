@@ -8,6 +8,11 @@
 #include <cmath>
 #include <string>
 
+#include "autograd/ops_elementwise.h"
+#include "autograd/ops_linalg.h"
+#include "autograd/ops_nn.h"
+#include "nn/rms_norm.h"
+
 namespace zero::nn {
 
 const std::vector<ModelOption>& model_options() {

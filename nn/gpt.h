@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "nn/layers.h"
-#include "nn/rms_norm.h"
 
 namespace zero::nn {
 
