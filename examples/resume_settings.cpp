@@ -23,7 +23,8 @@ namespace zero::examples {
 // scaler). A flag that repeats the checkpoint's value changes nothing; one that differs is applied
 // with a one-line warning naming both values, since the run then no longer continues the saved one
 // bitwise (a new world size or ZeRO stage is a supported change all the same: docs/checkpoint.md). The
-// model shape cannot change: a differing --n-layer, --n-head, --n-embd, --block or --norm is an error.
+// model shape cannot change: a differing --n-layer, --n-head, --n-embd, --block or model option (every row
+// of nn::model_options(): --norm, ...) is an error.
 // Settings that do not touch the numbers (--save-dir, --log-file, --threads, ...) are never stored.
 
 namespace fs = std::filesystem;
