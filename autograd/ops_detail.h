@@ -3,10 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "autograd/autograd.h"
 #include "core/tensor.h"
-#include <initializer_list>
 
 namespace zero {
 
