@@ -25,7 +25,8 @@ std::vector<Setting> top_level_settings() {
        [](T& c) -> SettingField { return &c.train_batch_size; }},
       {"train_micro_batch_size_per_gpu", "", S::integer, "derived", {}, "sequences per forward/backward, one rank",
        [](T& c) -> SettingField { return &c.train_micro_batch_size_per_gpu; }},
-      {"gradient_accumulation_steps", "", S::integer, "derived", {}, "micro-batches per optimizer step",
+      {"gradient_accumulation_steps", "--grad-accum", S::integer, "derived", {},
+       "gradient accumulation steps (micro-batches per optimizer step)",
        [](T& c) -> SettingField { return &c.gradient_accumulation_steps; }},
       {"communication_data_type", "--communication-data-type", S::text, "model dtype", {"fp32", "fp16", "bf16"},
        "dtype gradient reductions travel in: fp32, fp16 or bf16 (default: the model dtype; fp32 is more accurate "

@@ -181,7 +181,6 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
   // The flag of each key: the settings table's, and the flags that are not one key of it.
   const std::map<std::string, const char*> program_flags = {
       {"/train_batch_size", "--batch"},
-      {"/gradient_accumulation_steps", "--grad-accum"},
       {"/fp16/raise_error_at_min_scale", "--min-scale-skip-limit"},
       {"/fp16/min_scale_skip_limit", "--min-scale-skip-limit"},
   };

@@ -49,7 +49,6 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--sample", a.sample, "characters to generate at the end (0 = none)")->capture_default_str();
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 (dynamic loss scaling) or bf16")->capture_default_str();
-  app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
   add_setting_flags(app, a.settings, FlagSet::all);
   app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -206,7 +205,6 @@ void validate(const Args& a) {
   ZERO_CHECK(a.min_scale_skip_limit >= 0, "--min-scale-skip-limit must be >= 0 (0 = never stop), got {}",
              a.min_scale_skip_limit);
   ZERO_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got {}", a.dropout);
-  ZERO_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got {}", a.grad_accum);
   ZERO_CHECK(a.trace_steps.empty() || !a.trace.empty(), "--trace-steps needs --trace PATH");
   trace_range(a);
   ZERO_CHECK(a.save_every >= 0, "--save-every must be >= 0 (0 = only at the end), got {}", a.save_every);
@@ -247,12 +245,13 @@ std::pair<nlohmann::json, std::string> config_base(const Args& a, const nlohmann
   return {base, a.config};
 }
 
-// --batch and --grad-accum over the batch keys (`has_base`: a file or a checkpoint gave a config).
+// --batch over the batch keys, with --grad-accum (the settings table's flag, already in `cfg`).
 void apply_batch_flags(dist::TrainingConfig& cfg, const Args& a, const Given& given, int world_size) {
   const bool base_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
   const bool given_accum = given.has("--grad-accum");
-  if (given.has("--batch") || !base_has_batch) {
-    const std::int64_t per_step = static_cast<std::int64_t>(world_size) * (given_accum ? a.grad_accum : 1);
+  const std::int64_t accum = given_accum ? cfg.gradient_accumulation_steps.value_or(1) : 1;
+  if ((given.has("--batch") || !base_has_batch) && accum >= 1) {  // accum < 1: resolve_batch names it
+    const std::int64_t per_step = static_cast<std::int64_t>(world_size) * accum;
     ZERO_CHECK(a.batch % per_step == 0 && a.batch >= per_step,
                "--batch {} does not split into {} rank(s) x {} accumulation step(s) (it must be a positive multiple of {})",
                a.batch, world_size, per_step / world_size, per_step);
@@ -260,10 +259,8 @@ void apply_batch_flags(dist::TrainingConfig& cfg, const Args& a, const Given& gi
     cfg.train_micro_batch_size_per_gpu.reset();
     if (!cfg.gradient_accumulation_steps) cfg.gradient_accumulation_steps = 1;
   }
-  if (given_accum) {
-    cfg.gradient_accumulation_steps = a.grad_accum;
-    if (cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size) cfg.train_micro_batch_size_per_gpu.reset();
-  }
+  if (given_accum && cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size)
+    cfg.train_micro_batch_size_per_gpu.reset();
 }
 
 // The rules between keys, worded for the flags that broke them (validate() words them for the keys).

@@ -34,7 +34,6 @@ struct Args {
   // Distributed / mixed precision (override the --config file).
   std::string config;
   std::string dtype = "fp32";
-  int grad_accum = 1;
   // The flags of the settings table (--zero-stage, --overlap-comm, ...: distributed/settings.h).
   SettingFlags settings;
   // Device and communicator.

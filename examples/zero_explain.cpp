@@ -44,7 +44,7 @@ struct Args {
   std::string data, config, dtype = "fp32", format = "text", svg;
   std::int64_t vocab_size = 0;
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
-  int world_size = 1, grad_accum = 1;
+  int world_size = 1;
   examples::SettingFlags settings;  // the ZeRO flags of the settings table (distributed/settings.h)
   double bandwidth = 0, latency = 0;
   std::vector<double> params;
@@ -87,7 +87,6 @@ dist::ZeroOptions make_options(const Args& a, const CLI::App& app) {
   const dist::TrainingConfig tc =
       examples::merge_config(file, a.config, a.settings, given, [&](dist::TrainingConfig& c) {
         if (given("--dtype")) c.set_model_dtype(parse_float_dtype(a.dtype));
-        if (given("--grad-accum")) c.gradient_accumulation_steps = a.grad_accum;
       });
   for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);
   dist::ZeroOptions zo = tc.zero_options();
@@ -762,7 +761,6 @@ int main(int argc, char** argv) {
   examples::add_model_options(app, a.model);
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 or bf16")->capture_default_str();
-  app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
   examples::add_setting_flags(app, a.settings, examples::FlagSet::layout);
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
