@@ -6,7 +6,8 @@
 #include <set>
 #include <unordered_map>
 
-#include "autograd/ops.h"
+#include "autograd/ops_elementwise.h"
+#include "autograd/ops_reduce.h"
 #include "core/autograd_interface.h"
 #include "core/trace.h"
 

@@ -1,6 +1,6 @@
-// A layer's f32 compute copy of a 16-bit parameter (Note [Compute copies] in autograd/ops.h). Tensor's
+// A layer's f32 compute copy of a 16-bit parameter (Note [Compute copies] in autograd/compute_copy.h). Tensor's
 // own views and conversions are in core/tensor.cpp.
-#include "autograd/ops.h"
+#include "autograd/compute_copy.h"
 
 namespace zero {
 

@@ -34,7 +34,7 @@ using HookFn = std::function<void(Tensor& param)>;
 using UseHookFn = std::function<void(const Tensor& param)>;
 
 /// The f32 copy a layer computes with for an f16/bf16 parameter, and what it was made from (Note
-/// [Compute copies] in autograd/ops.h).
+/// [Compute copies] in autograd/compute_copy.h).
 struct ComputeCopy {
   std::weak_ptr<Storage> storage;  // the parameter's storage when `value` was made
   std::int64_t offset = 0;

@@ -15,7 +15,7 @@
 // 16-bit operands, and the products inside causal self-attention (q k^T and att v forward, four in
 // backward), whose operands are rounded to the model's dtype while the scores and the softmax stay f32.
 // LayerNorm, GELU, softmax, cross-entropy and the embedding lookup stay f32 (memory-bound); their
-// parameters still use the cached f32 compute copies of Note [Compute copies] in autograd/ops.h,
+// parameters still use the cached f32 compute copies of Note [Compute copies] in autograd/compute_copy.h,
 // refreshed once per step: norm vectors, biases, and the token/position tables for the lookup (the
 // token table's GEMM use, the tied head, reads it in 16 bits).
 // In fp16 an activation operand beyond 65504 becomes inf, as under PyTorch's autocast; dynamic loss

@@ -38,7 +38,7 @@ class Storage {
   Device device() const { return device_; }
   /// A counter bumped by every write that goes through Tensor (copy_, fill_) and, by hand, by code that
   /// writes parameters through raw pointers (the ZeRO optimizer's step). Caches derived from the
-  /// contents (nn::Module's f32 compute copies, Note [Compute copies] in autograd/ops.h) compare it.
+  /// contents (nn::Module's f32 compute copies, Note [Compute copies] in autograd/compute_copy.h) compare it.
   std::uint64_t version() const { return version_; }
   void bump_version() { ++version_; }
 

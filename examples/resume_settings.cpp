@@ -22,7 +22,8 @@ namespace zero::examples {
 // scaler). A flag that repeats the checkpoint's value changes nothing; one that differs is applied
 // with a one-line warning naming both values, since the run then no longer continues the saved one
 // bitwise (a new world size or ZeRO stage is a supported change all the same: docs/checkpoint.md). The
-// model shape cannot change: a differing --n-layer, --n-head, --n-embd, --block or --norm is an error.
+// model shape cannot change: a differing --n-layer, --n-head, --n-embd, --block or model option (every row
+// of nn::model_options(): --norm, ...) is an error.
 // Settings that do not touch the numbers (--save-dir, --log-file, --threads, ...) are never stored.
 
 namespace fs = std::filesystem;
@@ -31,8 +32,8 @@ namespace {
 
 // One setting of Args that state.json holds, at `pointer` (a JSON pointer into state.json).
 struct Setting {
-  const char* flag;
-  const char* pointer;
+  std::string flag;
+  std::string pointer;
   bool shape;  // model shape: a given differing value is an error
   // Reads the setting from JSON into Args (throws nlohmann::json::exception on a wrong type), and
   // compares / prints the Args value.
@@ -48,13 +49,21 @@ Setting make_setting(const char* flag, const char* pointer, bool shape, T Args::
           [member](const Args& a) { return fmt::format("{}", a.*member); }};
 }
 
-const std::vector<Setting>& settings() {
-  static const std::vector<Setting> list = {
+// A row of nn::model_options(): part of the model's shape, at "/model/<key>".
+Setting model_option_setting(const nn::ModelOption& o) {
+  std::string nn::GPTConfig::*field = o.field;
+  return {o.flag, std::string("/model/") + o.key, true,
+          [field](Args& a, const nlohmann::json& j) { a.variant.*field = j.get<std::string>(); },
+          [field](const Args& a, const nlohmann::json& j) { return a.variant.*field == j.get<std::string>(); },
+          [field](const Args& a) { return a.variant.*field; }};
+}
+
+std::vector<Setting> make_settings() {
+  std::vector<Setting> list = {
       make_setting("--n-layer", "/model/n_layer", true, &Args::n_layer),
       make_setting("--n-head", "/model/n_head", true, &Args::n_head),
       make_setting("--n-embd", "/model/n_embd", true, &Args::n_embd),
       make_setting("--block", "/model/block_size", true, &Args::block),
-      make_setting("--norm", "/model/norm", true, &Args::norm),
       make_setting("--dropout", "/model/dropout", false, &Args::dropout),
       make_setting("--seed", "/seed", false, &Args::seed),
       make_setting("--steps", "/lr_schedule/steps", false, &Args::steps),
@@ -67,6 +76,12 @@ const std::vector<Setting>& settings() {
       make_setting("--eval-every", "/evaluation/every", false, &Args::eval_every),
       make_setting("--eval-iters", "/evaluation/iters", false, &Args::eval_iters),
   };
+  for (const nn::ModelOption& o : nn::model_options()) list.push_back(model_option_setting(o));
+  return list;
+}
+
+const std::vector<Setting>& settings() {
+  static const std::vector<Setting> list = make_settings();
   return list;
 }
 
@@ -90,7 +105,7 @@ void take(Args& a, const Given& given, const CheckpointSettings& c, bool shape_o
       }
       if (s.same(a, saved)) continue;
     } catch (const nlohmann::json::exception&) {
-      throw Error(fmt::format("checkpoint '{}': state.json \"{}\" has the wrong type ({})", c.dir, s.pointer + 1,
+      throw Error(fmt::format("checkpoint '{}': state.json \"{}\" has the wrong type ({})", c.dir, s.pointer.substr(1),
                               saved.dump()));
     }
     Args as_saved = a;  // the saved value printed as the flag's type prints it (a float lr as 0.001)
@@ -165,8 +180,6 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
   // The flag of each key: the settings table's, and the flags that are not one key of it.
   const std::map<std::string, const char*> program_flags = {
       {"/train_batch_size", "--batch"},
-      {"/gradient_accumulation_steps", "--grad-accum"},
-      {"/gradient_clipping", "--clip"},
       {"/fp16/raise_error_at_min_scale", "--min-scale-skip-limit"},
       {"/fp16/min_scale_skip_limit", "--min-scale-skip-limit"},
   };

@@ -35,7 +35,8 @@ struct CheckpointSettings {
 /// only the model shape is taken, and init_from becomes its model.safetensors. Returns nothing (an
 /// empty dir) when neither flag names a checkpoint. Throws zero::Error with one line naming the
 /// checkpoint and the culprit: a missing or unreadable state.json, or a given model-shape flag
-/// (--n-layer, --n-head, --n-embd, --block, --norm) that differs from the checkpoint's.
+/// (--n-layer, --n-head, --n-embd, --block, or a model option's: --norm, ...) that differs from the
+/// checkpoint's.
 /// `resolved`, when not empty, is the checkpoint directory already chosen for the flag's path (by rank
 /// 0 for the whole job: Note [One resolution] in distributed/run/checkpoint.cpp).
 CheckpointSettings take_checkpoint_settings(Args& a, const Given& given, const std::string& resolved = "");

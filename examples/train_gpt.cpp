@@ -51,6 +51,7 @@
 #include "core/cuda/runtime.h"
 #endif
 #include "examples/gpt_sampling.h"
+#include "examples/model_options.h"
 #include "examples/preemption.h"
 #include "examples/resume_settings.h"
 #include "examples/text_data.h"
@@ -376,7 +377,7 @@ void TrainingRun::configure() {
   // Collective timeout: the flag, else $ZERO_COLLECTIVE_TIMEOUT_S (the communicator's default), else
   // the config key, else 300 s.
   if (given_.has("--collective-timeout"))
-    comm_.set_timeout(a_.collective_timeout);
+    comm_.set_timeout(*tc_.collective_timeout_s);
   else if (tc_.collective_timeout_s && std::getenv("ZERO_COLLECTIVE_TIMEOUT_S") == nullptr)
     comm_.set_timeout(*tc_.collective_timeout_s);
   // One writer per save directory (Note [One writer] in distributed/run/checkpoint.cpp): rank 0 takes the
@@ -421,7 +422,7 @@ void TrainingRun::build_model() {
   cfg_.n_head = a_.n_head;
   cfg_.n_embd = a_.n_embd;
   cfg_.dropout = a_.dropout;
-  cfg_.norm = a_.norm;
+  examples::copy_model_options(a_.variant, cfg_);
   cfg_.validate();
   // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -947,7 +948,7 @@ int main(int argc, char** argv) {
       ZERO_CHECK(std::filesystem::exists(a.data), "no --data given and {} not found: give --data PATH, or run "
                  "scripts/train.sh, which downloads Tiny Shakespeare", a.data);
     }
-    examples::validate(a, setup.given);
+    examples::validate(a);
     setup.args = a;
     examples::install_stop_handlers();
     auto world = dist::mpi_world();

@@ -13,6 +13,7 @@
 
 #include "core/check.h"
 #include "examples/cli_errors.h"
+#include "examples/model_options.h"
 
 namespace zero::examples {
 
@@ -28,16 +29,13 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--n-head", a.n_head, "attention heads (H)")->capture_default_str();
   app.add_option("--n-embd", a.n_embd, "channels (C)")->capture_default_str();
   app.add_option("--dropout", a.dropout, "dropout probability")->capture_default_str();
-  app.add_option("--norm", a.norm, "normalisation layers: layernorm or rmsnorm")
-      ->check(CLI::IsMember({"layernorm", "rmsnorm"}))
-      ->capture_default_str();
+  add_model_option_flags(app, a.variant);
   app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
   app.add_option("--min-lr", a.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
   app.add_option("--warmup", a.warmup, "linear warm-up steps")->capture_default_str();
   app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
   app.add_option("--beta1", a.beta1, "AdamW beta1")->capture_default_str();
   app.add_option("--beta2", a.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--clip", a.clip, "max global gradient norm (0 = off)")->capture_default_str();
   app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")
       ->check(kNonNegativeInteger)
       ->capture_default_str();
@@ -51,7 +49,6 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--sample", a.sample, "characters to generate at the end (0 = none)")->capture_default_str();
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 (dynamic loss scaling) or bf16")->capture_default_str();
-  app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
   add_setting_flags(app, a.settings, FlagSet::all);
   app.add_option("--device", a.device, "where to train: cpu or cuda (one GPU per rank, by local rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -71,9 +68,6 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--init-from", a.init_from, "start from the weights of a model.safetensors or of a checkpoint "
                  "(directory) with a fresh optimizer; the model shape comes from a checkpoint unless given");
   app.add_option("--log-file", a.log_file, "write every step's loss, lr, grad norm, ... as JSON lines");
-  app.add_option("--collective-timeout", a.collective_timeout,
-                 "seconds one collective may take before the job ends with a message naming it (default: "
-                 "$ZERO_COLLECTIVE_TIMEOUT_S, else the config's collective_timeout_s, else 300)");
   app.add_option("--min-scale-skip-limit", a.min_scale_skip_limit,
                  "fp16: stop after N consecutive steps that overflow at the minimum loss scale (0 = never stop; "
                  "config fp16.min_scale_skip_limit / raise_error_at_min_scale)")
@@ -187,7 +181,7 @@ void probe_output_paths(const Args& a) {
   if (!a.trace.empty()) probe_file("--trace", a.trace, true);
 }
 
-void validate(const Args& a, const Given& given) {
+void validate(const Args& a) {
   ZERO_CHECK(a.steps > 0, "--steps must be positive, got {}", a.steps);
   ZERO_CHECK(a.n_layer > 0, "--n-layer must be positive, got {}", a.n_layer);
   ZERO_CHECK(a.n_head > 0, "--n-head must be positive, got {}", a.n_head);
@@ -206,14 +200,11 @@ void validate(const Args& a, const Given& given) {
              a.weight_decay);
   ZERO_CHECK(a.beta1 >= 0 && a.beta1 < 1, "--beta1 must be in [0, 1), got {}", a.beta1);
   ZERO_CHECK(a.beta2 >= 0 && a.beta2 < 1, "--beta2 must be in [0, 1), got {}", a.beta2);
-  ZERO_CHECK(std::isfinite(a.clip) && a.clip >= 0, "--clip must be >= 0 (0 turns clipping off), got {}", a.clip);
   ZERO_CHECK(a.dtype == "fp32" || a.dtype == "fp16" || a.dtype == "bf16", "--dtype must be fp32, fp16 or bf16, got '{}'",
              a.dtype);
-  if (given.has("--collective-timeout")) dist::check_collective_timeout(a.collective_timeout, "--collective-timeout");
   ZERO_CHECK(a.min_scale_skip_limit >= 0, "--min-scale-skip-limit must be >= 0 (0 = never stop), got {}",
              a.min_scale_skip_limit);
   ZERO_CHECK(a.dropout >= 0 && a.dropout < 1, "--dropout must be in [0, 1), got {}", a.dropout);
-  ZERO_CHECK(a.grad_accum >= 1, "--grad-accum must be >= 1, got {}", a.grad_accum);
   ZERO_CHECK(a.trace_steps.empty() || !a.trace.empty(), "--trace-steps needs --trace PATH");
   trace_range(a);
   ZERO_CHECK(a.save_every >= 0, "--save-every must be >= 0 (0 = only at the end), got {}", a.save_every);
@@ -254,12 +245,13 @@ std::pair<nlohmann::json, std::string> config_base(const Args& a, const nlohmann
   return {base, a.config};
 }
 
-// --batch and --grad-accum over the batch keys (`has_base`: a file or a checkpoint gave a config).
+// --batch over the batch keys, with --grad-accum (the settings table's flag, already in `cfg`).
 void apply_batch_flags(dist::TrainingConfig& cfg, const Args& a, const Given& given, int world_size) {
   const bool base_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
   const bool given_accum = given.has("--grad-accum");
-  if (given.has("--batch") || !base_has_batch) {
-    const std::int64_t per_step = static_cast<std::int64_t>(world_size) * (given_accum ? a.grad_accum : 1);
+  const std::int64_t accum = given_accum ? cfg.gradient_accumulation_steps.value_or(1) : 1;
+  if ((given.has("--batch") || !base_has_batch) && accum >= 1) {  // accum < 1: resolve_batch names it
+    const std::int64_t per_step = static_cast<std::int64_t>(world_size) * accum;
     ZERO_CHECK(a.batch % per_step == 0 && a.batch >= per_step,
                "--batch {} does not split into {} rank(s) x {} accumulation step(s) (it must be a positive multiple of {})",
                a.batch, world_size, per_step / world_size, per_step);
@@ -267,10 +259,8 @@ void apply_batch_flags(dist::TrainingConfig& cfg, const Args& a, const Given& gi
     cfg.train_micro_batch_size_per_gpu.reset();
     if (!cfg.gradient_accumulation_steps) cfg.gradient_accumulation_steps = 1;
   }
-  if (given_accum) {
-    cfg.gradient_accumulation_steps = a.grad_accum;
-    if (cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size) cfg.train_micro_batch_size_per_gpu.reset();
-  }
+  if (given_accum && cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size)
+    cfg.train_micro_batch_size_per_gpu.reset();
 }
 
 // The rules between keys, worded for the flags that broke them (validate() words them for the keys).
@@ -296,11 +286,9 @@ void check_flag_rules(const dist::TrainingConfig& cfg, const Given& given) {
 
 dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed) {
   const auto [base, source] = config_base(a, resumed);
-  const bool has_base = resumed != nullptr || !a.config.empty();
-  // The flags that are not one key of the table: the dtype (two keys), clipping, the batch, the fp16 limit.
+  // The flags that are not one key of the table: the dtype (two keys), the batch (three), the fp16 limit (two).
   const auto program_flags = [&](dist::TrainingConfig& cfg) {
     if (given.has("--dtype")) cfg.set_model_dtype(parse_float_dtype(a.dtype));
-    if (given.has("--clip") || !has_base) cfg.gradient_clipping = a.clip;
     apply_batch_flags(cfg, a, given, world_size);
     if (given.has("--min-scale-skip-limit")) {
       cfg.fp16.raise_error_at_min_scale = a.min_scale_skip_limit > 0;

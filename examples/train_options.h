@@ -15,6 +15,7 @@
 
 #include "distributed/distributed.h"
 #include "examples/setting_flags.h"
+#include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 
@@ -23,8 +24,8 @@ namespace zero::examples {
 struct Args {
   std::string data;
   std::int64_t steps = 2000, batch = 12, block = 64, n_layer = 4, n_head = 4, n_embd = 128;
-  std::string norm = "layernorm";
-  float dropout = 0.0f, lr = 1e-3f, min_lr = 1e-4f, weight_decay = 0.1f, clip = 1.0f, beta1 = 0.9f, beta2 = 0.99f;
+  nn::GPTConfig variant;  // the fields of nn::model_options() (--norm, ...); the shape is in the fields above
+  float dropout = 0.0f, lr = 1e-3f, min_lr = 1e-4f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.99f;
   std::int64_t warmup = 100, eval_every = 500, eval_iters = 200, log_every = 100, sample = 500;
   std::uint64_t seed = 1337;
   int threads = 0;
@@ -33,7 +34,6 @@ struct Args {
   // Distributed / mixed precision (override the --config file).
   std::string config;
   std::string dtype = "fp32";
-  int grad_accum = 1;
   // The flags of the settings table (--zero-stage, --overlap-comm, ...: distributed/run/settings.h).
   SettingFlags settings;
   // Device and communicator.
@@ -44,7 +44,6 @@ struct Args {
   std::string save_dir, resume, init_from, log_file;
   std::int64_t save_every = 0, keep = 0;
   // Reliability and error reports.
-  double collective_timeout = 0;  // seconds; given or not (Given)
   int min_scale_skip_limit = 1;  // fp16: 0 = never stop at the minimum loss scale
   bool allow_non_finite_weights = false;  // --init-from a file holding NaN / inf
   bool verbose = false;
@@ -75,7 +74,7 @@ std::pair<std::int64_t, std::int64_t> trace_range(const Args& a);
 
 /// Every flag by the rule of the config key it overrides (distributed/run/config.cpp), naming the flag;
 /// then every output path probed (probe_output_paths). Throws zero::Error with one line.
-void validate(const Args& a, const Given& given);
+void validate(const Args& a);
 
 /// Checks before any work that every output can be written: --save-dir (created, with its parents, and
 /// a file created and removed in it), --log-file, --metrics and --trace (parent directories created;

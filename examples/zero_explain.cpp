@@ -45,7 +45,7 @@ struct Args {
   std::string data, config, dtype = "fp32", format = "text", svg;
   std::int64_t vocab_size = 0;
   nn::GPTConfig model;  // all but vocab_size from the model flags (examples/model_options.h)
-  int world_size = 1, grad_accum = 1;
+  int world_size = 1;
   std::int64_t batch = 12;  // train_gpt's --batch and its default: sequences per step over all ranks
   std::string memory_budget;  // --memory-budget: the planner (examples/memory_planner.h)
   double compute_flops = 1e11;
@@ -96,7 +96,6 @@ dist::TrainingConfig make_config(const Args& a, const CLI::App& app) {
   const dist::TrainingConfig tc =
       examples::merge_config(file, a.config, a.settings, given, [&](dist::TrainingConfig& c) {
         if (given("--dtype")) c.set_model_dtype(parse_float_dtype(a.dtype));
-        if (given("--grad-accum")) c.gradient_accumulation_steps = a.grad_accum;
         // train_gpt's batch rule: --batch, or the file's train_batch_size, else train_gpt's default when
         // it splits into the ranks and micro-steps (else a micro-batch of 1: only the activations use it).
         if (given("--batch") || !c.train_batch_size) {
@@ -614,8 +613,10 @@ void print_header(const Explained& e) {
   const dist::ZeroOptions& zo = e.zo;
   const int N = e.N;
   const nn::GPTConfig& cfg = e.cfg;
+  std::vector<std::string> variant;  // the model options' values: "layernorm", ...
+  for (const nn::ModelOption& o : nn::model_options()) variant.push_back(cfg.*o.field);
   fmt::print("model: {} layers, {} heads, {} channels, {}, block {}, vocab {}: Psi = {} parameters ({} tensors)\n",
-             cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.norm, cfg.block_size, cfg.vocab_size, L.numel(),
+             cfg.n_layer, cfg.n_head, cfg.n_embd, fmt::join(variant, ", "), cfg.block_size, cfg.vocab_size, L.numel(),
              L.params().size());
   fmt::print(
       "zero: stage {}, {}, {} rank(s), reduce_scatter {}, overlap_comm {}, GAS {}, reduce_bucket_size {}, "
@@ -905,7 +906,6 @@ int main(int argc, char** argv) {
   examples::add_model_options(app, a.model);
   app.add_option("--config", a.config, "DeepSpeed-style JSON config (docs/config.md); flags below override it");
   app.add_option("--dtype", a.dtype, "model dtype: fp32, fp16 or bf16")->capture_default_str();
-  app.add_option("--grad-accum", a.grad_accum, "gradient accumulation steps")->capture_default_str();
   app.add_option("--batch", a.batch, "train_gpt's global batch: sequences per optimizer step over all ranks (for "
                  "the activation memory; not given and not splitting into the ranks: one sequence per micro-step)")
       ->capture_default_str();

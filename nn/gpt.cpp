@@ -2,10 +2,25 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <string>
 
+#include "autograd/ops_elementwise.h"
+#include "autograd/ops_linalg.h"
+#include "autograd/ops_nn.h"
+#include "nn/rms_norm.h"
+
 namespace zero::nn {
+
+const std::vector<ModelOption>& model_options() {
+  static const std::vector<ModelOption> table = {
+      {"norm", "--norm", {"layernorm", "rmsnorm"}, "normalisation layers: layernorm or rmsnorm", &GPTConfig::norm},
+  };
+  return table;
+}
 
 void GPTConfig::validate() const {
   ZERO_CHECK(vocab_size > 0, "vocab_size must be positive, got {}", vocab_size);
@@ -15,15 +30,29 @@ void GPTConfig::validate() const {
   ZERO_CHECK(n_embd > 0, "n_embd must be positive, got {}", n_embd);
   ZERO_CHECK(n_embd % n_head == 0, "n_embd ({}) must be divisible by n_head ({})", n_embd, n_head);
   ZERO_CHECK(dropout >= 0.0f && dropout < 1.0f, "dropout must be in [0, 1), got {}", dropout);
-  ZERO_CHECK(norm == "layernorm" || norm == "rmsnorm", "norm must be layernorm or rmsnorm, got '{}'", norm);
+  for (const ModelOption& o : model_options()) {
+    const std::string& v = this->*o.field;
+    ZERO_CHECK(std::find(o.allowed.begin(), o.allowed.end(), v) != o.allowed.end(), "{} must be {}, got '{}'", o.key,
+               fmt::join(o.allowed, " or "), v);
+  }
 }
 
-// Every field, once, for both directions: nlohmann/json's macro writes to_json and a from_json that
-// keeps GPTConfig's default for an absent field. A new field is added to this list.
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GPTConfig, vocab_size, block_size, n_layer, n_head, n_embd, dropout,
-                                                bias, norm)
+// The shape fields, once, for both directions: nlohmann/json's macro writes them and reads them back
+// keeping GPTConfig's default for an absent one. The options' fields come from model_options().
+struct GPTShape {
+  std::int64_t vocab_size = GPTConfig{}.vocab_size, block_size = GPTConfig{}.block_size,
+               n_layer = GPTConfig{}.n_layer, n_head = GPTConfig{}.n_head, n_embd = GPTConfig{}.n_embd;
+  float dropout = GPTConfig{}.dropout;
+  bool bias = GPTConfig{}.bias;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(GPTShape, vocab_size, block_size, n_layer, n_head, n_embd, dropout,
+                                                bias)
 
-nlohmann::json GPTConfig::to_json() const { return *this; }
+nlohmann::json GPTConfig::to_json() const {
+  nlohmann::json j = GPTShape{vocab_size, block_size, n_layer, n_head, n_embd, dropout, bias};
+  for (const ModelOption& o : model_options()) j[o.key] = this->*o.field;
+  return j;
+}
 
 GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
   ZERO_CHECK(j.is_object(), "model config: expected a JSON object, got {}", j.dump());
@@ -45,7 +74,11 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
   }
   for (const char* key : {"vocab_size", "block_size", "n_layer", "n_head", "n_embd"})
     ZERO_CHECK(j.contains(key), "model config: '{}' is missing", key);
-  const GPTConfig c = j.get<GPTConfig>();
+  const auto shape = j.get<GPTShape>();  // an absent field keeps GPTConfig's default
+  GPTConfig c;
+  c.vocab_size = shape.vocab_size, c.block_size = shape.block_size, c.n_layer = shape.n_layer;
+  c.n_head = shape.n_head, c.n_embd = shape.n_embd, c.dropout = shape.dropout, c.bias = shape.bias;
+  for (const ModelOption& o : model_options()) c.*o.field = j.value(o.key, o.allowed.front());
   c.validate();
   return c;
 }

@@ -12,14 +12,14 @@
 
 #include "autograd/checkpoint.h"
 #include "nn/layers.h"
-#include "nn/rms_norm.h"
 
 namespace zero::nn {
 
 /// The model's one description. Checkpoints record it (state.json "model"), and every program that
 /// builds or reads a GPT (train_gpt, sample_gpt, zero_explain, tools/check_checkpoint.py) reads the
-/// same fields, so a new block variant is one field here, its name in the field list of nn/gpt.cpp
-/// (to_json and from_json both come from it), its check in validate() and its use in the model.
+/// same fields. A block variant (which norm, which MLP, ...) is a text field here and one row of
+/// model_options() (nn/gpt.cpp), from which its JSON key, its check, its command-line flag and its
+/// place in a checkpoint all come (docs/adding_a_layer.md).
 struct GPTConfig {
   std::int64_t vocab_size = 65;
   std::int64_t block_size = 64;  // T: the longest sequence
@@ -36,7 +36,7 @@ struct GPTConfig {
   void validate() const;
 
   /// Every field as one JSON object: {"vocab_size", "block_size", "n_layer", "n_head", "n_embd" (integers),
-  /// "dropout" (number), "bias" (bool), "norm" (string)}.
+  /// "dropout" (number), "bias" (bool)} and one string per row of model_options() ("norm", ...).
   nlohmann::json to_json() const;
   /// The config to_json wrote, validated. vocab_size, block_size, n_layer, n_head and n_embd are
   /// required; dropout (0), bias (true) and norm ("layernorm") default to what a model had before the
@@ -46,12 +46,40 @@ struct GPTConfig {
   static GPTConfig from_json(const nlohmann::json& j);
 };
 
+/// One model option: which variant fills a slot of the block (nn::Norm, nn::FeedForward, ...). A row
+/// gives the GPTConfig field, its key in the config's JSON (state.json "model"), its command-line flag
+/// (train_gpt, zero_explain: examples/model_options.h), its values (the first is the default, and what
+/// a config written before the option existed reads as) and the flag's help line. A resumed run takes
+/// it from the checkpoint and refuses a flag that differs (examples/resume_settings.cpp).
+struct ModelOption {
+  const char* key;                   // "norm": the JSON key
+  const char* flag;                  // "--norm"
+  std::vector<std::string> allowed;  // {"layernorm", "rmsnorm"}: the default first
+  const char* doc;                   // one line
+  std::string GPTConfig::*field;     // &GPTConfig::norm
+};
+
+/// Every model option, in the order the flags are listed.
+const std::vector<ModelOption>& model_options();
+
+/// The slot of attention in a block (CausalSelfAttention): x[B, T, C] -> [B, T, C].
+class Attention : public Module {
+ public:
+  virtual Tensor forward(const Tensor& x) const = 0;
+};
+
+/// The slot of the feed-forward network in a block (MLP): x[B, T, C] -> [B, T, C].
+class FeedForward : public Module {
+ public:
+  virtual Tensor forward(const Tensor& x) const = 0;
+};
+
 /// Causal multi-head self-attention: qkv = Linear(C, 3C), fused causal attention, proj = Linear(C, C).
-class CausalSelfAttention : public Module {
+class CausalSelfAttention : public Attention {
  public:
   CausalSelfAttention(const GPTConfig& cfg, Generator& gen);
   /// x[B, T, C] -> [B, T, C].
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const override;
 
   std::shared_ptr<Linear> qkv, proj;
   std::shared_ptr<Dropout> resid_dropout;
@@ -59,11 +87,11 @@ class CausalSelfAttention : public Module {
 };
 
 /// Feed-forward: fc = Linear(C, 4C), GELU, fc2 = Linear(4C, C).
-class MLP : public Module {
+class MLP : public FeedForward {
  public:
   MLP(const GPTConfig& cfg, Generator& gen);
   /// x[B, T, C] -> [B, T, C].
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const override;
 
   std::shared_ptr<Linear> fc, fc2;
   std::shared_ptr<Dropout> dropout;
@@ -77,8 +105,8 @@ class Block : public Module {
   Tensor forward(const Tensor& x) const;
 
   std::shared_ptr<Norm> ln1, ln2;
-  std::shared_ptr<CausalSelfAttention> attn;
-  std::shared_ptr<MLP> mlp;
+  std::shared_ptr<Attention> attn;
+  std::shared_ptr<FeedForward> mlp;
 };
 
 class GPT : public Module {

@@ -1,4 +1,5 @@
-// Basic layers: Linear, Embedding, LayerNorm (a Norm), GELU, Dropout. Each composes ops from autograd/ops.h;
+// Basic layers: Linear, Embedding, LayerNorm (a Norm), GELU, Dropout. Each composes ops (autograd/ops.h)
+// in its forward(), defined in nn/layers.cpp so that only that file is rebuilt when the ops change;
 // initialisation follows GPT-2 / nanoGPT (weights N(0, std), biases 0, LayerNorm weight 1, bias 0).
 #pragma once
 
@@ -15,11 +16,8 @@ class Linear : public Module {
     weight = register_parameter("weight", Tensor::randn({out_features, in_features}, gen, 0.0f, init_std), true);
     if (bias) this->bias = register_parameter("bias", Tensor::zeros({out_features}), false);
   }
-  Tensor forward(const Tensor& x) const {
-    // The weight goes into the GEMM as it is where the device can (Module::gemm_operand); the bias is a
-    // vector added in f32 (its cached compute copy).
-    return linear(x, gemm_operand(weight), bias.defined() ? compute(bias) : Tensor());
-  }
+  /// x[..., in] -> [..., out].
+  Tensor forward(const Tensor& x) const;
   Tensor weight, bias;
 };
 
@@ -29,7 +27,8 @@ class Embedding : public Module {
   Embedding(std::int64_t num_embeddings, std::int64_t dim, Generator& gen, float init_std = 0.02f) {
     weight = register_parameter("weight", Tensor::randn({num_embeddings, dim}, gen, 0.0f, init_std), true);
   }
-  Tensor forward(const Tensor& idx) const { return embedding(compute(weight), idx); }
+  /// idx[...] (i64) -> [..., dim].
+  Tensor forward(const Tensor& idx) const;
   /// The weight as a tied output layer's GEMM reads it (Module::gemm_operand: 16-bit on cuda).
   Tensor gemm_weight() const { return gemm_operand(weight); }
   Tensor weight;
@@ -48,7 +47,7 @@ class LayerNorm : public Norm {
     weight = register_parameter("weight", Tensor::ones({dim}), false);
     bias = register_parameter("bias", Tensor::zeros({dim}), false);
   }
-  Tensor forward(const Tensor& x) const override { return layer_norm(x, compute(weight), compute(bias), eps_); }
+  Tensor forward(const Tensor& x) const override;
   Tensor weight, bias;
 
  private:
@@ -58,7 +57,7 @@ class LayerNorm : public Norm {
 /// GELU, tanh approximation (torch.nn.GELU(approximate='tanh')).
 class GELU : public Module {
  public:
-  Tensor forward(const Tensor& x) const { return gelu(x); }
+  Tensor forward(const Tensor& x) const;
 };
 
 /// Inverted dropout, active only in training mode; draws its masks from `gen`.
@@ -67,7 +66,7 @@ class Dropout : public Module {
   Dropout(float p, Generator& gen) : p_(p), gen_(&gen) {
     ZERO_CHECK(p >= 0.0f && p < 1.0f, "dropout probability must be in [0, 1), got {}", p);
   }
-  Tensor forward(const Tensor& x) const { return dropout(x, p_, training(), *gen_); }
+  Tensor forward(const Tensor& x) const;
 
  private:
   float p_;

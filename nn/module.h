@@ -3,7 +3,7 @@
 // train(), eval(), state_dict(), load_state_dict(), to(dtype).
 //
 // A new layer is one header: register its parameters and children in the constructor and compose
-// ops from autograd/ops.h in forward(); it never writes a backward.
+// ops (autograd/ops.h) in forward(); it never writes a backward.
 #pragma once
 
 #include <map>
@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/ops.h"
+#include "autograd/compute_copy.h"
 #include "core/gemm_precision.h"
 #include "core/tensor.h"
 
@@ -63,7 +63,7 @@ class Module {
   }
   /// The f32 tensor to compute with: `p` itself, or a differentiable f32 copy of an f16/bf16
   /// parameter (its gradient flows back in the parameter's dtype), converted again only after the
-  /// parameter changed (Note [Compute copies] in autograd/ops.h). Every read of a parameter in a
+  /// parameter changed (Note [Compute copies] in autograd/compute_copy.h). Every read of a parameter in a
   /// forward goes through here, after the parameter's use hooks (autograd::register_parameter_use_hook)
   /// have run.
   Tensor compute(const Tensor& p) const {

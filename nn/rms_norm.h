@@ -2,6 +2,8 @@
 // Composed from ops only: its backward is the ops' backward, on every device (docs/adding_a_layer.md).
 #pragma once
 
+#include "autograd/ops_elementwise.h"
+#include "autograd/ops_reduce.h"
 #include "nn/layers.h"
 
 namespace zero::nn {

@@ -384,14 +384,19 @@ void check_batch(std::int64_t train, std::int64_t micro, std::int64_t gas, int w
                    overflow ? std::string("overflow") : std::to_string(product)));
 }
 
-// The batch keys: each >= 1, and the batch rule once resolve_batch ran.
-void validate_batch(const TrainingConfig& c, const Where& src) {
+// Each batch key that is set: >= 1.
+void check_batch_keys(const TrainingConfig& c, const Where& src) {
   const auto batch_key = [&](const char* key, const std::optional<std::int64_t>& v) {
     if (v && *v < 1) fail(src, key, fmt::format("must be >= 1, got {}", *v));
   };
   batch_key("train_batch_size", c.train_batch_size);
   batch_key("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
   batch_key("gradient_accumulation_steps", c.gradient_accumulation_steps);
+}
+
+// The batch keys: each >= 1, and the batch rule once resolve_batch ran.
+void validate_batch(const TrainingConfig& c, const Where& src) {
+  check_batch_keys(c, src);
   if (c.world_size() > 0) {
     if (!c.train_batch_size || !c.train_micro_batch_size_per_gpu || !c.gradient_accumulation_steps)
       fail(src, "train_batch_size", "a batch key was unset after resolve_batch; call resolve_batch again");
@@ -723,6 +728,7 @@ nlohmann::json TrainingConfig::to_json() const {
 
 void TrainingConfig::resolve_batch(int world_size) {
   ZERO_CHECK(world_size >= 1, "resolve_batch: world_size must be >= 1, got {}", world_size);
+  check_batch_keys(*this, Where{source_, flags_});  // a key below 1 would divide by zero below
   std::optional<std::int64_t> train = train_batch_size, micro = train_micro_batch_size_per_gpu,
                               gas = gradient_accumulation_steps;
   const std::int64_t ws = world_size;

@@ -6,7 +6,7 @@
 #include <exception>
 
 #include "autograd/autograd.h"
-#include "autograd/ops.h"
+#include "autograd/compute_copy.h"
 #include "core/check.h"
 #include "core/trace.h"
 

@@ -23,7 +23,7 @@
 // Freeing a unit returns its buffer's memory but keeps the Storage, so the parameters and whatever
 // autograd saved of them keep pointing at it and see the values again after the next gather (Note
 // [Storage that is freed and refilled] in core/storage.h); the f32 compute copies of a 16-bit model
-// are freed and refilled with it (Note [Compute copies] in autograd/ops.h).
+// are freed and refilled with it (Note [Compute copies] in autograd/compute_copy.h).
 #pragma once
 
 #include <cstdint>

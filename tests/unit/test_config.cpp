@@ -452,6 +452,12 @@ TEST(ConfigBatch, RejectsInconsistentOnes) {
   TrainingConfig d = TrainingConfig::from_json({{"train_batch_size", 12}, {"train_micro_batch_size_per_gpu", 5}});
   EXPECT_THAT(error_of([&] { d.resolve_batch(1); }), HasSubstr("gradient_accumulation_steps (2, derived)"));
   EXPECT_FALSE(d.gradient_accumulation_steps);
+  // A key below 1 is refused naming it, before it divides the others (it used to divide by zero).
+  for (const char* key : {"gradient_accumulation_steps", "train_micro_batch_size_per_gpu"}) {
+    TrainingConfig z = TrainingConfig::parse_for_merge({{"train_batch_size", 12}, {key, 0}}, "q.json");
+    EXPECT_THAT(error_of([&] { z.resolve_batch(1); }),
+                HasSubstr(std::string("invalid config key '") + key + "' in q.json: must be >= 1, got 0"));
+  }
   // train smaller than the world: micro derives to 0.
   TrainingConfig e = TrainingConfig::from_json({{"train_batch_size", 2}});
   EXPECT_THAT(error_of([&] { e.resolve_batch(4); }), HasSubstr("train_micro_batch_size_per_gpu (0, derived)"));

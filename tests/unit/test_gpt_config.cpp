@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,16 +43,25 @@ std::string error_of(const json& j) {
   return "no error";
 }
 
+// `j` with every model option it does not name at its default: a model option added later
+// (nn::model_options()) leaves the literal configs of these tests as they are.
+json with_other_options(json j) {
+  for (const nn::ModelOption& o : nn::model_options())
+    if (!j.contains(o.key)) j[o.key] = o.allowed.front();
+  return j;
+}
+
 json small_config() {
-  return json::parse(R"({"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 2, "n_embd": 8,
-                         "dropout": 0.0, "bias": true, "norm": "layernorm"})");
+  return with_other_options(json::parse(R"({"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 2,
+                                             "n_embd": 8, "dropout": 0.0, "bias": true, "norm": "layernorm"})"));
 }
 
 TEST(GPTConfigJson, WritesEveryField) {
   const nn::GPTConfig c{.vocab_size = 97, .block_size = 48, .n_layer = 3, .n_head = 6, .n_embd = 96,
                         .dropout = 0.25f, .bias = false, .norm = "rmsnorm"};
-  const json want = json::parse(R"({"vocab_size": 97, "block_size": 48, "n_layer": 3, "n_head": 6, "n_embd": 96,
-                                    "dropout": 0.25, "bias": false, "norm": "rmsnorm"})");
+  const json want = with_other_options(json::parse(R"({"vocab_size": 97, "block_size": 48, "n_layer": 3,
+                                                       "n_head": 6, "n_embd": 96, "dropout": 0.25, "bias": false,
+                                                       "norm": "rmsnorm"})"));
   EXPECT_EQ(c.to_json(), want);
   // And back: the same fields, so the same model.
   const nn::GPTConfig back = nn::GPTConfig::from_json(c.to_json());
@@ -115,6 +126,31 @@ TEST(GPTConfigJson, MissingUnknownAndMistypedFieldsAreNamed) {
   heads["n_head"] = 3;  // 8 channels do not split into 3 heads: validate() runs
   EXPECT_NE(error_of(heads).find("divisible"), std::string::npos) << error_of(heads);
   EXPECT_NE(error_of(json::array()).find("expected a JSON object"), std::string::npos);
+}
+
+// Each model option: every value it lists reads back, an unknown one is refused naming the key, its
+// default is GPTConfig's, and README.md's train_gpt table has its flag's row with
+// the default (zero_explain takes the same flags: its table points there).
+TEST(GPTModelOptions, EveryOptionIsValidatedAndDocumented) {
+  std::ifstream in(std::filesystem::path(testing::docs_dir()) / ".." / "README.md");
+  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(readme.empty());
+  for (const nn::ModelOption& o : nn::model_options()) {
+    SCOPED_TRACE(o.key);
+    EXPECT_EQ(nn::GPTConfig{}.*o.field, o.allowed.front());
+    EXPECT_GE(o.allowed.size(), 2u);
+    for (const std::string& v : o.allowed) {
+      json j = small_config();
+      j[o.key] = v;
+      EXPECT_EQ(nn::GPTConfig::from_json(j).*o.field, v);
+    }
+    json bad = small_config();
+    bad[o.key] = "no-such-variant";
+    EXPECT_NE(error_of(bad).find(std::string(o.key) + " must be"), std::string::npos) << error_of(bad);
+    const std::regex row(std::string("\\| `") + o.flag + " [A-Z]+` \\| " + o.allowed.front() + " \\|");
+    EXPECT_TRUE(std::regex_search(readme, row)) << "README.md has no row '| `" << o.flag << " X` | "
+                                                << o.allowed.front() << " | ...'";
+  }
 }
 
 // A checkpoint of an RMSNorm model samples with no model flags: sample_gpt builds the model from

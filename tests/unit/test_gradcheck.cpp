@@ -34,17 +34,22 @@ using test::GradcheckOptions;
 // ---- how a row describes its inputs ----
 
 struct Input {
-  enum Kind { param, constant, indices, positive };
+  enum Kind { param, constant, indices, positive, fixed };
   Shape shape;
   Kind kind = param;                  // param: randn, requires grad; constant: randn, no grad;
-                                      // positive: 0.5 + |randn|, requires grad (sqrt, log, divisors)
+                                      // positive: 0.5 + |randn|, requires grad (sqrt, log, divisors);
+                                      // fixed: the values given, requires grad (edge regions)
   float std = 1.0f;                   // spread of the random values
   std::vector<std::int64_t> idx = {};  // values of an indices (i64) input
+  std::vector<float> values = {};      // values of a fixed input, row-major
 };
 Input param(Shape s, float std = 1.0f) { return {std::move(s), Input::param, std}; }
 Input constant(Shape s) { return {std::move(s), Input::constant}; }
 Input indices(std::vector<std::int64_t> v, Shape s) { return {std::move(s), Input::indices, 1.0f, std::move(v)}; }
 Input positive(Shape s) { return {std::move(s), Input::positive}; }
+// Inputs pinned to a region random ones rarely reach: exp's overflow (above ln(FLT_MAX) = 88.72) or
+// underflow, a tie, a denormal.
+Input fixed(std::vector<float> v, Shape s) { return {std::move(s), Input::fixed, 1.0f, {}, std::move(v)}; }
 
 // The expected output: shape and row-major values.
 struct Ref {
@@ -409,6 +414,11 @@ std::vector<OpCase> op_cases() {
        }},
       {"softmax", {param({2, 3, 5}, 2.0f)}, [](const In& x) { return softmax(x[0]); },
        [](const In& x) { return softmax_ref(x[0]); }},
+      // exp's edges: scores above ln(FLT_MAX) = 88.72, whose exp overflows unless the row's max is
+      // subtracted first, and a row whose every exp underflows (0 / 0 without it).
+      {"softmax_exp_overflow_rows",
+       {fixed({88.8f, 80.0f, 0.0f, -20.0f, 89.5f, 88.0f, -100.0f, -88.8f, -150.0f, -89.0f, -200.0f, -95.0f}, {2, 6})},
+       [](const In& x) { return softmax(x[0]); }, [](const In& x) { return softmax_ref(x[0]); }},
       {"causal_self_attention", {param({2, 5, 24})},
        [](const In& x) { return causal_self_attention(x[0], 2); },
        [](const In& x) { return attention_ref(x[0], 2); }},
@@ -508,6 +518,12 @@ std::vector<Tensor> make_inputs(const OpCase& c) {
   for (const Input& spec : c.inputs) {
     if (spec.kind == Input::indices) {
       in.push_back(Tensor::from_indices(spec.idx, spec.shape));
+      continue;
+    }
+    if (spec.kind == Input::fixed) {
+      Tensor t = Tensor::from_vector(spec.values, spec.shape);
+      t.set_requires_grad(true);
+      in.push_back(t);
       continue;
     }
     Tensor t = Tensor::randn(spec.shape, gen, 0.0f, spec.std);

@@ -112,6 +112,12 @@ const std::vector<MergeCase>& merge_cases() {
       {R"({"zero_optimization": {"zero_quantized_gradients_block_size": 0}})",
        {{"--zero-quantized-gradients-block-size", "64"}}, "", ""},
       {R"({"nonfinite_skip_limit": -1})", {{"--nonfinite-skip-limit", "3"}}, "", ""},
+      {R"({"gradient_clipping": -1})", {{"--clip", "0.5"}}, "", ""},
+      {R"({"gradient_accumulation_steps": 0})", {{"--grad-accum", "2"}}, "", ""},
+      {R"({"gradient_accumulation_steps": 2})", {{"--grad-accum", "0"}}, "", "must be >= 1"},
+      {R"({"gradient_clipping": 0.5})", {{"--clip", "inf"}}, "", "must be >= 0"},
+      {R"({"collective_timeout_s": 0})", {{"--collective-timeout", "60"}}, "", ""},
+      {R"({"collective_timeout_s": 60})", {{"--collective-timeout", "-2"}}, "", "must be a number of seconds > 0"},
   };
   return cases;
 }
@@ -181,7 +187,7 @@ TEST(SettingsTable, EveryKeyParsesAndRoundTrips) {
     }
     EXPECT_EQ(zero::dist::find_setting(s.key), &s);
   }
-  EXPECT_GE(flags, 13u);
+  EXPECT_GE(flags, 16u);
 }
 
 // docs/config.md: each section's key table has one row per setting of the table, in the table's
