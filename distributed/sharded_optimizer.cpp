@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/trace.h"
+#include "optim/muon.h"
 
 namespace zero::dist {
 
@@ -24,6 +25,13 @@ ShardedOptimizer::ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor region
   }
   exp_avg_ = Tensor::zeros({region_size_}, DType::f32, device);
   exp_avg_sq_ = Tensor::zeros({region_size_}, DType::f32, device);
+  if (!plan_.options.muon) return;
+  ZERO_CHECK(plan_.options.stage == 0,
+             "ZeRO: Muon needs each matrix whole on one rank; stage {} cuts matrices across ranks (use stage 0)",
+             plan_.options.stage);
+  ZERO_CHECK(device == Device::cpu, "ZeRO: Muon's Newton–Schulz runs on the CPU only, the model is on {}",
+             device_name(device));
+  for (const ParamRange& p : plan_.layout.params()) muon_.push_back(optim::is_muon_matrix(p.name, p.shape));
 }
 
 double ShardedOptimizer::bytes() const {
@@ -43,6 +51,15 @@ void ShardedOptimizer::step(const Tensor& grad, float grad_factor, const std::ve
   for (const ParamSlice& s : slices_) {
     if (!stepped[s.param]) continue;  // Note [Unused parameters]
     const std::int64_t j = s.flat_offset - region_begin_;
+    if (!muon_.empty() && muon_[s.param]) {  // the whole matrix, once (stage 0: the range is the whole buffer)
+      if (s.param_offset != 0) continue;
+      const Shape& shape = plan_.layout.params()[s.param].shape;
+      const optim::MuonHyper mh{lr, o.muon_momentum, s.decay ? o.weight_decay : 0.0f, true, o.muon_ns_steps};
+      optim::muon_update(master_.data<float>() + j, element_ptr(grad, j), o.dtype, grad_factor,
+                         exp_avg_.data<float>() + j, separate_master ? element_ptr(region_params_, j) : nullptr,
+                         o.dtype, shape[0], shape[1], mh);
+      continue;
+    }
     optim::adamw_update(master_.device(), master_.data<float>() + j, element_ptr(grad, j), o.dtype, grad_factor,
                         exp_avg_.data<float>() + j, exp_avg_sq_.data<float>() + j,
                         separate_master ? element_ptr(region_params_, j) : nullptr, o.dtype, s.length,
