@@ -537,7 +537,16 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
 SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
                            Communicator& comm, const nlohmann::json& extra, int keep,
                            const std::function<bool()>& cancelled, const std::vector<std::string>* written) {
+  check_checkpointable(opt.layout());
   return save(save_dir, step, opt, comm, extra, keep, cancelled, written);
+}
+
+void check_checkpointable(const FlatLayout& layout) {
+  // Shards are flat ranges of [0, Ψ) (Note [Checkpoint ranges]): a layout with gaps between parameters
+  // (Muon's whole-matrix partitions, Note [Whole-matrix partitions] in flat_layout.cpp) does not map.
+  ZERO_CHECK(layout.interior_padding() == 0,
+             "checkpoints of Muon at ZeRO stages 1-3 on more than one rank are not supported yet (its whole-matrix "
+             "partitions have gaps the checkpoint format does not describe); use --zero-stage 0 to save or resume");
 }
 
 // Note [One writer]
@@ -920,6 +929,7 @@ void restore_counters(const Checkpoint& c, ZeroOptimizer& opt, DType saved) {
 LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm) {
   opt.wait_for_params();  // an overlapped all-gather of the last step must not land on the loaded values
   const FlatLayout& layout = opt.layout();
+  check_checkpointable(layout);
   const std::int64_t numel = layout.numel();
   ZERO_CHECK(get<std::int64_t>(c.state, "numel", c.dir) == numel, "checkpoint '{}' holds {} parameter elements, "
              "this model {}", c.dir, get<std::int64_t>(c.state, "numel", c.dir), numel);

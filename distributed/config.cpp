@@ -503,10 +503,10 @@ void validate_schedule(const TrainingConfig& c, const Where& src) {
     if (type != "adamw" && type != "adam" && type != "muon")
       fail(src, "optimizer.type", fmt::format("\"{}\" is not supported (AdamW, Adam, Muon)", *t));
   }
-  if (c.uses_muon() && c.zero_optimization.stage != 0)
+  if (c.uses_muon() && c.zero_optimization.zero_quantized_gradients)
     fail(src, "optimizer.type",
-         fmt::format("Muon needs each matrix whole on one rank, and ZeRO stage {} cuts matrices across ranks; use "
-                     "stage 0", c.zero_optimization.stage));
+         "Muon with zero_optimization.zero_quantized_gradients is not supported (int8 gradients are tested with "
+         "AdamW only); turn one off");
   if (const auto& o = c.optimizer) {
     if (o->momentum && !c.uses_muon())
       fail(src, "optimizer.params.momentum", "is Muon's; the optimizer is " + c.optimizer_type.value_or(o->type));

@@ -30,8 +30,9 @@ class ShardedOptimizer {
   /// ([region_size] model dtype, contiguous, on the device every buffer is allocated on: the model's
   /// values of the range, which step() updates), m and v zero.
   /// With options.muon, the hidden matrices (optim::is_muon_matrix) are stepped by optim::muon_update,
-  /// whole, their momentum buffer held in exp_avg (exp_avg_sq unused there). Throws zero::Error for Muon
-  /// at a stage other than 0 or on a device other than the CPU.
+  /// whole by the rank whose range holds them (at stages 1-3 the plan keeps each inside one partition),
+  /// their momentum buffer held in exp_avg (exp_avg_sq unused there). Throws zero::Error for Muon on a
+  /// device other than the CPU or a Muon matrix the layout cut.
   ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor region_params);
 
   /// One AdamW step of the range. grad: [region_size] model dtype, this rank's averaged gradient, still

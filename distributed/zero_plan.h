@@ -115,8 +115,9 @@ struct ZeroOptions {
   optim::AdamWOptions adam;
   float weight_decay = 0.0f;  // AdamW decay, for parameters whose decay flag is set
   // Muon (optim/muon.h) for the hidden matrices (optim::is_muon_matrix), AdamW (`adam`) for the rest, one
-  // lr and weight decay (Note [Muon update scale] in optim/muon.cpp). Stage 0 only: a stage 1-3 element
-  // partition cuts matrices across ranks (ShardedOptimizer refuses it).
+  // lr and weight decay (Note [Muon update scale] in optim/muon.cpp). At stages 1-3 the layout keeps each
+  // matrix inside one partition, so its owner steps it whole (Note [Whole-matrix partitions] in
+  // flat_layout.cpp).
   bool muon = false;
   float muon_momentum = 0.95f;  // in [0, 1), Nesterov
   int muon_ns_steps = 5;        // >= 1

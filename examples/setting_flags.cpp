@@ -8,7 +8,7 @@ namespace {
 
 bool in_set(const dist::Setting& s, FlagSet which) {
   return which == FlagSet::all || s.section() == "zero_optimization" ||
-         std::string_view(s.key) == "communication_data_type";
+         std::string_view(s.key) == "communication_data_type" || std::string_view(s.key) == "optimizer.type";
 }
 
 }  // namespace

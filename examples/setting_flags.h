@@ -22,7 +22,8 @@ struct SettingFlags {
 };
 
 /// Which settings a program offers as flags: all of them (train_gpt), or only those that shape the
-/// ZeRO layout and its wire (zero_optimization.* and communication_data_type; zero_explain).
+/// ZeRO layout and its wire (zero_optimization.*, communication_data_type and optimizer.type, which
+/// decides whether Muon matrices stay whole; zero_explain).
 enum class FlagSet { all, layout };
 
 /// Defines one CLI11 option per setting of the table that has a flag (its name, help line and, for a

@@ -28,6 +28,7 @@
 #include "autograd/autograd.h"
 #include "distributed/config.h"
 #include "distributed/zero_plan.h"
+#include "examples/muon_explain.h"
 #include "examples/cli_errors.h"
 #include "examples/model_options.h"
 #include "examples/setting_flags.h"
@@ -487,6 +488,7 @@ void print_json(const Explained& e, const Args& a) {
   json j;
   json_settings(e, j);
   json_layout(e, j);
+  j["muon"] = examples::json_muon(e.plan);
   json_buckets(e, a, j);
   json_gather_units(e, j);
   json_costs(e, a, j);
@@ -731,6 +733,7 @@ void print_at_scale(const Explained& e, const Args& a) {
 void print_text(const Explained& e, const Args& a) {
   print_header(e);
   print_layout(e);
+  examples::print_muon(e.plan);
   print_buckets(e, a);
   print_gather_plan(e);
   print_memory(e);

@@ -198,9 +198,13 @@ TEST(MuonConfig, BadValuesGetOneLineNamingTheKey) {
   EXPECT_NE(config_error(json::parse(R"({"optimizer": {"type": "Muon", "params": {"ns_steps": 0}}})"))
                 .find("optimizer.params.ns_steps"),
             std::string::npos);
-  const std::string stage = config_error(json::parse(R"({"zero_optimization": {"stage": 2}})"), {{"--optimizer", "muon"}});
-  EXPECT_NE(stage.find("'optimizer.type' (--optimizer muon): Muon needs each matrix whole"), std::string::npos) << stage;
-  EXPECT_EQ(stage.find('\n'), std::string::npos);
+  EXPECT_EQ(config_error(json::parse(R"({"zero_optimization": {"stage": 3}})"), {{"--optimizer", "muon"}}), "");
+  const std::string int8 = config_error(
+      json::parse(R"({"zero_optimization": {"stage": 2, "zero_quantized_gradients": true}})"), {{"--optimizer", "muon"}});
+  EXPECT_NE(int8.find("'optimizer.type' (--optimizer muon): Muon with zero_optimization.zero_quantized_gradients"),
+            std::string::npos)
+      << int8;
+  EXPECT_EQ(int8.find('\n'), std::string::npos);
 }
 
 }  // namespace
