@@ -582,16 +582,21 @@ TrainingConfig parse(const json& j, const std::string& src) {
     read_settings(*s, "zero_optimization", c);
     s->check_keys();
   }
-  // {"optimizer": {"type": null}} is what to_json writes for a config without an optimizer section (the
-  // table's optimizer.type unset): the same as no section.
+  // Note [Optimizer type without a section]: {"optimizer": {"type": T, "params": null}} (T may be null) is
+  // what to_json writes when only the table's optimizer.type is set (--optimizer, or nothing): the type
+  // alone, the program's own optimizer settings kept. A section with params absent is DeepSpeed's: its
+  // defaults replace the program's.
   const json* opt = root.find("optimizer");
-  const bool only_null_type = opt && opt->is_object() && opt->size() == 1 && opt->contains("type") &&
-                              opt->at("type").is_null();
-  if (!only_null_type) {
-    if (auto s = root.section("optimizer")) {
-      c.optimizer = parse_optimizer(*s);
-      c.optimizer_type = c.optimizer->type;
-    }
+  const bool type_only = opt && opt->is_object() &&
+                         ((opt->contains("params") && opt->at("params").is_null()) ||
+                          (opt->size() == 1 && opt->contains("type") && opt->at("type").is_null()));
+  if (auto s = root.section("optimizer"); s && type_only) {
+    s->read("type", c.optimizer_type);
+    s->find("params");
+    s->check_keys();
+  } else if (s) {
+    c.optimizer = parse_optimizer(*s);
+    c.optimizer_type = c.optimizer->type;
   }
   if (auto s = root.section("scheduler")) c.scheduler = parse_scheduler(*s);
   root.check_keys();
@@ -704,6 +709,7 @@ nlohmann::json TrainingConfig::to_json() const {
     std::replace(pointer.begin(), pointer.end(), '.', '/');
     j[json::json_pointer(pointer)] = field_json(s.field(self));
   }
+  if (!optimizer) j["optimizer"]["params"] = nullptr;  // Note [Optimizer type without a section]
   if (optimizer) {
     j["optimizer"] = {{"type", optimizer_type.value_or(optimizer->type)},
                       {"params",
