@@ -57,6 +57,8 @@ void ShardedOptimizer::step(const Tensor& grad, float grad_factor, const std::ve
     if (!muon_.empty() && muon_[s.param]) {  // the whole matrix, once, on the rank whose range holds it
       if (s.param_offset != 0) continue;
       const Shape& shape = plan_.layout.params()[s.param].shape;
+      trace::Span ns("newton_schulz", "step");  // one per matrix this rank owns, once per optimizer step
+      ns.arg("param", plan_.layout.params()[s.param].name);
       const optim::MuonHyper mh{lr, o.muon_momentum, s.decay ? o.weight_decay : 0.0f, true, o.muon_ns_steps};
       optim::muon_update(master_.data<float>() + j, element_ptr(grad, j), o.dtype, grad_factor,
                          exp_avg_.data<float>() + j, separate_master ? element_ptr(region_params_, j) : nullptr,

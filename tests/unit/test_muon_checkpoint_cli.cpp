@@ -1,7 +1,8 @@
-// Muon checkpoints end to end through build/bin/train_gpt (mpirun for several ranks), on a tiny model. The
+// Muon end to end through build/bin/train_gpt (mpirun for several ranks), on a tiny model. Checkpoints: the
 // reference is an uninterrupted run: a resume at the same world size must reproduce its per-step log bit
 // for bit; at another world size (stage 0, where the flat layout has no gaps) within 1e-5 relative. A
-// resume that changes the optimizer, and a save of a layout with gaps, get one line.
+// resume that changes the optimizer, and a save of a layout with gaps, get one line. The trace: each
+// matrix's Newton–Schulz runs once per optimizer step, on one rank only, with gradient accumulation.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 
 #include <fmt/format.h>
@@ -97,6 +99,28 @@ TEST_F(MuonCheckpointCli, SavingALayoutWithGapsIsOneLineBeforeTraining) {
   for (std::size_t at = 0; (at = r.output.find("error: ", at)) != std::string::npos; ++at) ++errors;
   EXPECT_EQ(errors, 1u) << r.output;
   EXPECT_TRUE(losses(p("a.jsonl")).empty());
+}
+
+// The Chrome trace's "newton_schulz" spans (one per matrix a rank steps, argument "param"): over both
+// ranks, each of the 4 matrices of the 1-layer model exactly once per traced step, GAS 2 notwithstanding.
+TEST_F(MuonCheckpointCli, NewtonSchulzRunsOncePerStepOnTheOwnerOnly) {
+  const Result r = train("--steps 3 --zero-stage 2 --grad-accum 2 --trace " + p("t.json") + " --trace-steps 2:3", 2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(p("t.json"));
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, int> runs;
+  std::map<std::string, std::set<int>> ranks;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["name"] != "newton_schulz" || e["ph"] == "M") continue;
+    const std::string param = e["args"]["param"];
+    ++runs[param];
+    ranks[param].insert(e["pid"].get<int>());
+  }
+  ASSERT_EQ(runs.size(), 4u) << trace.dump().substr(0, 400);
+  for (const auto& [param, n] : runs) {
+    EXPECT_EQ(n, 2) << param << ": once per traced step";
+    EXPECT_EQ(ranks[param].size(), 1u) << param << ": on its owner only";
+  }
 }
 
 }  // namespace
