@@ -54,6 +54,7 @@
 #include "distributed/nccl_communicator.h"
 #endif
 #include "distributed/zero_optimizer.h"
+#include "examples/muon_explain.h"
 #include "examples/gpt_sampling.h"
 #include "examples/preemption.h"
 #include "examples/resume_settings.h"
@@ -530,6 +531,15 @@ void TrainingRun::print_zero_setup() const {
                used.reduce_bucket_size, layout.padded_numel(), dist::default_bucket_size(layout.numel()));
   fmt::print("flat layout: {} parameters + {} padding = {} elements; partition {} elements per rank\n",
              layout.numel(), layout.padding(), layout.padded_numel(), layout.partition_size());
+  if (zo_.muon) {
+    const auto owners = examples::muon_owners(opt_->plan());
+    const examples::MuonShare share = examples::muon_share(opt_->plan());
+    fmt::print("optimizer: Muon for {} hidden matrices (Newton–Schulz {:.1f} MFLOP/step on rank 0, imbalance {:.3f}), "
+               "AdamW for the other {} parameters; each matrix in one partition: {:.3f}x Ψ padded\n",
+               owners.size(), share.flops[0] / 1e6, examples::MuonShare::imbalance(share.flops),
+               layout.params().size() - owners.size(),
+               static_cast<double>(layout.padded_numel()) / static_cast<double>(layout.numel()));
+  }
   const auto have = opt_->memory();
   const auto want = dist::expected_memory(zo_.stage, zo_.dtype, static_cast<double>(num_params_), world_);
   fmt::print("model states per rank (measured | ZeRO formula): params {} | {}, grads {} | {}, optimizer {} | {}, "
