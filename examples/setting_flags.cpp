@@ -8,7 +8,8 @@ namespace {
 
 bool in_set(const dist::Setting& s, FlagSet which) {
   return which == FlagSet::all || s.section() == "zero_optimization" || s.section() == "activation_checkpointing" ||
-         std::string_view(s.key) == "communication_data_type" || std::string_view(s.key) == "gradient_accumulation_steps";
+         std::string_view(s.key) == "communication_data_type" || std::string_view(s.key) == "gradient_accumulation_steps" ||
+         std::string_view(s.key) == "optimizer.type";
 }
 
 }  // namespace

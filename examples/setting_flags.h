@@ -23,7 +23,8 @@ struct SettingFlags {
 
 /// Which settings a program offers as flags: all of them (train_gpt), or only those that shape the
 /// ZeRO layout, its wire and the activation memory (zero_optimization.*, communication_data_type,
-/// gradient_accumulation_steps and activation_checkpointing.*; zero_explain).
+/// gradient_accumulation_steps, activation_checkpointing.* and optimizer.type, which decides whether Muon
+/// matrices stay whole; zero_explain).
 enum class FlagSet { all, layout };
 
 /// Defines one CLI11 option per setting of the table that has a flag (its name, help line and, for a

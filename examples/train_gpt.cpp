@@ -50,6 +50,7 @@
 #include "core/cuda/kernels.h"
 #include "core/cuda/runtime.h"
 #endif
+#include "examples/muon_explain.h"
 #include "examples/gpt_sampling.h"
 #include "examples/model_options.h"
 #include "examples/preemption.h"
@@ -449,6 +450,7 @@ void TrainingRun::build_optimizer() {
   zo_.adam = optimizer_->adam;
   zo_.weight_decay = optimizer_->weight_decay;
   opt_.emplace(model_->named_parameters(), std::shared_ptr<dist::Communicator>(&comm_, [](auto*) {}), zo_);
+  if (!a_.save_dir.empty() || resume_) dist::check_checkpointable(opt_->layout());  // before the first step
   // Stage 3 has just freed the fp32 model it was built from and the full flat buffer (8Ψ bytes): give
   // them back to the system rather than keep them cached for blocks of other sizes.
   if (zo_.stage == 3) empty_cpu_cache();
@@ -548,6 +550,15 @@ void TrainingRun::print_zero_setup() const {
                used.reduce_bucket_size, layout.padded_numel(), dist::default_bucket_size(layout.numel()));
   fmt::print("flat layout: {} parameters + {} padding = {} elements; partition {} elements per rank\n",
              layout.numel(), layout.padding(), layout.padded_numel(), layout.partition_size());
+  if (zo_.muon) {
+    const auto owners = examples::muon_owners(opt_->plan());
+    const examples::MuonShare share = examples::muon_share(opt_->plan());
+    fmt::print("optimizer: Muon for {} hidden matrices (Newton–Schulz {:.1f} MFLOP/step on rank 0, imbalance {:.3f}), "
+               "AdamW for the other {} parameters; each matrix in one partition: {:.3f}x Ψ padded\n",
+               owners.size(), share.flops[0] / 1e6, examples::MuonShare::imbalance(share.flops),
+               layout.params().size() - owners.size(),
+               static_cast<double>(layout.padded_numel()) / static_cast<double>(layout.numel()));
+  }
   const auto have = opt_->memory();
   const auto want = dist::expected_memory(zo_.stage, zo_.dtype, static_cast<double>(num_params_), world_);
   fmt::print("model states per rank (measured | ZeRO formula): params {} | {}, grads {} | {}, optimizer {} | {}, "

@@ -27,6 +27,7 @@
 
 #include "autograd/autograd.h"
 #include "distributed/distributed.h"
+#include "examples/muon_explain.h"
 #include "examples/cli_errors.h"
 #include "examples/memory_planner.h"
 #include "examples/model_options.h"
@@ -599,6 +600,7 @@ void print_json(const Explained& e, const Args& a) {
   json j;
   json_settings(e, j);
   json_layout(e, j);
+  j["muon"] = examples::json_muon(e.plan);
   json_buckets(e, a, j);
   json_gather_units(e, j);
   json_costs(e, a, j);
@@ -873,6 +875,7 @@ void print_at_scale(const Explained& e, const Args& a) {
 void print_text(const Explained& e, const Args& a) {
   print_header(e);
   print_layout(e);
+  examples::print_muon(e.plan);
   print_buckets(e, a);
   print_gather_plan(e);
   print_memory(e);

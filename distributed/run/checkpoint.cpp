@@ -418,6 +418,7 @@ nlohmann::json CheckpointWriter::state_json(const nlohmann::json& extra, const s
   state["world_size"] = world_;
   state["zero_stage"] = zo_.stage;
   state["dtype"] = std::string(dtype_name(zo_.dtype));
+  state["optimizer_type"] = zo_.muon ? "muon" : "adamw";  // what exp_avg holds: Muon's momentum or Adam's m
   state["numel"] = numel_;
   state["params"] = params;
   nlohmann::json param_steps = nlohmann::json::object();  // per parameter (Note [Unused parameters])
@@ -537,7 +538,17 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
 SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
                            Communicator& comm, const nlohmann::json& extra, int keep,
                            const std::function<bool()>& cancelled, const std::vector<std::string>* written) {
+  check_checkpointable(opt.layout());
   return save(save_dir, step, opt, comm, extra, keep, cancelled, written);
+}
+
+void check_checkpointable(const FlatLayout& layout) {
+  // Shards are flat ranges of [0, Ψ) (Note [Checkpoint ranges]): a layout with gaps between parameters
+  // (Muon's whole-matrix partitions, Note [Whole-matrix partitions] in flat_layout.cpp) does not map.
+  ZERO_CHECK(layout.interior_padding() == 0,
+             "checkpoints of this Muon run are not supported yet: at ZeRO stages 1-3 its whole-matrix partitions put "
+             "gaps between parameters (zero_explain shows them), which the checkpoint format does not describe; use "
+             "--zero-stage 0 to save or resume");
 }
 
 // Note [One writer]
@@ -920,9 +931,14 @@ void restore_counters(const Checkpoint& c, ZeroOptimizer& opt, DType saved) {
 LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm) {
   opt.wait_for_params();  // an overlapped all-gather of the last step must not land on the loaded values
   const FlatLayout& layout = opt.layout();
+  check_checkpointable(layout);
   const std::int64_t numel = layout.numel();
   ZERO_CHECK(get<std::int64_t>(c.state, "numel", c.dir) == numel, "checkpoint '{}' holds {} parameter elements, "
              "this model {}", c.dir, get<std::int64_t>(c.state, "numel", c.dir), numel);
+  // exp_avg is Muon's momentum for Muon's matrices, Adam's m otherwise: the optimizer cannot change.
+  const std::string saved_optimizer = c.state.value("optimizer_type", "adamw"), mine = opt.options().muon ? "muon" : "adamw";
+  ZERO_CHECK(saved_optimizer == mine, "checkpoint '{}' holds {} optimizer state and this run uses {}; resume with "
+             "--optimizer {} (or start a new run with --init-from)", c.dir, saved_optimizer, mine, saved_optimizer);
   const DType saved = parse_float_dtype(get<std::string>(c.state, "dtype", c.dir));
   const std::vector<ShardRange> shards = shard_ranges(c);
   // This rank's region, cut at Ψ (Note [Checkpoint ranges]).

@@ -64,6 +64,11 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
                            const std::function<bool()>& cancelled = {},
                            const std::vector<std::string>* written = nullptr);
 
+/// Throws zero::Error with one line when checkpoints of `layout` are not supported: a layout with gaps
+/// between parameters (Muon at stages 1-3 on several ranks; FlatLayout::interior_padding). save_checkpoint
+/// and load_checkpoint check it; a training program checks it before any work.
+void check_checkpointable(const FlatLayout& layout);
+
 /// The one-writer lock of a save directory, DIR/.lock (Note [One writer] in checkpoint.cpp): created
 /// atomically (O_CREAT | O_EXCL) with this process's host, pid, start time and `command`; removed by
 /// the destructor if it is still this one's. Not collective: one rank (rank 0) takes it for the job.

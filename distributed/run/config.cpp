@@ -318,7 +318,7 @@ void read_settings(Section& s, const std::string& section, TrainingConfig& c) {
 
 OptimizerConfig parse_optimizer(Section s) {
   OptimizerConfig c;
-  if (!s.has("type")) fail(s.source(), s.key_path("type"), "is required (\"AdamW\" or \"Adam\")");
+  if (!s.has("type")) fail(s.source(), s.key_path("type"), "is required (\"AdamW\", \"Adam\" or \"Muon\")");
   s.read("type", c.type);
   if (auto p = s.section("params")) {
     p->read("lr", c.lr);
@@ -330,6 +330,8 @@ OptimizerConfig parse_optimizer(Section s) {
     }
     p->read("eps", c.eps);
     p->read("weight_decay", c.weight_decay);
+    p->read("momentum", c.momentum);
+    p->read("ns_steps", c.ns_steps);
     bool adam_w_mode = true;
     p->read("adam_w_mode", adam_w_mode);
     if (!adam_w_mode)
@@ -507,10 +509,24 @@ void validate_wire(const TrainingConfig& c, const Where& src) {
 
 // The optimizer and scheduler sections.
 void validate_schedule(const TrainingConfig& c, const Where& src) {
+  if (const auto& t = c.optimizer_type) {
+    const std::string type = to_lower(*t);
+    if (type != "adamw" && type != "adam" && type != "muon")
+      fail(src, "optimizer.type", fmt::format("\"{}\" is not supported (AdamW, Adam, Muon)", *t));
+  }
+  if (c.uses_muon() && c.zero_optimization.zero_quantized_gradients)
+    fail(src, "optimizer.type",
+         "Muon with zero_optimization.zero_quantized_gradients is not supported (int8 gradients are tested with "
+         "AdamW only); turn one off");
   if (const auto& o = c.optimizer) {
-    const std::string type = to_lower(o->type);
-    if (type != "adamw" && type != "adam")
-      fail(src, "optimizer.type", fmt::format("\"{}\" is not supported (AdamW, Adam)", o->type));
+    if (o->momentum && !c.uses_muon())
+      fail(src, "optimizer.params.momentum", "is Muon's; the optimizer is " + c.optimizer_type.value_or(o->type));
+    if (o->ns_steps && !c.uses_muon())
+      fail(src, "optimizer.params.ns_steps", "is Muon's; the optimizer is " + c.optimizer_type.value_or(o->type));
+    if (o->momentum && !(*o->momentum >= 0.0 && *o->momentum < 1.0))
+      fail(src, "optimizer.params.momentum", fmt::format("must be in [0, 1), got {}", *o->momentum));
+    if (o->ns_steps && (*o->ns_steps < 1 || *o->ns_steps > 100))
+      fail(src, "optimizer.params.ns_steps", fmt::format("must be in [1, 100], got {}", *o->ns_steps));
     if (!(o->lr >= 0.0) || !std::isfinite(o->lr))
       fail(src, "optimizer.params.lr", fmt::format("must be >= 0, got {}", o->lr));
     if (!(o->beta1 >= 0.0 && o->beta1 < 1.0) || !(o->beta2 >= 0.0 && o->beta2 < 1.0))
@@ -593,7 +609,22 @@ TrainingConfig parse(const json& j, const std::string& src) {
     read_settings(*s, "zero_optimization", c);
     s->check_keys();
   }
-  if (auto s = root.section("optimizer")) c.optimizer = parse_optimizer(*s);
+  // Note [Optimizer type without a section]: {"optimizer": {"type": T, "params": null}} (T may be null) is
+  // what to_json writes when only the table's optimizer.type is set (--optimizer, or nothing): the type
+  // alone, the program's own optimizer settings kept. A section with params absent is DeepSpeed's: its
+  // defaults replace the program's.
+  const json* opt = root.find("optimizer");
+  const bool type_only = opt && opt->is_object() &&
+                         ((opt->contains("params") && opt->at("params").is_null()) ||
+                          (opt->size() == 1 && opt->contains("type") && opt->at("type").is_null()));
+  if (auto s = root.section("optimizer"); s && type_only) {
+    s->read("type", c.optimizer_type);
+    s->find("params");
+    s->check_keys();
+  } else if (s) {
+    c.optimizer = parse_optimizer(*s);
+    c.optimizer_type = c.optimizer->type;
+  }
   if (auto s = root.section("scheduler")) c.scheduler = parse_scheduler(*s);
   if (auto s = root.section("activation_checkpointing")) parse_activation_checkpointing(*s, c, src);
   root.check_keys();
@@ -706,13 +737,16 @@ nlohmann::json TrainingConfig::to_json() const {
     std::replace(pointer.begin(), pointer.end(), '.', '/');
     j[json::json_pointer(pointer)] = field_json(s.field(self));
   }
+  if (!optimizer) j["optimizer"]["params"] = nullptr;  // Note [Optimizer type without a section]
   if (optimizer) {
-    j["optimizer"] = {{"type", optimizer->type},
+    j["optimizer"] = {{"type", optimizer_type.value_or(optimizer->type)},
                       {"params",
                        {{"lr", optimizer->lr},
                         {"betas", {optimizer->beta1, optimizer->beta2}},
                         {"eps", optimizer->eps},
                         {"weight_decay", optimizer->weight_decay}}}};
+    if (optimizer->momentum) j["optimizer"]["params"]["momentum"] = *optimizer->momentum;
+    if (optimizer->ns_steps) j["optimizer"]["params"]["ns_steps"] = *optimizer->ns_steps;
   }
   if (scheduler) {
     j["scheduler"] = {{"type", scheduler->type},
@@ -773,6 +807,8 @@ void TrainingConfig::resolve_batch(int world_size) {
 
 void TrainingConfig::validate() const { validate_config(*this, Where{source_, flags_}); }
 
+bool TrainingConfig::uses_muon() const { return to_lower(optimizer_type.value_or("AdamW")) == "muon"; }
+
 DType TrainingConfig::model_dtype() const {
   if (fp16.enabled) return DType::f16;
   if (bf16.enabled) return DType::bf16;
@@ -807,6 +843,9 @@ ZeroOptions TrainingConfig::zero_options() const {
   zo.fp16 = loss_scaler_config();
   zo.nonfinite_grads = nonfinite_grads == "skip" ? NonfiniteGrads::skip : NonfiniteGrads::error;
   zo.nonfinite_skip_limit = nonfinite_skip_limit;
+  zo.muon = uses_muon();
+  if (optimizer && optimizer->momentum) zo.muon_momentum = static_cast<float>(*optimizer->momentum);
+  if (optimizer && optimizer->ns_steps) zo.muon_ns_steps = static_cast<int>(*optimizer->ns_steps);
   return zo;
 }
 

@@ -107,12 +107,17 @@ struct ZeroConfig {
   bool zero_quantized_gradients_error_feedback = false;
 };
 
-/// "optimizer": {"type": "AdamW" | "Adam", "params": {...}}. The type is matched case-insensitively, as
-/// in DeepSpeed. "Adam" means AdamW too: DeepSpeed's Adam defaults to adam_w_mode = true (decoupled
-/// weight decay); adam_w_mode = false (L2 regularisation) is rejected. Defaults are DeepSpeed's
-/// FusedAdam / torch's Adam defaults (weight_decay 0).
+/// "optimizer": {"type": "AdamW" | "Adam" | "Muon", "params": {...}}. The type is matched
+/// case-insensitively, as in DeepSpeed. "Adam" means AdamW too: DeepSpeed's Adam defaults to adam_w_mode =
+/// true (decoupled weight decay); adam_w_mode = false (L2 regularisation) is rejected. Defaults are
+/// DeepSpeed's FusedAdam / torch's Adam defaults (weight_decay 0). "Muon" (optim/muon.h): Muon for the
+/// hidden matrices with lr and weight_decay shared with AdamW for the rest (Note [Muon update scale] in
+/// optim/muon.cpp), plus its own momentum and ns_steps. The type the run uses is
+/// TrainingConfig::optimizer_type (the table's optimizer.type, which --optimizer sets).
 struct OptimizerConfig {
   std::string type = "AdamW";  // as written in the file
+  std::optional<double> momentum;        // Muon only: in [0, 1); unset: 0.95
+  std::optional<std::int64_t> ns_steps;  // Muon only: Newton–Schulz iterations, >= 1; unset: 5
   double lr = 1e-3;            // >= 0
   double beta1 = 0.9;          // "betas": [beta1, beta2], each in [0, 1)
   double beta2 = 0.999;
@@ -171,6 +176,9 @@ struct TrainingConfig {
   ZeroConfig zero_optimization;
   ActivationCheckpointingConfig activation_checkpointing;
   std::optional<OptimizerConfig> optimizer;  // absent: the training program's own defaults apply
+  // optimizer.type of the settings table: "AdamW", "Adam" or "Muon" (any case), from the file's
+  // optimizer section or --optimizer (adamw | muon); unset: AdamW. optimizer->type is what the file said.
+  std::optional<std::string> optimizer_type;
   std::optional<SchedulerConfig> scheduler;
 
   /// One line per ignored DeepSpeed key or deprecated form, "warning: " prefix included, ready to print.
@@ -227,6 +235,8 @@ struct TrainingConfig {
 
   /// f16 if fp16.enabled, bf16 if bf16.enabled, else f32.
   DType model_dtype() const;
+  /// True when optimizer_type is Muon (any case).
+  bool uses_muon() const;
   /// Sets fp16.enabled / bf16.enabled for `t` (f32 turns both off), for a --dtype override. Throws
   /// zero::Error for a non-floating dtype.
   void set_model_dtype(DType t);
@@ -234,8 +244,9 @@ struct TrainingConfig {
   /// The ZeroOptimizer options this config describes: stage, model dtype, bucket sizes (automatic
   /// when unset), the wire dtype, overlap_param_gather, reduce_scatter, overlap_comm,
   /// contiguous_gradients, gradient_accumulation_steps (1 before resolve_batch when it was not given),
-  /// gradient_clipping, nonfinite_grads and the loss scaler. The AdamW hyper-parameters and weight decay
-  /// are left at ZeroOptions' defaults for the training program to set.
+  /// gradient_clipping, nonfinite_grads, the loss scaler and Muon (optimizer_type, momentum, ns_steps).
+  /// The AdamW hyper-parameters and weight decay are left at ZeroOptions' defaults for the training
+  /// program to set.
   ZeroOptions zero_options() const;
 
   /// The "fp16" section as the loss scaler's config.

@@ -128,9 +128,18 @@ std::vector<Setting> activation_checkpointing_settings() {
   };
 }
 
+std::vector<Setting> optimizer_settings() {
+  return {
+      {"optimizer.type", "--optimizer", S::text, "`\"AdamW\"`", {"adamw", "muon"},
+       "adamw, or muon: Muon (Newton–Schulz orthogonalised momentum) for the hidden matrices and AdamW for "
+       "embeddings, norms and biases, with the same lr and weight decay (docs/zero.md)",
+       [](T& c) -> SettingField { return &c.optimizer_type; }},
+  };
+}
+
 std::vector<Setting> make_table() {
   std::vector<Setting> table = top_level_settings();
-  for (auto section : {precision_settings, zero_settings, activation_checkpointing_settings}) {
+  for (auto section : {precision_settings, zero_settings, activation_checkpointing_settings, optimizer_settings}) {
     std::vector<Setting> rows = section();
     table.insert(table.end(), std::make_move_iterator(rows.begin()), std::make_move_iterator(rows.end()));
   }

@@ -59,7 +59,8 @@ struct Setting {
   std::string name() const;
 };
 
-/// Every setting, top level first, then fp16, bf16 and zero_optimization; in docs/config.md's order.
+/// Every setting, top level first, then fp16, bf16, zero_optimization and optimizer; in docs/config.md's
+/// order.
 const std::vector<Setting>& settings();
 
 /// The setting of a key path or a flag; nullptr when there is none.

@@ -14,26 +14,71 @@ Tensor flat_range(const Tensor& t, std::int64_t begin, std::int64_t n) {
   return t.as_strided({n}, {1}, t.offset() + begin);
 }
 
+// Note [Whole-matrix partitions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An element partition cuts a parameter wherever a partition boundary falls, which is all an
+// elementwise optimizer (AdamW) needs. A matrix optimizer (Muon's Newton–Schulz iteration) needs the
+// whole matrix's gradient in one place. Entries marked `whole` are therefore kept inside one partition:
+// laid out in the given order, an entry that would cross a boundary starts at the next one instead,
+// leaving a gap of padding (zeros that are reduced, gathered and never stepped, like the padding at the
+// end). The equal partition size P is the smallest even size, from the usual ceil(Ψ / N), at which
+// everything then fits into N·P; the reduce-scatter therefore brings each rank's matrices whole, and
+// every collective stays the same equal-partition collective. The cost is the gaps: bytes on the wire
+// and in every per-partition buffer grow by padded / Ψ (zero_explain prints it). The order is kept so
+// that stage 3's gather units stay contiguous and buckets still fill in backward order; the owner of a
+// matrix follows from where it falls, so per-rank Newton–Schulz work is not balanced (zero_explain
+// reports the imbalance).
+
+namespace {
+
+// Offsets of `numels` laid out in order with partition size P; `whole[i]` entries never straddle a
+// boundary. Returns the end of the last entry.
+std::int64_t place(const std::vector<std::int64_t>& numels, const std::vector<char>& whole, std::int64_t P,
+                   std::vector<std::int64_t>& offsets) {
+  std::int64_t offset = 0;
+  offsets.resize(numels.size());
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    if (whole[i] && numels[i] > 0 && offset / P != (offset + numels[i] - 1) / P) offset = (offset / P + 1) * P;
+    offsets[i] = offset;
+    offset += numels[i];
+  }
+  return offset;
+}
+
+}  // namespace
+
 FlatLayout::FlatLayout(const std::vector<Entry>& entries, int world_size) : world_size_(world_size) {
   ZERO_CHECK(world_size >= 1, "FlatLayout: world_size must be >= 1, got {}", world_size);
-  std::int64_t offset = 0;
-  params_.reserve(entries.size());
+  std::vector<std::int64_t> numels;
+  std::vector<char> whole;
+  std::int64_t largest_whole = 0;
   for (const Entry& e : entries) {
     for (auto d : e.shape)
       ZERO_CHECK(d >= 0, "FlatLayout: parameter '{}' has a negative dimension in shape {}", e.name, shape_str(e.shape));
+    numels.push_back(shape_numel(e.shape));
+    whole.push_back(e.whole && world_size > 1);
+    if (whole.back()) largest_whole = std::max(largest_whole, numels.back());
+  }
+  for (std::int64_t n : numels) numel_ += n;
+  const std::int64_t align = alignment();
+  std::int64_t P = (numel_ + align - 1) / align * align / world_size_;
+  P = std::max(P, (largest_whole + 1) / 2 * 2);  // P stays even (see the header comment)
+  std::vector<std::int64_t> offsets;
+  while (place(numels, whole, std::max<std::int64_t>(P, 2), offsets) > P * world_size_) P += 2;
+  partition_size_ = P;
+  padded_ = P * world_size_;
+  const std::int64_t end = place(numels, whole, std::max<std::int64_t>(P, 2), offsets);
+  interior_padding_ = end - numel_;
+  params_.reserve(entries.size());
+  for (std::size_t i = 0; i < entries.size(); ++i) {
     ParamRange p;
-    p.name = e.name;
-    p.shape = e.shape;
-    p.numel = shape_numel(e.shape);
-    p.offset = offset;
-    p.decay = e.decay;
-    offset += p.numel;
+    p.name = entries[i].name;
+    p.shape = entries[i].shape;
+    p.numel = numels[i];
+    p.offset = offsets[i];
+    p.decay = entries[i].decay;
     params_.push_back(std::move(p));
   }
-  numel_ = offset;
-  const std::int64_t align = alignment();
-  padded_ = (numel_ + align - 1) / align * align;
-  partition_size_ = padded_ / world_size_;
 
   // Cut every parameter at partition boundaries. Walking parameters in flat order and, inside one,
   // ranks in increasing order, appends each rank's slices in flat order.
@@ -54,8 +99,9 @@ FlatLayout::FlatLayout(const std::vector<Entry>& entries, int world_size) : worl
 
 std::int64_t FlatLayout::partition_real_numel(int rank) const {
   ZERO_CHECK(rank >= 0 && rank < world_size_, "FlatLayout: rank {} out of range [0, {})", rank, world_size_);
-  const std::int64_t b = partition_begin(rank), e = partition_end(rank);
-  return std::max<std::int64_t>(0, std::min(e, numel_) - b);
+  std::int64_t real = 0;
+  for (const ParamSlice& s : owned_[static_cast<std::size_t>(rank)]) real += s.length;
+  return real;
 }
 
 const std::vector<ParamSlice>& FlatLayout::owned(int rank) const {

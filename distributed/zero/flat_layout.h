@@ -6,8 +6,9 @@
 //   | p0 | p1      | p2 |  p3                  |pad|
 //   |<- partition 0 ->|<- partition 1 ->|<- partition 2 ->|     partition_size P = padded_numel / N
 //
-// Parameters are laid out back to back in the order given (named_parameters() order), with no gaps;
-// zero-element parameters occupy no space. The total is padded with zeros up to a multiple of
+// Parameters are laid out back to back in the order given (named_parameters() order), with no gaps
+// unless an entry must stay whole in one partition (Muon's matrices: Note [Whole-matrix partitions] in
+// flat_layout.cpp); zero-element parameters occupy no space. The total is padded with zeros up to a multiple of
 // 2·world_size (DeepSpeed's nccl_start_alignment_factor × dp), for two reasons:
 //   - the N partitions are equal, so a reduce-scatter / all-gather moves the same count per rank and
 //     rank r's partition is simply [r·P, (r+1)·P);
@@ -72,11 +73,14 @@ class FlatLayout {
     std::string name;
     Shape shape;
     bool decay = true;
+    bool whole = false;  // keep it inside one partition (Note [Whole-matrix partitions] in flat_layout.cpp)
   };
 
   FlatLayout() = default;
-  /// Lays out `entries` in order for `world_size` ranks. Throws zero::Error if world_size < 1 or a
-  /// shape has a negative dimension.
+  /// Lays out `entries` in order for `world_size` ranks. An entry marked `whole` never straddles a
+  /// partition boundary: it is moved to the next partition, leaving a gap of padding, and P grows until
+  /// everything fits (Note [Whole-matrix partitions] in flat_layout.cpp). Throws zero::Error if
+  /// world_size < 1 or a shape has a negative dimension.
   FlatLayout(const std::vector<Entry>& entries, int world_size);
 
   int world_size() const { return world_size_; }
@@ -85,6 +89,9 @@ class FlatLayout {
   /// Ψ rounded up to a multiple of alignment().
   std::int64_t padded_numel() const { return padded_; }
   std::int64_t padding() const { return padded_ - numel_; }
+  /// Padding between parameters (the gaps that keep `whole` entries inside one partition); 0 without
+  /// such entries. Elements.
+  std::int64_t interior_padding() const { return interior_padding_; }
   /// 2·world_size: the total is a multiple of it (see the header comment).
   std::int64_t alignment() const { return 2 * static_cast<std::int64_t>(world_size_); }
   /// P = padded_numel / world_size, elements per partition (even).
@@ -116,6 +123,7 @@ class FlatLayout {
   std::int64_t numel_ = 0;
   std::int64_t padded_ = 0;
   std::int64_t partition_size_ = 0;
+  std::int64_t interior_padding_ = 0;
   std::vector<ParamRange> params_;
   std::vector<std::vector<ParamSlice>> owned_;  // per rank
 };

@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/trace.h"
+#include "optim/muon.h"
 
 namespace zero::dist {
 
@@ -24,6 +25,16 @@ ShardedOptimizer::ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor region
   }
   exp_avg_ = Tensor::zeros({region_size_}, DType::f32, device);
   exp_avg_sq_ = Tensor::zeros({region_size_}, DType::f32, device);
+  if (!plan_.options.muon) return;
+  ZERO_CHECK(device == Device::cpu, "ZeRO: Muon's Newton–Schulz runs on the CPU only, the model is on {}",
+             device_name(device));
+  for (const ParamRange& p : plan_.layout.params()) {
+    muon_.push_back(optim::is_muon_matrix(p.name, p.shape));
+    // Stages 1-3: the plan kept every Muon matrix inside one partition (Note [Whole-matrix partitions]).
+    ZERO_CHECK(!muon_.back() || plan_.options.stage == 0 || p.slices.size() <= 1,
+               "ZeRO: Muon matrix '{}' is cut across {} partitions; the plan must keep it whole", p.name,
+               p.slices.size());
+  }
 }
 
 double ShardedOptimizer::bytes() const {
@@ -43,6 +54,17 @@ void ShardedOptimizer::step(const Tensor& grad, float grad_factor, const std::ve
   for (const ParamSlice& s : slices_) {
     if (!stepped[s.param]) continue;  // Note [Unused parameters]
     const std::int64_t j = s.flat_offset - region_begin_;
+    if (!muon_.empty() && muon_[s.param]) {  // the whole matrix, once, on the rank whose range holds it
+      if (s.param_offset != 0) continue;
+      const Shape& shape = plan_.layout.params()[s.param].shape;
+      trace::Span ns("newton_schulz", "step");  // one per matrix this rank owns, once per optimizer step
+      ns.arg("param", plan_.layout.params()[s.param].name);
+      const optim::MuonHyper mh{lr, o.muon_momentum, s.decay ? o.weight_decay : 0.0f, true, o.muon_ns_steps};
+      optim::muon_update(master_.data<float>() + j, element_ptr(grad, j), o.dtype, grad_factor,
+                         exp_avg_.data<float>() + j, separate_master ? element_ptr(region_params_, j) : nullptr,
+                         o.dtype, shape[0], shape[1], mh);
+      continue;
+    }
     optim::adamw_update(master_.device(), master_.data<float>() + j, element_ptr(grad, j), o.dtype, grad_factor,
                         exp_avg_.data<float>() + j, exp_avg_sq_.data<float>() + j,
                         separate_master ? element_ptr(region_params_, j) : nullptr, o.dtype, s.length,

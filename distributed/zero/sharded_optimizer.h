@@ -29,6 +29,10 @@ class ShardedOptimizer {
   /// The state for what rank `rank` steps under `plan`: master initialised from `region_params`
   /// ([region_size] model dtype, contiguous, on the device every buffer is allocated on: the model's
   /// values of the range, which step() updates), m and v zero.
+  /// With options.muon, the hidden matrices (optim::is_muon_matrix) are stepped by optim::muon_update,
+  /// whole by the rank whose range holds them (at stages 1-3 the plan keeps each inside one partition),
+  /// their momentum buffer held in exp_avg (exp_avg_sq unused there). Throws zero::Error for Muon on a
+  /// device other than the CPU or a Muon matrix the layout cut.
   ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor region_params);
 
   /// One AdamW step of the range. grad: [region_size] model dtype, this rank's averaged gradient, still
@@ -64,6 +68,7 @@ class ShardedOptimizer {
   std::vector<ParamSlice> slices_;  // the parameter pieces inside the range, in flat order
   Tensor master_, exp_avg_, exp_avg_sq_;
   std::vector<std::int64_t> param_steps_;
+  std::vector<char> muon_;  // per layout parameter: stepped by Muon (options.muon and a hidden matrix)
 };
 
 }  // namespace zero::dist

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "distributed/comm/quantize.h"
+#include "optim/muon.h"
 
 namespace zero::dist {
 
@@ -152,7 +153,12 @@ std::vector<GatherUnit> make_gather_units(const FlatLayout& layout) {
 ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size, const ZeroOptions& options) {
   check_zero_options(options);
   ZeroPlan plan;
-  plan.layout = FlatLayout(entries, world_size);
+  // Muon's matrices stay whole in their owner's partition (Note [Whole-matrix partitions] in flat_layout.cpp);
+  // stage 0 steps the whole buffer on every rank and needs no such layout.
+  std::vector<FlatLayout::Entry> laid = entries;
+  if (options.muon && options.stage > 0)
+    for (FlatLayout::Entry& e : laid) e.whole = optim::is_muon_matrix(e.name, e.shape);
+  plan.layout = FlatLayout(laid, world_size);
   ZERO_CHECK(plan.layout.numel() > 0, "ZeRO: no trainable parameter elements ({} trainable parameters given)",
              entries.size());
   plan.options = options;

@@ -114,6 +114,13 @@ struct ZeroOptions {
   optim::LossScalerConfig fp16;         // used only when dtype == f16
   optim::AdamWOptions adam;
   float weight_decay = 0.0f;  // AdamW decay, for parameters whose decay flag is set
+  // Muon (optim/muon.h) for the hidden matrices (optim::is_muon_matrix), AdamW (`adam`) for the rest, one
+  // lr and weight decay (Note [Muon update scale] in optim/muon.cpp). At stages 1-3 the layout keeps each
+  // matrix inside one partition, so its owner steps it whole (Note [Whole-matrix partitions] in
+  // flat_layout.cpp).
+  bool muon = false;
+  float muon_momentum = 0.95f;  // in [0, 1), Nesterov
+  int muon_ns_steps = 5;        // >= 1
   NonfiniteGrads nonfinite_grads = NonfiniteGrads::error;  // f32/bf16 only (Note [Non-finite gradients])
   // f32/bf16 with nonfinite_grads = skip: the consecutive skipped steps that stop training (step()
   // throws NonfiniteSkipLimitError at the limit-th); 0 = never stop. The default is fp16's

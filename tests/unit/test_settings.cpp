@@ -224,7 +224,8 @@ TEST(SettingsDocs, ConfigMdKeyTablesMatchTheTable) {
   }
   for (const auto& [sec, keys] : want) {
     std::vector<std::string> documented;
-    for (const auto& r : rows[sec]) documented.push_back(r.first);
+    for (const auto& r : rows[sec])  // nested keys (optimizer's params.lr) are the section parser's, not the table's
+      if (r.first.find('.') == std::string::npos) documented.push_back(r.first);
     EXPECT_EQ(documented, keys) << "docs/config.md's table of section '" << sec << "'";
   }
 }
