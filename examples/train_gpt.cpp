@@ -436,9 +436,11 @@ void TrainingRun::build_model() {
   model_.emplace(cfg_, init_gen_);
   model_->set_recompute(autograd::parse_recompute(tc_.activation_checkpointing.recompute_granularity));
   if (resume_) dist::check_parameters(*resume_, model_->named_parameters());
-  if (!a_.init_from.empty())
-    dist::load_weights(a_.init_from, model_->named_parameters(), a_.allow_non_finite_weights);
   num_params_ = model_->num_parameters();
+  if (!a_.init_from.empty()) {
+    dist::load_weights(a_.init_from, model_->named_parameters(), a_.allow_non_finite_weights);
+    if (lead_) fmt::print("init-from: {} parameters of a {}-layer model from {}\n", num_params_, a_.n_layer, a_.init_from);
+  }
   model_->to(device_);  // before the optimizer builds its flat buffers (on the same device)
 }
 

@@ -457,6 +457,27 @@ TEST_F(CheckpointCli, InitFromStartsFromTheWeights) {
   EXPECT_LT(worst, 1e-5);
   // A file that does not fit the model names the tensor.
   expect_one_line_error(train("--steps 1 --n-embd 32 --init-from " + weights), {"wte.weight"});
+  // A deeper file is refused, not loaded in part: a 2-layer file holds blocks.1.* that a 1-layer model
+  // lacks; a 1-layer file lacks the blocks.1.* of a 2-layer model.
+  ASSERT_EQ(train("--steps 1 --n-layer 2 --save-dir " + p("c")).exit_code, 0);
+  expect_one_line_error(train("--steps 1 --init-from " + p("c/step_00000001/model.safetensors")),
+                        {"model.safetensors' holds", "'blocks.1.ln1.weight'", "this model lacks"});
+  expect_one_line_error(train("--steps 1 --n-layer 2 --init-from " + weights),
+                        {"model.safetensors' lacks", "'blocks.1.ln1.weight'", "of this model"});
+}
+
+TEST_F(CheckpointCli, InitFromSaysWhatItLoaded) {
+  ASSERT_EQ(train("--steps 1 --n-layer 2 --save-dir " + p("a")).exit_code, 0);
+  const std::string weights = p("a/step_00000001/model.safetensors");
+  const Result r = train("--steps 1 --n-layer 2 --init-from " + weights);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The parameter count of the file, summed independently of the program.
+  const zero::safetensors::Reader file(weights);
+  std::int64_t n = 0;
+  for (const auto& t : file.tensors()) n += t.numel();
+  EXPECT_NE(r.output.find(fmt::format("init-from: {} parameters of a 2-layer model from {}\n", n, weights)),
+            std::string::npos)
+      << r.output;
 }
 
 // Weights that break training, made from a real run's model.safetensors: every value times `scale`,
