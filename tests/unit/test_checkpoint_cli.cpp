@@ -414,6 +414,22 @@ TEST_F(CheckpointCli, BadCheckpointsGiveOneLine) {
   expect_one_line_error(train("--steps 4 --resume " + p("emptysave")), {"emptysave", "no checkpoint"});
 }
 
+TEST_F(CheckpointCli, ResumedBatchThatDoesNotSplitNamesTheCheckpointAndBatch) {
+  ASSERT_EQ(train("--steps 2 --save-dir " + p("a")).exit_code, 0);
+  // The checkpoint's global batch 24 does not split into 5 ranks; no batch flag was given (tiny() gives one).
+  const std::string resume = mpirun(5) + bin("train_gpt") + " --threads 1 --sample 0 --resume " + p("a");
+  const Result r = run(resume);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("error: --resume: the checkpoint's global batch 24 does not split into 5 rank(s) x 1 "
+                          "accumulation step(s); give --batch B (a positive multiple of 5)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("train_batch_size"), std::string::npos) << r.output;
+  // --batch as the message says: the run goes on.
+  const Result fixed = run(resume + " --batch 25 --steps 3");
+  EXPECT_EQ(fixed.exit_code, 0) << fixed.output;
+}
+
 TEST_F(CheckpointCli, SampleGptPrintsTrainGptsSample) {
   // fp16, so sample_gpt must round the fp32 weights as train_gpt's model holds them.
   const Result t = train("--sample 120 --steps 6 --dtype fp16 --seed 7 --save-dir " + p("ck"));

@@ -165,6 +165,18 @@ TEST_F(TrainGptCli, AMisspeltConfigKeyIsAnErrorWithASuggestion) {
                 "; did you mean 'zero_optimization.stage'?\n");
 }
 
+TEST_F(TrainGptCli, ConfigBatchKeysThatDisagreeNameTheFile) {
+  // DeepSpeed derives GAS = 12 / 5 / 1 = 2 (integer division), and 12 != 5 x 2 x 1 rank: the batch rule,
+  // broken by the file's own keys.
+  std::ofstream(dir_ / "ds.json") << R"({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 5})";
+  const Result r = run_train_gpt("--data " + path("text.txt") + " --steps 2 --sample 0 --config " + path("ds.json"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(zero::testing::without_source_locations(r.output),
+            "error: invalid config key 'train_batch_size' in " + path("ds.json") +
+                ": train_batch_size (12) must equal train_micro_batch_size_per_gpu (5) * gradient_accumulation_steps "
+                "(2, derived) * world_size (1) = 10\n");
+}
+
 TEST_F(TrainGptCli, TinyRunWritesMetrics) {
   const fs::path metrics = dir_ / "ok.json";
   const Result r = run_train_gpt("--data " + path("text.txt") +
