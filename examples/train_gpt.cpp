@@ -239,16 +239,21 @@ struct Setup {
 // One run of train_gpt, phase by phase: its setup (the merged config, the save-directory lock, the
 // data, the checkpoint to resume, the model, the optimizer and its restored state, the per-step log,
 // the trace), its loop (one optimizer step, its log line, progress, evaluation, checkpoint, stop
-// requests), its end (a last checkpoint when resumed at the end, the final evaluation, the trace
-// file) and its report (the summary, a sample, --metrics). Every rank runs the same phases and so
-// issues the same collectives in the same order.
+// requests), its end (the final evaluation, the trace file) and its report (the summary, a sample,
+// --metrics). A run resumed from a checkpoint of its last step has none of them: it copies that
+// checkpoint into --save-dir when it is not there and says there is nothing to do. Every rank runs
+// the same phases and so issues the same collectives in the same order.
 class TrainingRun {
  public:
   TrainingRun(const Setup& setup, dist::Communicator& comm);
+  /// Resumed from a checkpoint of the last step: there is nothing to train.
+  bool at_end() const { return resume_.has_value() && first_step_ >= a_.steps; }
+  /// For a run at_end(): copies the checkpoint into --save-dir when it is not there already, and says
+  /// that there is nothing to do. The log, the metrics and the trace are left untouched.
+  void finish_at_end();
   /// The training loop. An exit code when every rank agreed to stop early (after its checkpoint).
   std::optional<int> train();
-  /// After the last step: the end-of-run checkpoint of a run resumed at its end, the final
-  /// evaluation, and the trace of every rank.
+  /// After the last step: the final evaluation, and the trace of every rank.
   void finish();
   /// The summary lines, the sample and the --metrics file.
   void report();
@@ -355,6 +360,7 @@ TrainingRun::TrainingRun(const Setup& setup, dist::Communicator& comm)
   build_model();
   build_optimizer();
   restore();
+  if (at_end()) return;  // finish_at_end: nothing to log, trace or summarise
   comm_.ledger().reset();  // count training traffic only (not the initial broadcast of the weights)
   open_log();
   std::tie(trace_first_, trace_last_) = examples::trace_range(a_);
@@ -747,12 +753,16 @@ int TrainingRun::stop_run(const examples::StopDecision& d, std::int64_t done) {
   return 128 + d.signal;
 }
 
-void TrainingRun::finish() {
-  // Resumed at the end: the final checkpoint must still exist in --save-dir (it may have come from elsewhere).
-  if (steps_run_ == 0 && !a_.save_dir.empty() &&
+void TrainingRun::finish_at_end() {
+  // The final checkpoint must still exist in --save-dir (it may have come from elsewhere).
+  if (!a_.save_dir.empty() &&
       std::filesystem::weakly_canonical(resume_->dir) !=
           std::filesystem::weakly_canonical(std::filesystem::path(a_.save_dir) / dist::checkpoint_name(a_.steps)))
     save(a_.steps);
+  if (lead_) fmt::print("nothing to do: the checkpoint is already at step {} of {}\n", first_step_, a_.steps);
+}
+
+void TrainingRun::finish() {
   if (!evaluated_last_) evaluate_and_log(a_.steps);
   // The trace: every rank's events into one file, and how much communication compute hid.
   if (!a_.trace.empty()) {
@@ -906,6 +916,10 @@ void TrainingRun::write_metrics(const Summary& s) const {
 
 int run(const Setup& setup, dist::Communicator& comm) {
   TrainingRun training(setup, comm);
+  if (training.at_end()) {
+    training.finish_at_end();
+    return 0;
+  }
   if (const std::optional<int> stopped = training.train()) return *stopped;
   training.finish();
   training.report();

@@ -430,6 +430,23 @@ TEST_F(CheckpointCli, ResumedBatchThatDoesNotSplitNamesTheCheckpointAndBatch) {
   EXPECT_EQ(fixed.exit_code, 0) << fixed.output;
 }
 
+TEST_F(CheckpointCli, ResumingAFinishedRunHasNothingToDo) {
+  ASSERT_EQ(train("--steps 3 --eval-every 3 --save-dir " + p("a") + " --log-file " + p("a/log.jsonl")).exit_code, 0);
+  const std::string log = slurp(p("a/log.jsonl"));
+  ASSERT_NE(log.find("\"val_loss\""), std::string::npos) << log;
+  for (int np : {1, 2}) {
+    const Result r = train("--resume " + p("a") + " --save-dir " + p("a") + " --log-file " + p("a/log.jsonl"), np);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("nothing to do: the checkpoint is already at step 3 of 3\n"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("done:"), std::string::npos) << r.output;
+    EXPECT_EQ(slurp(p("a/log.jsonl")), log) << "the log holds every step once";
+  }
+  // Into another save dir: the final checkpoint is copied there.
+  const Result other = train("--resume " + p("a") + " --save-dir " + p("b"));
+  EXPECT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_TRUE(fs::exists(p("b/step_00000003/model.safetensors"))) << other.output;
+}
+
 TEST_F(CheckpointCli, SampleGptPrintsTrainGptsSample) {
   // fp16, so sample_gpt must round the fp32 weights as train_gpt's model holds them.
   const Result t = train("--sample 120 --steps 6 --dtype fp16 --seed 7 --save-dir " + p("ck"));
