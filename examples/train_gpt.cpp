@@ -428,6 +428,8 @@ void TrainingRun::build_model() {
   cfg_.n_embd = a_.n_embd;
   cfg_.dropout = a_.dropout;
   cfg_.norm = a_.norm;
+  ZERO_CHECK(a_.n_head <= 0 || a_.n_embd % a_.n_head == 0, "--n-embd {} is not divisible by --n-head {} (each head "
+             "gets n_embd / n_head channels)", a_.n_embd, a_.n_head);
   cfg_.validate();
   // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -954,8 +956,13 @@ int main(int argc, char** argv) {
     examples::apply_step_cap(a);
     // Under mpirun rank 0 alone picks the checkpoint a directory names (Note [One resolution]).
     std::string chosen;
-    if (const std::string path = examples::checkpoint_path(a); !path.empty() && dist::launcher_size() > 1)
-      chosen = dist::resolve_checkpoint(path, *dist::mpi_world());
+    if (const std::string path = examples::checkpoint_path(a); !path.empty() && dist::launcher_size() > 1) {
+      try {
+        chosen = dist::resolve_checkpoint(path, *dist::mpi_world());
+      } catch (const Error& e) {  // named by the flag, as take_checkpoint_settings does
+        throw Error(fmt::format("{}: {}", a.resume.empty() ? "--init-from" : "--resume", e.what()), e.location());
+      }
+    }
     setup.from = examples::take_checkpoint_settings(a, setup.given, chosen);
     examples::apply_step_cap(a);  // on what the checkpoint set too
     if (a.data.empty()) {

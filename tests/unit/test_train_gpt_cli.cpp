@@ -77,7 +77,12 @@ TEST_F(TrainGptCli, BlockLongerThanText) {
   expect_clean_failure("--data " + path("short.txt") + " --block 64", "--block 64");
 }
 TEST_F(TrainGptCli, EmbdNotDivisibleByHeads) {
-  expect_clean_failure("--data " + path("text.txt") + " --n-embd 30 --n-head 4", "divisible");
+  expect_clean_failure("--data " + path("text.txt") + " --n-embd 30 --n-head 4", "--n-embd 30 is not divisible by --n-head 4");
+}
+TEST_F(TrainGptCli, MissingCheckpointNamesTheFlag) {
+  expect_clean_failure("--data " + path("text.txt") + " --resume " + path("gone"), "--resume: checkpoint '" + path("gone"));
+  expect_clean_failure("--data " + path("text.txt") + " --init-from " + path("gone.safetensors"),
+                       "--init-from '" + path("gone.safetensors") + "' does not exist");
 }
 TEST_F(TrainGptCli, NonPositiveSteps) {
   const Result r = run_train_gpt("--data " + path("text.txt") + " --steps 0");
