@@ -182,6 +182,30 @@ TEST_F(TrainGptCli, ConfigBatchKeysThatDisagreeNameTheFile) {
                 "(2, derived) * world_size (1) = 10\n");
 }
 
+// README's start-up summary (4 ranks, stage 2, fp16, the default model on a 65-character vocabulary, as
+// Tiny Shakespeare's) is what train_gpt prints: the block appears, line after line, in a real run's output.
+TEST_F(TrainGptCli, ReadmeStartupSummaryIsWhatFourRanksPrint) {
+  const fs::path readme = fs::path(zero::testing::docs_dir()).parent_path() / "README.md";
+  if (!fs::exists(readme)) GTEST_SKIP() << "no README.md beside " << zero::testing::docs_dir();
+  std::ifstream in(readme);
+  const std::string doc{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::size_t intro = doc.find("Rank 0 prints a start-up summary");
+  ASSERT_NE(intro, std::string::npos);
+  const std::size_t begin = doc.find("```\n", intro) + 4, end = doc.find("```", begin);
+  const std::string block = doc.substr(begin, end - begin);
+  ASSERT_NE(block.find("data parallel:"), std::string::npos) << block;
+  // 65 distinct characters, as Tiny Shakespeare has.
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += static_cast<char>(32 + (i * 37 + i / 65) % 65);
+  std::ofstream(dir_ / "v65.txt") << text;
+  const Result r = run_command(std::string(ZERO_MPIRUN) + " -np 4 " + zero::testing::bin_dir() + "/train_gpt --data " +
+                               path("v65.txt") + " --zero-stage 2 --dtype fp16 --steps 1 --eval-iters 1 --sample 0 "
+                               "--threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(block), std::string::npos) << "README's lines are not printed as they stand:\n"
+                                                     << block << "output:\n" << r.output;
+}
+
 TEST_F(TrainGptCli, TinyRunWritesMetrics) {
   const fs::path metrics = dir_ / "ok.json";
   const Result r = run_train_gpt("--data " + path("text.txt") +
