@@ -108,7 +108,9 @@ std::string resume_command(const std::vector<std::string>& argv, const std::stri
     words.push_back(launcher);  // already a command line: not quoted again
     if (const char* added = std::getenv("ZERO_LAUNCHER_ARGS")) first += static_cast<std::size_t>(std::atoi(added));
   } else {
-    if (world > 1) words.push_back(fmt::format("mpirun -np {}", world));
+    // mpirun's own options (--hostfile, --allow-run-as-root, ...) never reach the program: a placeholder
+    // says where they go rather than a command that would fail without them.
+    if (world > 1) words.push_back("mpirun [the options it was launched with; any -np]");
     words.push_back(shell_quote(argv.empty() ? "train_gpt" : argv[0]));
   }
   for (std::size_t i = first; i < argv.size(); ++i) {

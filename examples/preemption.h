@@ -37,7 +37,9 @@ StopDecision agree_to_stop(dist::Communicator& comm);
 std::string signal_name(int signal);
 
 /// The command that continues this run from `save_dir`: `argv` with any --resume/--init-from (and
-/// their values) replaced by `--resume save_dir`, shell-quoted, behind `mpirun -np N` when world > 1.
+/// their values) replaced by `--resume save_dir`, shell-quoted, behind "mpirun [the options it was
+/// launched with; any -np]" when world > 1 (mpirun's options are not known to the program; `world` is
+/// only tested for > 1).
 /// A launcher that wraps train_gpt names itself instead through the environment: ZERO_LAUNCHER (e.g.
 /// "scripts/launch.sh -n 4") replaces the program name, and ZERO_LAUNCHER_ARGS (a count) drops that
 /// many leading arguments, the ones the launcher added.

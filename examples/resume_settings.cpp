@@ -139,10 +139,16 @@ std::string checkpoint_path(const Args& a) {
 CheckpointSettings take_checkpoint_settings(Args& a, const Given& given, const std::string& resolved) {
   CheckpointSettings c;
   const bool resume = !a.resume.empty();
+  ZERO_CHECK(a.init_from.empty() || fs::exists(a.init_from), "--init-from '{}' does not exist (give a model.safetensors "
+             "file, or a checkpoint or save directory)", a.init_from);
   const std::string path = checkpoint_path(a);
   if (path.empty()) return c;
-  c.dir = resolved.empty() ? dist::resolve_checkpoint(path) : resolved;
-  c.state = dist::read_state(c.dir);
+  try {
+    c.dir = resolved.empty() ? dist::resolve_checkpoint(path) : resolved;
+    c.state = dist::read_state(c.dir);
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", resume ? "--resume" : "--init-from", e.what()), e.location());
+  }
   take(a, given, c, /*shape_only=*/!resume, c.warnings);
   if (!resume) {
     a.init_from = (fs::path(c.dir) / "model.safetensors").string();

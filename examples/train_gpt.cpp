@@ -241,16 +241,21 @@ struct Setup {
 // One run of train_gpt, phase by phase: its setup (the merged config, the save-directory lock, the
 // data, the checkpoint to resume, the model, the optimizer and its restored state, the per-step log,
 // the trace), its loop (one optimizer step, its log line, progress, evaluation, checkpoint, stop
-// requests), its end (a last checkpoint when resumed at the end, the final evaluation, the trace
-// file) and its report (the summary, a sample, --metrics). Every rank runs the same phases and so
-// issues the same collectives in the same order.
+// requests), its end (the final evaluation, the trace file) and its report (the summary, a sample,
+// --metrics). A run resumed from a checkpoint of its last step has none of them: it copies that
+// checkpoint into --save-dir when it is not there and says there is nothing to do. Every rank runs
+// the same phases and so issues the same collectives in the same order.
 class TrainingRun {
  public:
   TrainingRun(const Setup& setup, dist::Communicator& comm);
+  /// Resumed from a checkpoint of the last step: there is nothing to train.
+  bool at_end() const { return resume_.has_value() && first_step_ >= a_.steps; }
+  /// For a run at_end(): copies the checkpoint into --save-dir when it is not there already, and says
+  /// that there is nothing to do. The log, the metrics and the trace are left untouched.
+  void finish_at_end();
   /// The training loop. An exit code when every rank agreed to stop early (after its checkpoint).
   std::optional<int> train();
-  /// After the last step: the end-of-run checkpoint of a run resumed at its end, the final
-  /// evaluation, and the trace of every rank.
+  /// After the last step: the final evaluation, and the trace of every rank.
   void finish();
   /// The summary lines, the sample and the --metrics file.
   void report();
@@ -357,6 +362,7 @@ TrainingRun::TrainingRun(const Setup& setup, dist::Communicator& comm)
   build_model();
   build_optimizer();
   restore();
+  if (at_end()) return;  // finish_at_end: nothing to log, trace or summarise
   comm_.ledger().reset();  // count training traffic only (not the initial broadcast of the weights)
   open_log();
   std::tie(trace_first_, trace_last_) = examples::trace_range(a_);
@@ -424,6 +430,8 @@ void TrainingRun::build_model() {
   cfg_.n_embd = a_.n_embd;
   cfg_.dropout = a_.dropout;
   examples::copy_model_options(a_.variant, cfg_);
+  ZERO_CHECK(a_.n_head <= 0 || a_.n_embd % a_.n_head == 0, "--n-embd {} is not divisible by --n-head {} (each head "
+             "gets n_embd / n_head channels)", a_.n_embd, a_.n_head);
   cfg_.validate();
   // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -438,9 +446,11 @@ void TrainingRun::build_model() {
   model_.emplace(cfg_, init_gen_);
   model_->set_recompute(autograd::parse_recompute(tc_.activation_checkpointing.recompute_granularity));
   if (resume_) dist::check_parameters(*resume_, model_->named_parameters());
-  if (!a_.init_from.empty())
-    dist::load_weights(a_.init_from, model_->named_parameters(), a_.allow_non_finite_weights);
   num_params_ = model_->num_parameters();
+  if (!a_.init_from.empty()) {
+    dist::load_weights(a_.init_from, model_->named_parameters(), a_.allow_non_finite_weights);
+    if (lead_) fmt::print("init-from: {} parameters of a {}-layer model from {}\n", num_params_, a_.n_layer, a_.init_from);
+  }
   model_->to(device_);  // before the optimizer builds its flat buffers (on the same device)
 }
 
@@ -757,12 +767,16 @@ int TrainingRun::stop_run(const examples::StopDecision& d, std::int64_t done) {
   return 128 + d.signal;
 }
 
-void TrainingRun::finish() {
-  // Resumed at the end: the final checkpoint must still exist in --save-dir (it may have come from elsewhere).
-  if (steps_run_ == 0 && !a_.save_dir.empty() &&
+void TrainingRun::finish_at_end() {
+  // The final checkpoint must still exist in --save-dir (it may have come from elsewhere).
+  if (!a_.save_dir.empty() &&
       std::filesystem::weakly_canonical(resume_->dir) !=
           std::filesystem::weakly_canonical(std::filesystem::path(a_.save_dir) / dist::checkpoint_name(a_.steps)))
     save(a_.steps);
+  if (lead_) fmt::print("nothing to do: the checkpoint is already at step {} of {}\n", first_step_, a_.steps);
+}
+
+void TrainingRun::finish() {
   if (!evaluated_last_) evaluate_and_log(a_.steps);
   // The trace: every rank's events into one file, and how much communication compute hid.
   if (!a_.trace.empty()) {
@@ -916,6 +930,10 @@ void TrainingRun::write_metrics(const Summary& s) const {
 
 int run(const Setup& setup, dist::Communicator& comm) {
   TrainingRun training(setup, comm);
+  if (training.at_end()) {
+    training.finish_at_end();
+    return 0;
+  }
   if (const std::optional<int> stopped = training.train()) return *stopped;
   training.finish();
   training.report();
@@ -950,8 +968,13 @@ int main(int argc, char** argv) {
     examples::apply_step_cap(a);
     // Under mpirun rank 0 alone picks the checkpoint a directory names (Note [One resolution]).
     std::string chosen;
-    if (const std::string path = examples::checkpoint_path(a); !path.empty() && dist::launcher_size() > 1)
-      chosen = dist::resolve_checkpoint(path, *dist::mpi_world());
+    if (const std::string path = examples::checkpoint_path(a); !path.empty() && dist::launcher_size() > 1) {
+      try {
+        chosen = dist::resolve_checkpoint(path, *dist::mpi_world());
+      } catch (const Error& e) {  // named by the flag, as take_checkpoint_settings does
+        throw Error(fmt::format("{}: {}", a.resume.empty() ? "--init-from" : "--resume", e.what()), e.location());
+      }
+    }
     setup.from = examples::take_checkpoint_settings(a, setup.given, chosen);
     examples::apply_step_cap(a);  // on what the checkpoint set too
     if (a.data.empty()) {

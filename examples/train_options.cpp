@@ -295,6 +295,13 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
       if (a.min_scale_skip_limit > 0) cfg.fp16.min_scale_skip_limit = a.min_scale_skip_limit;
     }
     check_flag_rules(cfg, given);
+    // A resumed run's batch that no flag or file set is the checkpoint's: say so, and which flag fixes it.
+    const bool checkpoint_batch = resumed != nullptr && !given.has("--batch") && a.config.empty();
+    const std::int64_t per_step = static_cast<std::int64_t>(world_size) * cfg.gradient_accumulation_steps.value_or(1);
+    ZERO_CHECK(!checkpoint_batch || !cfg.train_batch_size || *cfg.train_batch_size % per_step == 0,
+               "--resume: the checkpoint's global batch {} does not split into {} rank(s) x {} accumulation step(s); "
+               "give --batch B (a positive multiple of {})", *cfg.train_batch_size, world_size, per_step / world_size,
+               per_step);
     cfg.resolve_batch(world_size);
   };
   return merge_config(base, source, a.settings, [&](std::string_view f) { return given.has(f); }, program_flags);

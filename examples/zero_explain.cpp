@@ -17,7 +17,10 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -887,7 +890,21 @@ void print_text(const Explained& e, const Args& a) {
   }
 }
 
+// The --svg file is tried before any work, as train_gpt tries its outputs: opened for appending (created
+// if missing, then removed again), so a path that cannot be written stops with one line naming it.
+void probe_svg(const std::string& path) {
+  ZERO_CHECK(!std::filesystem::is_directory(path), "--svg '{}' is a directory; give a file path", path);
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  {
+    std::ofstream out(path, std::ios::app);
+    ZERO_CHECK(out.good(), "--svg '{}': cannot open it for writing ({})", path, std::strerror(errno));
+  }
+  if (!existed) std::filesystem::remove(path, ec);
+}
+
 int run(const Args& a, const CLI::App& app) {
+  if (!a.svg.empty()) probe_svg(a.svg);
   const Explained e = explain(a, app);
   if (a.format == "json")
     print_json(e, a);

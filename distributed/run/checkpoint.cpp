@@ -1,6 +1,7 @@
 #include "distributed/run/checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -977,10 +979,25 @@ LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator
 void load_weights(const std::string& path, const std::vector<nn::NamedParameter>& params, bool allow_non_finite) {
   ZERO_CHECK(fs::exists(path), "weights file '{}' does not exist", path);
   st::Reader r(path);
+  // The names on one side only, all of them in the message (a whole block is a dozen tensors).
+  std::vector<std::string> missing, extra;
+  std::set<std::string> names;
+  for (const nn::NamedParameter& p : params) {
+    names.insert(p.name);
+    if (p.tensor.requires_grad() && r.find(p.name) == nullptr) missing.push_back(p.name);
+  }
+  for (const st::TensorInfo& t : r.tensors())
+    if (names.count(t.name) == 0) extra.push_back(t.name);
+  const auto listed = [](const std::vector<std::string>& v) {
+    return fmt::format("{} tensor(s) ('{}')", v.size(), fmt::join(v, "', '"));
+  };
+  ZERO_CHECK(missing.empty(), "'{}' lacks {} of this model: its model has another shape (give the model flags it was "
+             "trained with)", path, listed(missing));
+  ZERO_CHECK(extra.empty(), "'{}' holds {} this model lacks: its model has another shape (give the model flags it was "
+             "trained with)", path, listed(extra));
   for (const nn::NamedParameter& p : params) {
     if (!p.tensor.requires_grad()) continue;
     const st::TensorInfo* t = r.find(p.name);
-    ZERO_CHECK(t != nullptr, "'{}' has no tensor '{}'", path, p.name);
     ZERO_CHECK(t->dtype == DType::f32, "'{}': tensor '{}' is {}, expected F32", path, p.name, st::dtype_code(t->dtype));
     ZERO_CHECK(t->shape == p.tensor.shape(), "'{}': tensor '{}' has shape {} in the file but {} in this model", path,
                p.name, shape_str(t->shape), shape_str(p.tensor.shape()));

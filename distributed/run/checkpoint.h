@@ -146,8 +146,10 @@ LoadResult load_checkpoint(const Checkpoint& ckpt, ZeroOptimizer& opt, Communica
 
 /// Copies the F32 tensors of safetensors file `path` into the parameters of the same names (before a
 /// ZeroOptimizer takes them over). Every trainable parameter must be present with its shape and F32,
-/// and hold finite values only unless `allow_non_finite`; checked for all before any is written.
-/// Throws zero::Error naming the file and the culprit (the tensor, and for a NaN / inf its element).
+/// every tensor of the file must be a parameter of the model (a file of a deeper model is refused, not
+/// loaded in part), and the values finite unless `allow_non_finite`; checked for all before any is
+/// written. Throws zero::Error naming the file and the culprit (the tensors either side lacks, the
+/// tensor of a wrong shape or dtype, and for a NaN / inf its element).
 void load_weights(const std::string& path, const std::vector<nn::NamedParameter>& params,
                   bool allow_non_finite = false);
 

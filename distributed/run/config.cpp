@@ -372,14 +372,14 @@ SchedulerConfig parse_scheduler(Section s) {
 }
 
 // The batch rule's check: train == micro * gas * world, every value >= 1. `how` labels each value
-// ("", or ", derived") so the message says which ones came from the file.
-void check_batch(std::int64_t train, std::int64_t micro, std::int64_t gas, int world, const char* how_train,
-                 const char* how_micro, const char* how_gas) {
+// ("", or ", derived") so the message says which ones came from the file; `source` is the file ("" none).
+void check_batch(const std::string& source, std::int64_t train, std::int64_t micro, std::int64_t gas, int world,
+                 const char* how_train, const char* how_micro, const char* how_gas) {
   std::int64_t product = 0;
   const bool overflow = __builtin_mul_overflow(micro, gas, &product) ||
                         __builtin_mul_overflow(product, static_cast<std::int64_t>(world), &product);
   if (train >= 1 && micro >= 1 && gas >= 1 && !overflow && product == train) return;
-  fail("", "train_batch_size",
+  fail(source, "train_batch_size",
        fmt::format("train_batch_size ({}{}) must equal train_micro_batch_size_per_gpu ({}{}) * "
                    "gradient_accumulation_steps ({}{}) * world_size ({}) = {}",
                    train, how_train, micro, how_micro, gas, how_gas, world,
@@ -402,7 +402,7 @@ void validate_batch(const TrainingConfig& c, const Where& src) {
   if (c.world_size() > 0) {
     if (!c.train_batch_size || !c.train_micro_batch_size_per_gpu || !c.gradient_accumulation_steps)
       fail(src, "train_batch_size", "a batch key was unset after resolve_batch; call resolve_batch again");
-    check_batch(*c.train_batch_size, *c.train_micro_batch_size_per_gpu, *c.gradient_accumulation_steps, c.world_size(),
+    check_batch(src.file, *c.train_batch_size, *c.train_micro_batch_size_per_gpu, *c.gradient_accumulation_steps, c.world_size(),
                 "", "", "");
   }
 }
@@ -795,10 +795,10 @@ void TrainingConfig::resolve_batch(int world_size) {
     train = t;
     how_gas = how_train = derived;
   } else {
-    fail("", "train_batch_size",
+    fail(source_, "train_batch_size",
          "neither train_batch_size nor train_micro_batch_size_per_gpu is set; set at least one of them");
   }
-  check_batch(*train, *micro, *gas, world_size, how_train, how_micro, how_gas);
+  check_batch(source_, *train, *micro, *gas, world_size, how_train, how_micro, how_gas);
   train_batch_size = train;
   train_micro_batch_size_per_gpu = micro;
   gradient_accumulation_steps = gas;

@@ -219,10 +219,10 @@ struct TrainingConfig {
   ///   micro only                       -> GAS = 1, train = micro * world_size;
   ///   neither train nor micro          -> error.
   /// (integer division, as DeepSpeed.) Then train == micro * GAS * world_size must hold, with every
-  /// value >= 1; otherwise throws zero::Error naming all three values and world_size, and leaves the
-  /// config unchanged. Throws zero::Error for world_size < 1. Apply command-line overrides of batch
-  /// keys before calling it (an override that replaces a given key should reset the one it conflicts
-  /// with to nullopt).
+  /// value >= 1; otherwise throws zero::Error naming all three values, world_size and the file the
+  /// config came from (parse_for_merge's `source`), and leaves the config unchanged. Throws
+  /// zero::Error for world_size < 1. Apply command-line overrides of batch keys before calling it (an
+  /// override that replaces a given key should reset the one it conflicts with to nullopt).
   void resolve_batch(int world_size);
 
   /// World size passed to resolve_batch; 0 before.

@@ -2,8 +2,13 @@
 // random points, data-parallel with ZeRO stage 2 over however many ranks mpirun starts. Each rank
 // draws its own points; the optimizer averages gradients and keeps only this rank's Adam partition.
 //   mpirun -np 2 ./mlp_zero        (exits 1 unless the loss fell at least 10x)
+//   mpirun -np 2 ./mlp_zero 3      (another ZeRO stage; a bad one is the library's one-line error, exit 1)
+// A zero::Error (any exception) from the library ends the job through dist::fail_job: one line for the
+// whole job and exit code 1, where an uncaught exception would abort every rank.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <memory>
 #include <vector>
 
@@ -20,12 +25,12 @@ struct MLP : nn::Module {
   std::shared_ptr<nn::Linear> fc1, fc2;
 };
 
-int main() {
+int train(int stage) {
   auto world = dist::mpi_world();
   Generator init(42), data(1000 + world->rank());  // same weights everywhere, different points per rank
   MLP model(init);
   dist::ZeroOptions opts;
-  opts.stage = 2;
+  opts.stage = stage;
   opts.adam.lr = 1e-2f;
   dist::ZeroOptimizer opt(model.named_parameters(), world, opts);
   double first = 0, loss_mean = 0;
@@ -43,4 +48,12 @@ int main() {
       std::printf("step %3d  mse %.4f  (%d ranks, ZeRO stage %d)\n", step, loss_mean, world->world_size(), opts.stage);
   }
   return loss_mean < first / 10 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return train(argc > 1 ? std::atoi(argv[1]) : 2);
+  } catch (const std::exception& e) {
+    dist::fail_job(e);  // prints "error: ..." once for the job, exits 1
+  }
 }

@@ -414,6 +414,39 @@ TEST_F(CheckpointCli, BadCheckpointsGiveOneLine) {
   expect_one_line_error(train("--steps 4 --resume " + p("emptysave")), {"emptysave", "no checkpoint"});
 }
 
+TEST_F(CheckpointCli, ResumedBatchThatDoesNotSplitNamesTheCheckpointAndBatch) {
+  ASSERT_EQ(train("--steps 2 --save-dir " + p("a")).exit_code, 0);
+  // The checkpoint's global batch 24 does not split into 5 ranks; no batch flag was given (tiny() gives one).
+  const std::string resume = mpirun(5) + bin("train_gpt") + " --threads 1 --sample 0 --resume " + p("a");
+  const Result r = run(resume);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("error: --resume: the checkpoint's global batch 24 does not split into 5 rank(s) x 1 "
+                          "accumulation step(s); give --batch B (a positive multiple of 5)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("train_batch_size"), std::string::npos) << r.output;
+  // --batch as the message says: the run goes on.
+  const Result fixed = run(resume + " --batch 25 --steps 3");
+  EXPECT_EQ(fixed.exit_code, 0) << fixed.output;
+}
+
+TEST_F(CheckpointCli, ResumingAFinishedRunHasNothingToDo) {
+  ASSERT_EQ(train("--steps 3 --eval-every 3 --save-dir " + p("a") + " --log-file " + p("a/log.jsonl")).exit_code, 0);
+  const std::string log = slurp(p("a/log.jsonl"));
+  ASSERT_NE(log.find("\"val_loss\""), std::string::npos) << log;
+  for (int np : {1, 2}) {
+    const Result r = train("--resume " + p("a") + " --save-dir " + p("a") + " --log-file " + p("a/log.jsonl"), np);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("nothing to do: the checkpoint is already at step 3 of 3\n"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("done:"), std::string::npos) << r.output;
+    EXPECT_EQ(slurp(p("a/log.jsonl")), log) << "the log holds every step once";
+  }
+  // Into another save dir: the final checkpoint is copied there.
+  const Result other = train("--resume " + p("a") + " --save-dir " + p("b"));
+  EXPECT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_TRUE(fs::exists(p("b/step_00000003/model.safetensors"))) << other.output;
+}
+
 TEST_F(CheckpointCli, SampleGptPrintsTrainGptsSample) {
   // fp16, so sample_gpt must round the fp32 weights as train_gpt's model holds them.
   const Result t = train("--sample 120 --steps 6 --dtype fp16 --seed 7 --save-dir " + p("ck"));
@@ -457,6 +490,27 @@ TEST_F(CheckpointCli, InitFromStartsFromTheWeights) {
   EXPECT_LT(worst, 1e-5);
   // A file that does not fit the model names the tensor.
   expect_one_line_error(train("--steps 1 --n-embd 32 --init-from " + weights), {"wte.weight"});
+  // A deeper file is refused, not loaded in part: a 2-layer file holds blocks.1.* that a 1-layer model
+  // lacks; a 1-layer file lacks the blocks.1.* of a 2-layer model.
+  ASSERT_EQ(train("--steps 1 --n-layer 2 --save-dir " + p("c")).exit_code, 0);
+  expect_one_line_error(train("--steps 1 --init-from " + p("c/step_00000001/model.safetensors")),
+                        {"model.safetensors' holds", "'blocks.1.ln1.weight'", "this model lacks"});
+  expect_one_line_error(train("--steps 1 --n-layer 2 --init-from " + weights),
+                        {"model.safetensors' lacks", "'blocks.1.ln1.weight'", "of this model"});
+}
+
+TEST_F(CheckpointCli, InitFromSaysWhatItLoaded) {
+  ASSERT_EQ(train("--steps 1 --n-layer 2 --save-dir " + p("a")).exit_code, 0);
+  const std::string weights = p("a/step_00000001/model.safetensors");
+  const Result r = train("--steps 1 --n-layer 2 --init-from " + weights);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The parameter count of the file, summed independently of the program.
+  const zero::safetensors::Reader file(weights);
+  std::int64_t n = 0;
+  for (const auto& t : file.tensors()) n += t.numel();
+  EXPECT_NE(r.output.find(fmt::format("init-from: {} parameters of a 2-layer model from {}\n", n, weights)),
+            std::string::npos)
+      << r.output;
 }
 
 // Weights that break training, made from a real run's model.safetensors: every value times `scale`,

@@ -77,7 +77,12 @@ TEST_F(TrainGptCli, BlockLongerThanText) {
   expect_clean_failure("--data " + path("short.txt") + " --block 64", "--block 64");
 }
 TEST_F(TrainGptCli, EmbdNotDivisibleByHeads) {
-  expect_clean_failure("--data " + path("text.txt") + " --n-embd 30 --n-head 4", "divisible");
+  expect_clean_failure("--data " + path("text.txt") + " --n-embd 30 --n-head 4", "--n-embd 30 is not divisible by --n-head 4");
+}
+TEST_F(TrainGptCli, MissingCheckpointNamesTheFlag) {
+  expect_clean_failure("--data " + path("text.txt") + " --resume " + path("gone"), "--resume: checkpoint '" + path("gone"));
+  expect_clean_failure("--data " + path("text.txt") + " --init-from " + path("gone.safetensors"),
+                       "--init-from '" + path("gone.safetensors") + "' does not exist");
 }
 TEST_F(TrainGptCli, NonPositiveSteps) {
   const Result r = run_train_gpt("--data " + path("text.txt") + " --steps 0");
@@ -163,6 +168,42 @@ TEST_F(TrainGptCli, AMisspeltConfigKeyIsAnErrorWithASuggestion) {
   EXPECT_EQ(zero::testing::without_source_locations(r.output),
             "error: unknown config key 'zero_optimization.stgae' in " + path("ds.json") +
                 "; did you mean 'zero_optimization.stage'?\n");
+}
+
+TEST_F(TrainGptCli, ConfigBatchKeysThatDisagreeNameTheFile) {
+  // DeepSpeed derives GAS = 12 / 5 / 1 = 2 (integer division), and 12 != 5 x 2 x 1 rank: the batch rule,
+  // broken by the file's own keys.
+  std::ofstream(dir_ / "ds.json") << R"({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 5})";
+  const Result r = run_train_gpt("--data " + path("text.txt") + " --steps 2 --sample 0 --config " + path("ds.json"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(zero::testing::without_source_locations(r.output),
+            "error: invalid config key 'train_batch_size' in " + path("ds.json") +
+                ": train_batch_size (12) must equal train_micro_batch_size_per_gpu (5) * gradient_accumulation_steps "
+                "(2, derived) * world_size (1) = 10\n");
+}
+
+// README's start-up summary (4 ranks, stage 2, fp16, the default model on a 65-character vocabulary, as
+// Tiny Shakespeare's) is what train_gpt prints: the block appears, line after line, in a real run's output.
+TEST_F(TrainGptCli, ReadmeStartupSummaryIsWhatFourRanksPrint) {
+  const fs::path readme = fs::path(zero::testing::docs_dir()).parent_path() / "README.md";
+  if (!fs::exists(readme)) GTEST_SKIP() << "no README.md beside " << zero::testing::docs_dir();
+  std::ifstream in(readme);
+  const std::string doc{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::size_t intro = doc.find("Rank 0 prints a start-up summary");
+  ASSERT_NE(intro, std::string::npos);
+  const std::size_t begin = doc.find("```\n", intro) + 4, end = doc.find("```", begin);
+  const std::string block = doc.substr(begin, end - begin);
+  ASSERT_NE(block.find("data parallel:"), std::string::npos) << block;
+  // 65 distinct characters, as Tiny Shakespeare has.
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += static_cast<char>(32 + (i * 37 + i / 65) % 65);
+  std::ofstream(dir_ / "v65.txt") << text;
+  const Result r = run_command(std::string(ZERO_MPIRUN) + " -np 4 " + zero::testing::bin_dir() + "/train_gpt --data " +
+                               path("v65.txt") + " --zero-stage 2 --dtype fp16 --steps 1 --eval-iters 1 --sample 0 "
+                               "--threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(block), std::string::npos) << "README's lines are not printed as they stand:\n"
+                                                     << block << "output:\n" << r.output;
 }
 
 TEST_F(TrainGptCli, TinyRunWritesMetrics) {
