@@ -129,9 +129,11 @@ ZERO_DIST_TEST(WireDtype, LedgerCountsTheWireDtype) {
     EXPECT_DOUBLE_EQ(l[Collective::all_reduce], ring * count * (fp32 ? 6.0 : 4.0)) << "fp32 " << fp32;
     if (n > 1) {
       EXPECT_GT(l.seconds[int(Collective::reduce_scatter)], 0.0) << "the communication thread's timer";
-      // One thread cannot use more CPU time than the wall-clock time it ran for.
+      // One thread cannot use more CPU time than the wall-clock time it ran for. The two clocks are read
+      // a few statements apart and the thread CPU clock advances in the scheduler's steps, so a margin
+      // (microseconds on a busy machine); a unit error (ns as us) or double counting still exceeds it.
       EXPECT_GT(l.cpu_seconds, 0.0) << "the communication thread's CPU clock";
-      EXPECT_LE(l.cpu_seconds, l.total_seconds() + 1e-6);
+      EXPECT_LE(l.cpu_seconds, 1.1 * l.total_seconds() + 2e-5);
     }
   }
   comm->set_reduce_in_fp32(false);
