@@ -19,6 +19,7 @@
 #include "nn/gpt.h"
 #include "optim/clip.h"
 #include "optim/muon.h"
+#include "tests/distributed/tiny_gpt.h"
 #include "tests/distributed/world.h"
 
 namespace zero::dist {
@@ -33,26 +34,15 @@ double unit_hash(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
   return static_cast<double>(h >> 11) / static_cast<double>(1ull << 53);
 }
 
-nn::GPTConfig muon_gpt_config() {
-  nn::GPTConfig c;
-  c.vocab_size = 11;
-  c.block_size = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.dropout = 0.0f;
-  c.bias = false;  // a key bias's exactly-zero gradient is rounding noise AdamW amplifies
-  return c;
-}
 
 std::unique_ptr<nn::GPT> make_model() {
   Generator gen(42);
-  return std::make_unique<nn::GPT>(muon_gpt_config(), gen);
+  return std::make_unique<nn::GPT>(harness::tiny_gpt_config(), gen);
 }
 
 // Loss of rows [row0, row0 + rows) of training step `step`'s global batch.
 Tensor batch_loss(nn::GPT& m, int step, std::int64_t row0, std::int64_t rows) {
-  const nn::GPTConfig c = muon_gpt_config();
+  const nn::GPTConfig c = harness::tiny_gpt_config();
   std::vector<std::int64_t> idx(static_cast<std::size_t>(rows * c.block_size)), tgt(idx.size());
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t i = 0; i < c.block_size; ++i) {

@@ -15,6 +15,7 @@
 #include "autograd/checkpoint.h"
 #include "distributed/zero/zero_optimizer.h"
 #include "nn/gpt.h"
+#include "tests/distributed/tiny_gpt.h"
 #include "tests/distributed/world.h"
 
 namespace zero::dist {
@@ -31,17 +32,6 @@ class DropoutGPT : private GeneratorHolder, public nn::GPT {
   explicit DropoutGPT(const nn::GPTConfig& cfg) : GeneratorHolder(), nn::GPT(cfg, gen) {}
 };
 
-nn::GPTConfig recompute_gpt_config() {
-  nn::GPTConfig c;
-  c.vocab_size = 11;
-  c.block_size = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.dropout = 0.25f;
-  c.bias = false;
-  return c;
-}
 
 struct Outcome {
   std::vector<float> losses;
@@ -54,7 +44,7 @@ struct Outcome {
 Outcome train(Recompute mode, int stage, DType dtype) {
   auto comm = test_world();
   const int rank = comm->rank();
-  const nn::GPTConfig cfg = recompute_gpt_config();
+  const nn::GPTConfig cfg = harness::tiny_gpt_config(0.25f);
   DropoutGPT model(cfg);
   model.set_recompute(mode);
   model.train();

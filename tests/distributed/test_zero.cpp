@@ -31,6 +31,7 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/loss_scaler.h"
+#include "tests/distributed/tiny_gpt.h"
 #include "tests/distributed/world.h"
 
 namespace zero::dist {
@@ -248,19 +249,8 @@ struct Task {
   std::function<Tensor(nn::Module&, int step, std::int64_t row0, std::int64_t rows)> loss;
 };
 
-nn::GPTConfig tiny_gpt_config() {
-  nn::GPTConfig c;
-  c.vocab_size = 11;
-  c.block_size = 8;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.dropout = 0.0f;
-  c.bias = false;  // a key bias has an exactly-zero true gradient: pure rounding noise that AdamW amplifies
-  return c;
-}
 
-Task gpt_task(const nn::GPTConfig& cfg = tiny_gpt_config(), bool round_to_f16 = false) {
+Task gpt_task(const nn::GPTConfig& cfg = harness::tiny_gpt_config(), bool round_to_f16 = false) {
   Task t;
   t.make = [cfg, round_to_f16] {
     Generator gen(42);
@@ -775,7 +765,7 @@ ZERO_DIST_TEST(ZeroFp16, UpdatesMatchFp32WhenTheScaleRises) {
   o.adam.lr = 1.0f;
   o.weight_decay = 0.0f;
   o.gradient_clipping = 0.0f;
-  const Task task16 = gpt_task(tiny_gpt_config(), /*round_to_f16=*/true);
+  const Task task16 = gpt_task(harness::tiny_gpt_config(), /*round_to_f16=*/true);
   for (int stage : {1, 2}) {
     o.stage = stage;
     RunResult prev16 = snapshot(*task16.make()), prev32 = prev16;
@@ -802,7 +792,7 @@ ZERO_DIST_TEST(ZeroFp16, UpdatesMatchFp32WhenTheScaleRises) {
 }
 
 ZERO_DIST_TEST(ZeroFp16, Bf16RunsWithoutLossScaling) {
-  const Task task = gpt_task(tiny_gpt_config(), true);
+  const Task task = gpt_task(harness::tiny_gpt_config(), true);
   ZeroOptions o = base_options();
   o.stage = 2;
   o.dtype = DType::bf16;
