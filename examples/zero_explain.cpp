@@ -48,6 +48,7 @@ struct Args {
   int world_size = 1, grad_accum = 1;
   std::int64_t batch = 12;  // train_gpt's --batch and its default: sequences per step over all ranks
   std::string memory_budget;  // --memory-budget: the planner (examples/memory_planner.h)
+  std::string runtime_overhead;  // --runtime-overhead: the planner's per-process overhead
   double compute_flops = 1e11;
   examples::SettingFlags settings;  // the ZeRO flags of the settings table (distributed/run/settings.h)
   double bandwidth = 0, latency = 0;
@@ -323,6 +324,12 @@ std::vector<std::size_t> ready_after_hooks(const dist::ZeroPlan& plan, const std
 }
 
 // The flags checked, the model built, its hook order recorded and its ZeRO plan made.
+// --runtime-overhead in bytes: a size, or 0.
+double runtime_overhead_bytes(const Args& a) {
+  if (a.runtime_overhead == "0") return 0;
+  return examples::parse_size(a.runtime_overhead, "--runtime-overhead");
+}
+
 Explained explain(const Args& a, const CLI::App& app) {
   ZERO_CHECK(a.world_size >= 1, "--world-size must be >= 1, got {}", a.world_size);
   ZERO_CHECK(a.format == "text" || a.format == "json", "--format must be text or json, got '{}'", a.format);
@@ -343,6 +350,7 @@ Explained explain(const Args& a, const CLI::App& app) {
   e.activations = nn::activation_bytes(e.cfg, e.micro_batch, e.recompute);
   e.batch = *tc.train_batch_size;
   if (!a.memory_budget.empty()) e.budget_bytes = examples::parse_size(a.memory_budget, "--memory-budget");
+  if (!a.runtime_overhead.empty()) (void)runtime_overhead_bytes(a);  // a bad size fails before any work
   ZERO_CHECK(a.compute_flops > 0, "--compute-flops must be > 0 FLOP/s, got {}", a.compute_flops);
   Generator gen(1337);
   nn::GPT model(e.cfg, gen);
@@ -571,6 +579,7 @@ examples::PlannerInput planner_input(const Explained& e, const Args& a) {
   in.batch = e.batch;
   in.base = e.zo;
   in.budget_bytes = e.budget_bytes;
+  if (!a.runtime_overhead.empty()) in.runtime_overhead_bytes = runtime_overhead_bytes(a);
   in.flops_per_s = a.compute_flops;
   in.bandwidth = a.bandwidth;
   in.latency = a.latency;
@@ -590,9 +599,12 @@ json json_memory_plan(const Explained& e, const Args& a) {
                     {"stage3_max_live_parameters", c.stage3_max_live_parameters},
                     {"memory_bytes", c.memory_bytes},
                     {"activations_bytes", c.activation_bytes},
+                    {"transient_bytes", c.transient_bytes},
+                    {"peak_rss_bytes", c.rss_bytes},
                     {"fits", examples::fits(c, in)},
                     {"step_s", c.step_s()}});
-  return {{"budget_bytes", e.budget_bytes}, {"configurations", rows},
+  return {{"budget_bytes", e.budget_bytes}, {"runtime_overhead_bytes", in.runtime_overhead_bytes},
+          {"configurations", rows},
           {"choice", !rows.empty() && rows[0]["fits"].get<bool>() ? rows[0] : json()}};
 }
 
@@ -913,6 +925,9 @@ int main(int argc, char** argv) {
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
   app.add_option("--memory-budget", a.memory_budget,
                  "per-rank memory budget (2GiB, 1.5GB, 800MiB): list the configurations that fit and choose one");
+  app.add_option("--runtime-overhead", a.runtime_overhead,
+                 "the planner's per-process memory beside what it counts (the program, libraries, data, allocator "
+                 "cache); default 64MiB, measured (docs/zero.md section 9); 0 to count tensors only");
   app.add_option("--compute-flops", a.compute_flops, "FLOP/s of one rank, for the planner's step time")
       ->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
