@@ -9,8 +9,8 @@
 //          (nccl_communicator.h);
 //   zero/  the ZeRO algorithm: ZeroOptimizer (zero_optimizer.h), ZeroOptions and ZeroPlan (zero_plan.h);
 //   run/   the run's state: TrainingConfig, read_config_file(), merge_config() (config.h), the settings
-//          table (settings.h), save_checkpoint() / load_checkpoint() (checkpoint.h), write_trace()
-//          (trace_file.h).
+//          table (settings.h), save_checkpoint() / load_checkpoint() (checkpoint.h), the resume read
+//          plan read_plan() (read_plan.h), write_trace() (trace_file.h).
 //
 // The parts ZeroOptimizer is built from (gradient_reducer.h, parameter_gather.h, ...) come along as its
 // members' types; the helpers of the collectives (quantize.h, ring_math.h, cpu_work.h, control_channel.h)
@@ -27,6 +27,7 @@
 #endif
 #include "distributed/run/checkpoint.h"
 #include "distributed/run/config.h"
+#include "distributed/run/read_plan.h"
 #include "distributed/run/settings.h"
 #include "distributed/run/trace_file.h"
 #include "distributed/zero/zero_optimizer.h"

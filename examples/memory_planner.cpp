@@ -30,6 +30,27 @@ double parse_size(const std::string& text, const char* flag) {
   return 0;
 }
 
+// Note [Peak RSS]
+// train_gpt's peak RSS (getrusage's ru_maxrss) is more than the memory its metrics count (model
+// states, buckets, gathered parameters, activations). Split with the metrics' allocator_peak (the cpu
+// allocator's most bytes in use) on the bench model (--n-layer 8 --block 256 --dropout 0.1, batch 8
+// per rank) at stage 0 GAS 2, 4, 8, full recompute GAS 2, and stages 2 and 3 on two ranks:
+// - allocator_peak − counted = 7.76, 7.14, 6.84, 7.76 MiB at stage 0 (micro-batch 4, 2, 1, 4), 4.68
+//   and 4.69 MiB at stages 2 and 3: one f32 buffer of the rank's partition (6.21 MiB at stage 0, 3.10
+//   on two ranks: the optimizer step's temporary) plus 4·n·(V + 2C) bytes (0.31 MiB per sequence: the
+//   head's backward, the logits' gradient and two n·C gradients); what is left, at most 0.35 MiB, goes
+//   with the overhead. transient_bytes() is that sum.
+// - peak RSS − allocator_peak = 50-57 MiB on all six: the program, its libraries, MPI and the data
+//   (26.5 MiB for a 4,608-parameter model), and blocks the allocator keeps cached (freed sizes that
+//   a later request of another size does not reuse). Neither is computed here: --runtime-overhead,
+//   64 MiB by default, stands for them.
+
+double transient_bytes(const nn::GPTConfig& cfg, std::int64_t micro_batch, std::int64_t partition_elements) {
+  const double n = static_cast<double>(micro_batch * cfg.block_size);
+  return 4.0 * (static_cast<double>(partition_elements) +
+                n * static_cast<double>(cfg.vocab_size + 2 * cfg.n_embd));
+}
+
 namespace {
 
 // FLOPs per token a recompute mode adds (header: the blocks' forward, or the attention's two GEMMs).
@@ -66,6 +87,9 @@ PlanChoice evaluate(const PlannerInput& in, int stage, autograd::Recompute mode,
   c.persistent_bytes = m.model_states() + m.buckets + m.gathered + m.residual + m.recovery;
   c.activation_bytes = nn::activation_bytes(in.cfg, c.micro_batch, mode).total();
   c.memory_bytes = c.persistent_bytes + c.activation_bytes;
+  c.transient_bytes =
+      transient_bytes(in.cfg, c.micro_batch, stage == 0 ? plan.layout.padded_numel() : plan.layout.partition_size());
+  c.rss_bytes = c.memory_bytes + c.transient_bytes + in.runtime_overhead_bytes;
   const double psi = static_cast<double>(plan.layout.numel());
   const double tokens = static_cast<double>(in.batch / in.world_size * in.cfg.block_size);
   const double per_token =
@@ -89,7 +113,7 @@ std::vector<PlanChoice> plan_configurations(const PlannerInput& in) {
         if (per_rank % gas == 0) all.push_back(evaluate(in, stage, mode, static_cast<int>(gas)));
   std::stable_sort(all.begin(), all.end(), [&](const PlanChoice& a, const PlanChoice& b) {
     if (fits(a, in) != fits(b, in)) return fits(a, in);
-    if (!fits(a, in)) return a.memory_bytes < b.memory_bytes;
+    if (!fits(a, in)) return a.rss_bytes < b.rss_bytes;
     if (a.step_s() != b.step_s()) return a.step_s() < b.step_s();
     // The same modelled time: fewer micro-steps first (a larger micro-batch runs the kernels more
     // efficiently, which the model does not see), then less memory.
@@ -116,33 +140,36 @@ std::string sizes(double bytes) {
 }  // namespace
 
 void print_plan(const PlannerInput& in, const std::vector<PlanChoice>& choices) {
-  fmt::print("\n== memory budget {} per rank: configurations that fit, by modelled step time (compute at {:.3g} "
-             "FLOP/s per rank{}) ==\n",
+  fmt::print("\n== memory budget {} per rank: configurations whose predicted peak RSS fits, by modelled step time "
+             "(compute at {:.3g} FLOP/s per rank{}) ==\n",
              sizes(in.budget_bytes), in.flops_per_s,
              in.bandwidth > 0 ? fmt::format(" + communication at {:.3g} B/s, latency {:.3g} s", in.bandwidth,
                                             in.latency)
                               : ", no link given: communication not timed");
+  fmt::print("peak RSS = persistent + activations (train_gpt's metrics count these two) + transient + runtime "
+             "overhead {} (--runtime-overhead)\n",
+             sizes(in.runtime_overhead_bytes));
   int shown = 0;
   for (const PlanChoice& c : choices) {
     if (!fits(c, in)) break;
     if (shown++ < 12)
-      fmt::print("  {:>2}. {}: memory {} = persistent {} + activations {}; step {:.2f} ms (compute {:.2f} + "
-                 "comm {:.2f})\n",
-                 shown, describe(c), sizes(c.memory_bytes), sizes(c.persistent_bytes), sizes(c.activation_bytes),
-                 1e3 * c.step_s(), 1e3 * c.compute_s, 1e3 * c.comm_s);
+      fmt::print("  {:>2}. {}: peak RSS {} = persistent {} + activations {} + transient {} + overhead; step {:.2f} "
+                 "ms (compute {:.2f} + comm {:.2f})\n",
+                 shown, describe(c), sizes(c.rss_bytes), sizes(c.persistent_bytes), sizes(c.activation_bytes),
+                 sizes(c.transient_bytes), 1e3 * c.step_s(), 1e3 * c.compute_s, 1e3 * c.comm_s);
   }
   if (shown > 12) fmt::print("  ... {} more that fit\n", shown - 12);
   if (shown == 0) {
     const PlanChoice& c = choices.front();
-    fmt::print("nothing fits: the smallest is {}, {} (over the budget by {}); add ranks or shorten the batch or "
-               "block\n",
-               describe(c), sizes(c.memory_bytes), sizes(c.memory_bytes - in.budget_bytes));
+    fmt::print("nothing fits: the smallest is {}, peak RSS {} (over the budget by {}); add ranks or shorten the "
+               "batch or block\n",
+               describe(c), sizes(c.rss_bytes), sizes(c.rss_bytes - in.budget_bytes));
     return;
   }
   const PlanChoice& best = choices.front();
-  fmt::print("choice: {}: the lowest modelled step time among the {} that fit, {} under the budget (the "
-             "program's own memory, tens of MiB, is not counted)\n",
-             describe(best), shown, sizes(in.budget_bytes - best.memory_bytes));
+  fmt::print("choice: {}: the lowest modelled step time among the {} that fit; predicted peak RSS {}, {} under the "
+             "budget\n",
+             describe(best), shown, sizes(best.rss_bytes), sizes(in.budget_bytes - best.rss_bytes));
 }
 
 }  // namespace zero::examples

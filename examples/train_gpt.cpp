@@ -208,6 +208,16 @@ std::size_t peak_rss_bytes() {
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1024.0 * 1024.0)); }
 
+// The most bytes the device's caching allocator had in use at once since the start (metrics
+// memory_bytes.allocator_peak: tensors only, not its cache; docs/zero.md section 9, Note [Peak RSS]).
+std::size_t allocator_peak_bytes(Device device) {
+#ifdef ZERO_HAS_CUDA
+  if (device == Device::cuda) return cuda::allocator_stats().peak_in_use;
+#endif
+  (void)device;
+  return cpu_allocator_stats().peak_in_use;
+}
+
 // What a rank says when host memory ran out (std::bad_alloc from a tensor or anything else): the peak
 // RSS so far and the address-space limit, if one is set (prlimit --as, ulimit -v), and what helps.
 std::string out_of_memory_message() {
@@ -916,7 +926,8 @@ void TrainingRun::write_metrics(const Summary& s) const {
                         {"activations", meter_->activations()},
                         {"activations_held", meter_->held()},
                         {"activations_recompute", meter_->recompute_working_set()},
-                        {"peak_rss", s.rss}}},
+                        {"peak_rss", s.rss},
+                        {"allocator_peak", allocator_peak_bytes(device_)}}},
                       {"stage3_all_gathers_per_step",
                        zo_.stage == 3 ? nlohmann::json(static_cast<double>(stage3_gathers_) / s.steps) : nlohmann::json()},
                       {"loss_scale", opt_->loss_scale()},

@@ -2,13 +2,15 @@
 // ranks: who owns which bytes of the flat buffer, how it is cut into buckets and in which order they
 // leave, at stage 3 which parameters are gathered together (the per-module gather plan), what each rank
 // holds (beside the ZeRO paper's formulas and its 7.5B-parameter example), what each step sends, and,
-// given a link's bandwidth and latency, what that costs up to 1,024 ranks.
+// given a link's bandwidth and latency, what that costs up to 1,024 ranks; with --read-plan, which byte
+// ranges of a checkpoint's files each rank reads when resuming from it at this world size and stage.
 //
 //   build/bin/zero_explain --data data/tinyshakespeare.txt --world-size 4 --zero-stage 2 --dtype fp16
 //   build/bin/zero_explain --vocab-size 65 --world-size 4 --format json
 //   build/bin/zero_explain --world-size 4 --zero-stage 3 --stage3-max-live-parameters 200000
 //   build/bin/zero_explain --world-size 8 --bandwidth 25e9 --latency 5e-6 --params 124e6 --params 1.5e9
 //   build/bin/zero_explain --world-size 4 --svg layout.svg
+//   build/bin/zero_explain --world-size 3 --zero-stage 1 --read-plan out   (out: a train_gpt --save-dir)
 //
 // Model and ZeRO flags have train_gpt's names and defaults (--config, then the flags over it). The
 // numbers come from distributed/zero/zero_plan.h: layout arithmetic, checked by the tests against what a
@@ -30,9 +32,9 @@
 
 #include "autograd/autograd.h"
 #include "distributed/distributed.h"
-#include "examples/muon_explain.h"
 #include "examples/cli_errors.h"
 #include "examples/memory_planner.h"
+#include "examples/muon_explain.h"
 #include "examples/model_options.h"
 #include "examples/setting_flags.h"
 #include "examples/text_data.h"
@@ -52,6 +54,8 @@ struct Args {
   int world_size = 1;
   std::int64_t batch = 12;  // train_gpt's --batch and its default: sequences per step over all ranks
   std::string memory_budget;  // --memory-budget: the planner (examples/memory_planner.h)
+  std::string runtime_overhead;  // --runtime-overhead: the planner's per-process overhead
+  std::string read_plan;         // --read-plan: a checkpoint whose load at this world size and stage is shown
   double compute_flops = 1e11;
   examples::SettingFlags settings;  // the ZeRO flags of the settings table (distributed/run/settings.h)
   double bandwidth = 0, latency = 0;
@@ -293,6 +297,14 @@ void write_svg(const std::string& path, const dist::ZeroPlan& plan) {
 
 // What zero_explain explains: the model, the ZeRO options by train_gpt's merge rule, and the plan of
 // their layout, buckets and gathers on N ranks, with the hook order that decides when buckets leave.
+// --read-plan: the checkpoint (a step directory, or a save directory's newest), and what each of the N
+// ranks of this plan would read from it on a resume (dist::read_plan). One rank's region: the plan's
+// region cut at Ψ (Note [Checkpoint ranges] in distributed/run/checkpoint.cpp).
+struct RankReads {
+  std::int64_t begin = 0, end = 0;  // elements of [0, Ψ)
+  std::vector<dist::ReadRange> reads;
+};
+
 struct Explained {
   nn::GPTConfig cfg;
   dist::ZeroOptions zo;
@@ -310,6 +322,8 @@ struct Explained {
   nn::ActivationBytes activations;  // per rank, one micro-step (nn/activation_memory.h)
   std::int64_t batch = 1;           // global batch (train_gpt's rule)
   double budget_bytes = 0;          // --memory-budget; 0: no planner
+  dist::Checkpoint resume;          // --read-plan's checkpoint (dir empty without it)
+  std::vector<RankReads> reads;     // ... and what each rank reads from it
 };
 
 // When each bucket can leave: after the hook of the last of its parameters to deliver.
@@ -326,6 +340,27 @@ std::vector<std::size_t> ready_after_hooks(const dist::ZeroPlan& plan, const std
 }
 
 // The flags checked, the model built, its hook order recorded and its ZeRO plan made.
+std::vector<RankReads> resume_reads(const Explained& e, const dist::Checkpoint& c) {
+  const std::int64_t numel = c.state.value("numel", std::int64_t{-1});
+  ZERO_CHECK(numel == e.plan.layout.numel(), "--read-plan: checkpoint '{}' holds {} parameter elements, the model "
+             "given here {}; pass the model flags it was trained with", c.dir, numel, e.plan.layout.numel());
+  std::vector<RankReads> out;
+  for (int r = 0; r < e.N; ++r) {
+    RankReads rr;
+    rr.begin = std::min(numel, e.plan.region_begin(r));
+    rr.end = std::min(numel, e.plan.region_begin(r) + e.plan.region_size());
+    rr.reads = dist::read_plan(c, rr.begin, rr.end);
+    out.push_back(std::move(rr));
+  }
+  return out;
+}
+
+// --runtime-overhead in bytes: a size, or 0.
+double runtime_overhead_bytes(const Args& a) {
+  if (a.runtime_overhead == "0") return 0;
+  return examples::parse_size(a.runtime_overhead, "--runtime-overhead");
+}
+
 Explained explain(const Args& a, const CLI::App& app) {
   ZERO_CHECK(a.world_size >= 1, "--world-size must be >= 1, got {}", a.world_size);
   ZERO_CHECK(a.format == "text" || a.format == "json", "--format must be text or json, got '{}'", a.format);
@@ -346,6 +381,7 @@ Explained explain(const Args& a, const CLI::App& app) {
   e.activations = nn::activation_bytes(e.cfg, e.micro_batch, e.recompute);
   e.batch = *tc.train_batch_size;
   if (!a.memory_budget.empty()) e.budget_bytes = examples::parse_size(a.memory_budget, "--memory-budget");
+  if (!a.runtime_overhead.empty()) (void)runtime_overhead_bytes(a);  // a bad size fails before any work
   ZERO_CHECK(a.compute_flops > 0, "--compute-flops must be > 0 FLOP/s, got {}", a.compute_flops);
   Generator gen(1337);
   nn::GPT model(e.cfg, gen);
@@ -359,6 +395,11 @@ Explained explain(const Args& a, const CLI::App& app) {
   e.baseline = dist::plan_zero(e.entries, e.N, with_scheme(e.zo, kSchemes[0])).traffic().total();
   e.timed = a.bandwidth > 0;
   e.ready_after = ready_after_hooks(e.plan, e.order);
+  if (!a.read_plan.empty()) {
+    const std::string dir = dist::resolve_checkpoint(a.read_plan);
+    e.resume = {dir, dist::read_state(dir)};
+    e.reads = resume_reads(e, e.resume);
+  }
   return e;
 }
 
@@ -574,6 +615,7 @@ examples::PlannerInput planner_input(const Explained& e, const Args& a) {
   in.batch = e.batch;
   in.base = e.zo;
   in.budget_bytes = e.budget_bytes;
+  if (!a.runtime_overhead.empty()) in.runtime_overhead_bytes = runtime_overhead_bytes(a);
   in.flops_per_s = a.compute_flops;
   in.bandwidth = a.bandwidth;
   in.latency = a.latency;
@@ -593,10 +635,45 @@ json json_memory_plan(const Explained& e, const Args& a) {
                     {"stage3_max_live_parameters", c.stage3_max_live_parameters},
                     {"memory_bytes", c.memory_bytes},
                     {"activations_bytes", c.activation_bytes},
+                    {"transient_bytes", c.transient_bytes},
+                    {"peak_rss_bytes", c.rss_bytes},
                     {"fits", examples::fits(c, in)},
                     {"step_s", c.step_s()}});
-  return {{"budget_bytes", e.budget_bytes}, {"configurations", rows},
+  return {{"budget_bytes", e.budget_bytes}, {"runtime_overhead_bytes", in.runtime_overhead_bytes},
+          {"configurations", rows},
           {"choice", !rows.empty() && rows[0]["fits"].get<bool>() ? rows[0] : json()}};
+}
+
+json json_read_plan(const Explained& e) {
+  const dist::Checkpoint& c = e.resume;
+  json ranks = json::array();
+  for (const RankReads& rr : e.reads) {
+    json reads = json::array();
+    for (const dist::ReadRange& r : rr.reads)
+      reads.push_back({{"file", r.file}, {"tensor", r.tensor}, {"offset", r.offset}, {"bytes", r.bytes},
+                       {"flat_begin", r.flat_begin}, {"flat_end", r.flat_end}});
+    ranks.push_back({{"region_begin", rr.begin}, {"region_end", rr.end}, {"reads", reads}});
+  }
+  return {{"checkpoint", c.dir}, {"world_size", e.N}, {"zero_stage", e.plan.options.stage}, {"ranks", ranks}};
+}
+
+void print_read_plan(const Explained& e) {
+  const dist::Checkpoint& c = e.resume;
+  const std::vector<RankReads>& plan = e.reads;
+  fmt::print("\n== resume read plan: loading {} (saved by {} rank(s)) on {} rank(s) at stage {}; per rank, "
+             "file tensor [first byte, end byte) ==\n",
+             c.dir, c.state.value("world_size", 0), e.N, e.plan.options.stage);
+  for (std::size_t r = 0; r < plan.size(); ++r) {
+    std::uint64_t total = 0;
+    std::string line;
+    for (const dist::ReadRange& x : plan[r].reads) {
+      line += fmt::format("{}{} {} [{}, {})", line.empty() ? "" : "; ", x.file, x.tensor, x.offset,
+                          x.offset + x.bytes);
+      total += x.bytes;
+    }
+    fmt::print("rank {}: elements [{}, {}), {} bytes: {}\n", r, plan[r].begin, plan[r].end, total,
+               line.empty() ? "nothing" : line);
+  }
 }
 
 void print_json(const Explained& e, const Args& a) {
@@ -608,6 +685,7 @@ void print_json(const Explained& e, const Args& a) {
   json_gather_units(e, j);
   json_costs(e, a, j);
   if (e.budget_bytes > 0) j["memory_plan"] = json_memory_plan(e, a);
+  if (!a.read_plan.empty()) j["read_plan"] = json_read_plan(e);
   std::cout << j.dump(2) << "\n";
 }
 
@@ -888,6 +966,7 @@ void print_text(const Explained& e, const Args& a) {
     const examples::PlannerInput in = planner_input(e, a);
     examples::print_plan(in, examples::plan_configurations(in));
   }
+  if (!a.read_plan.empty()) print_read_plan(e);
 }
 
 // The --svg file is tried before any work, as train_gpt tries its outputs: opened for appending (created
@@ -933,6 +1012,12 @@ int main(int argc, char** argv) {
   app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
   app.add_option("--memory-budget", a.memory_budget,
                  "per-rank memory budget (2GiB, 1.5GB, 800MiB): list the configurations that fit and choose one");
+  app.add_option("--runtime-overhead", a.runtime_overhead,
+                 "the planner's per-process memory beside what it counts (the program, libraries, data, allocator "
+                 "cache); default 64MiB, measured (docs/zero.md section 9); 0 to count tensors only");
+  app.add_option("--read-plan", a.read_plan,
+                 "a checkpoint (step or save directory): which byte ranges of which files each of the --world-size "
+                 "ranks reads when resuming from it at --zero-stage (docs/checkpoint.md)");
   app.add_option("--compute-flops", a.compute_flops, "FLOP/s of one rank, for the planner's step time")
       ->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");

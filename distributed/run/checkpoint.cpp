@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "distributed/run/read_plan.h"
 #include "core/safetensors.h"
 
 namespace zero::dist {
@@ -929,6 +930,35 @@ void restore_counters(const Checkpoint& c, ZeroOptimizer& opt, DType saved) {
 }
 
 }  // namespace
+
+std::vector<ReadRange> read_plan(const Checkpoint& c, std::int64_t rb, std::int64_t re) {
+  const std::int64_t numel = get<std::int64_t>(c.state, "numel", c.dir);
+  ZERO_CHECK(0 <= rb && rb <= re && re <= numel, "checkpoint '{}': region [{}, {}) is not within [0, {})", c.dir, rb,
+             re, numel);
+  const DType saved = parse_float_dtype(get<std::string>(c.state, "dtype", c.dir));
+  const std::vector<ShardRange> shards = shard_ranges(c);
+  check_shards_tile(c, shards, numel);
+  const std::vector<ShardSource> sources = open_overlapping_shards(c, shards, saved, rb, re);
+  std::vector<ReadRange> plan;
+  std::vector<const char*> tensors = {"exp_avg", "exp_avg_sq"};
+  if (saved != DType::f32) tensors.push_back("master");
+  for (const char* t : tensors)  // the order of load_checkpoint's copy_overlap calls
+    for (const ShardSource& s : sources) {
+      const std::int64_t lo = std::max(rb, s.range->begin), hi = std::min(re, s.range->end);
+      const st::TensorInfo& info = *s.reader->find(t);
+      ZERO_CHECK(info.dtype == DType::f32, "checkpoint '{}': shard '{}' tensor '{}' is not F32", c.dir, s.range->file,
+                 t);
+      plan.push_back({s.range->file, t,
+                      s.reader->data_start() + info.begin + 4 * static_cast<std::uint64_t>(lo - s.range->begin),
+                      4 * static_cast<std::uint64_t>(hi - lo), lo, hi});
+    }
+  if (saved == DType::f32 && re > rb) {
+    const st::Reader model((fs::path(c.dir) / kModelFile).string());
+    plan.push_back({kModelFile, "data section", model.data_start() + 4 * static_cast<std::uint64_t>(rb),
+                    4 * static_cast<std::uint64_t>(re - rb), rb, re});
+  }
+  return plan;
+}
 
 LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm) {
   opt.wait_for_params();  // an overlapped all-gather of the last step must not land on the loaded values
