@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "autograd/ops.h"
 #include "distributed/distributed.h"
 #include "nn/layers.h"
 
