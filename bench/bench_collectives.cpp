@@ -60,35 +60,104 @@ void baseline_ring_reduce_scatter(float* buf, float* tmp, long chunk, int rank, 
   }
 }
 
-}  // namespace
+// One collective of the table. Rows run round-robin (every row once per round) so a burst of load on
+// this shared machine hits all of them alike; the ratios are also taken per round, then the median.
+struct Row {
+  std::string name;
+  Collective kind;
+  std::function<void()> prepare, fn;
+  std::vector<double> ms;
+  double bytes;  // S of this row
+};
 
-int main(int argc, char** argv) {
-  CLI::App app{"Collective timings: zero.cpp's MPI communicator vs a plain ring vs MPI's own"};
+// One warm-up round, then `iters` timed ones; each round starts at a different row, so no row always
+// follows the same neighbour.
+void run_rounds(std::vector<Row>& rows, int iters) {
+  for (int round = 0; round <= iters; ++round)
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      Row& row = rows[(i + std::size_t(round)) % rows.size()];
+      const double ms = time_once(row.prepare, row.fn);
+      if (round > 0) row.ms.push_back(ms);  // round 0 is the warm-up
+    }
+}
+
+// The table (best and median ms, bus bandwidth, and with a link model the ring model's time) and the
+// two ratios the goals are stated in.
+void print_report(const std::vector<Row>& rows, int n, double full_bytes, int iters, std::size_t segment_bytes,
+                  double bandwidth, double latency) {
+  fmt::print("{} ranks, fp32, S = {:.1f} MB, {} timed rounds (+1 warm-up), segment {} KiB\n", n,
+             full_bytes / 1e6, iters, segment_bytes / 1024);
+  fmt::print("{:<30} {:>10} {:>10} {:>12}{}\n", "collective", "best ms", "median ms", "busbw GB/s",
+             bandwidth > 0 ? fmt::format(" {:>10} {:>14}", "model ms", "median/model") : "");
+  for (const Row& row : rows) {
+    const double best = *std::min_element(row.ms.begin(), row.ms.end());
+    const double bus = Ledger::bus_bytes(row.kind, row.bytes, n);
+    std::string model;
+    // The ring model applies to our ring collectives; reduce and broadcast use other algorithms.
+    const bool ring = row.kind == Collective::all_reduce || row.kind == Collective::reduce_scatter ||
+                      row.kind == Collective::all_gather;
+    if (bandwidth > 0 && ring && row.name.rfind("ours", 0) == 0) {
+      const double predicted = 1e3 * ring_time_s(row.kind, bus, n, bandwidth, latency);
+      model = fmt::format(" {:>10.3f} {:>14.2f}", predicted, median(row.ms) / predicted);
+    }
+    fmt::print("{:<30} {:>10.3f} {:>10.3f} {:>12.2f}{}\n", row.name, best, median(row.ms), bus / (best * 1e-3) / 1e9,
+               model);
+  }
+  auto find = [&](const std::string& name) -> const std::vector<double>& {
+    return std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.name == name; })->ms;
+  };
+  auto ratios = [&](const std::string& a, const std::string& b, const char* goal) {
+    const auto& x = find(a);
+    const auto& y = find(b);
+    std::vector<double> per_round(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) per_round[i] = x[i] / y[i];
+    fmt::print("{:<7} best/best {:.2f}  median of per-round ratios {:.2f}  ({})\n",
+               a == "ours reduce_scatter" && b == "ours all_reduce" ? "rs/ar" : "rs/ring",
+               *std::min_element(x.begin(), x.end()) / *std::min_element(y.begin(), y.end()),
+               median(per_round), goal);
+  };
+  ratios("ours reduce_scatter", "ours all_reduce", "goal <= 0.6");
+  ratios("ours reduce_scatter", "baseline ring reduce_scatter", "goal <= 1.5");
+}
+
+// The command line: sizes, rounds, and what to add to the table.
+struct Options {
   double mb = 100;
   int iters = 5;
   std::size_t segment_kb = 0;
   bool skip_mpi = false, bf16 = false;
   double bandwidth = 0, latency = 0;
-  app.add_option("--mb", mb, "full buffer size S in MB (10^6 bytes), fp32")->check(CLI::PositiveNumber);
-  app.add_option("--iters", iters, "timed rounds, one call of each collective per round (after a warm-up)")
+};
+
+void add_options(CLI::App& app, Options& o) {
+  app.add_option("--mb", o.mb, "full buffer size S in MB (10^6 bytes), fp32")->check(CLI::PositiveNumber);
+  app.add_option("--iters", o.iters, "timed rounds, one call of each collective per round (after a warm-up)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--segment-kb", segment_kb, "ring pipelining segment in KiB (0: the default)");
-  app.add_flag("--skip-mpi", skip_mpi, "skip MPI_Allreduce / MPI_Reduce_scatter_block (slow)");
-  app.add_flag("--bf16", bf16, "add bf16 reduce-scatters (S/2 bytes): ring, and all-to-all with fp32 accumulation");
-  app.add_option("--bandwidth", bandwidth,
+  app.add_option("--segment-kb", o.segment_kb, "ring pipelining segment in KiB (0: the default)");
+  app.add_flag("--skip-mpi", o.skip_mpi, "skip MPI_Allreduce / MPI_Reduce_scatter_block (slow)");
+  app.add_flag("--bf16", o.bf16, "add bf16 reduce-scatters (S/2 bytes): ring, and all-to-all with fp32 accumulation");
+  app.add_option("--bandwidth", o.bandwidth,
                  "bytes/s per rank's link: adds the alpha-beta ring model's time beside each of our collectives "
                  "(distributed/zero/zero_plan.h)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--latency", latency, "seconds per message for the model (with --bandwidth)")
+  app.add_option("--latency", o.latency, "seconds per message for the model (with --bandwidth)")
       ->check(CLI::NonNegativeNumber);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Collective timings: zero.cpp's MPI communicator vs a plain ring vs MPI's own"};
+  Options o;
+  add_options(app, o);
   CLI11_PARSE(app, argc, argv);
 
   auto comm = mpi_world();
   auto mpi = std::dynamic_pointer_cast<MpiCommunicator>(comm);
-  if (segment_kb > 0) mpi->set_segment_bytes(segment_kb * 1024);
+  if (o.segment_kb > 0) mpi->set_segment_bytes(o.segment_kb * 1024);
   const int n = comm->world_size();
   const int rank = comm->rank();
-  const long chunk = std::max(1L, long(mb * 1e6 / sizeof(float)) / n);
+  const long chunk = std::max(1L, long(o.mb * 1e6 / sizeof(float)) / n);
   const long count = chunk * n;
   const double full_bytes = double(count) * sizeof(float);
 
@@ -101,15 +170,6 @@ int main(int argc, char** argv) {
   auto refill = [&] { std::memcpy(work.data(), source.data(), full_bytes); };
   auto refill_slice = [&] { std::memcpy(slice.data(), source.data(), chunk * sizeof(float)); };
 
-  // Rows run round-robin (every row once per round) so a burst of load on this shared machine hits
-  // all of them alike; the ratios are also taken per round, then the median.
-  struct Row {
-    std::string name;
-    Collective kind;
-    std::function<void()> prepare, fn;
-    std::vector<double> ms;
-    double bytes;  // S of this row
-  };
   std::vector<Row> rows;
   auto add = [&](std::string name, Collective kind, const std::function<void()>& prepare,
                  const std::function<void()>& fn, double bytes = 0) {
@@ -134,7 +194,7 @@ int main(int argc, char** argv) {
     MPI_Reduce(work.data(), result.data(), int(count), MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
   });
   std::vector<zero::bfloat16> source16, work16, slice16;
-  if (bf16) {
+  if (o.bf16) {
     source16.resize(std::size_t(count));
     work16.resize(std::size_t(count));
     slice16.resize(std::size_t(chunk));
@@ -148,7 +208,7 @@ int main(int argc, char** argv) {
           },
           full_bytes / 2);
   }
-  if (!skip_mpi) {
+  if (!o.skip_mpi) {
     add("MPI_Reduce_scatter_block", Collective::reduce_scatter, refill, [&] {
       MPI_Reduce_scatter_block(work.data(), slice.data(), int(chunk), MPI_FLOAT, MPI_SUM,
                                MPI_COMM_WORLD);
@@ -158,48 +218,7 @@ int main(int argc, char** argv) {
     });
   }
 
-  // Each round starts at a different row, so no row always follows the same neighbour.
-  for (int round = 0; round <= iters; ++round)
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      Row& row = rows[(i + std::size_t(round)) % rows.size()];
-      const double ms = time_once(row.prepare, row.fn);
-      if (round > 0) row.ms.push_back(ms);  // round 0 is the warm-up
-    }
-
-  if (rank == 0) {
-    fmt::print("{} ranks, fp32, S = {:.1f} MB, {} timed rounds (+1 warm-up), segment {} KiB\n", n,
-               full_bytes / 1e6, iters, mpi->segment_bytes() / 1024);
-    fmt::print("{:<30} {:>10} {:>10} {:>12}{}\n", "collective", "best ms", "median ms", "busbw GB/s",
-               bandwidth > 0 ? fmt::format(" {:>10} {:>14}", "model ms", "median/model") : "");
-    for (const Row& row : rows) {
-      const double best = *std::min_element(row.ms.begin(), row.ms.end());
-      const double bus = Ledger::bus_bytes(row.kind, row.bytes, n);
-      std::string model;
-      // The ring model applies to our ring collectives; reduce and broadcast use other algorithms.
-      const bool ring = row.kind == Collective::all_reduce || row.kind == Collective::reduce_scatter ||
-                        row.kind == Collective::all_gather;
-      if (bandwidth > 0 && ring && row.name.rfind("ours", 0) == 0) {
-        const double predicted = 1e3 * ring_time_s(row.kind, bus, n, bandwidth, latency);
-        model = fmt::format(" {:>10.3f} {:>14.2f}", predicted, median(row.ms) / predicted);
-      }
-      fmt::print("{:<30} {:>10.3f} {:>10.3f} {:>12.2f}{}\n", row.name, best, median(row.ms), bus / (best * 1e-3) / 1e9,
-                 model);
-    }
-    auto find = [&](const std::string& name) -> const std::vector<double>& {
-      return std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.name == name; })->ms;
-    };
-    auto ratios = [&](const std::string& a, const std::string& b, const char* goal) {
-      const auto& x = find(a);
-      const auto& y = find(b);
-      std::vector<double> per_round(x.size());
-      for (std::size_t i = 0; i < x.size(); ++i) per_round[i] = x[i] / y[i];
-      fmt::print("{:<7} best/best {:.2f}  median of per-round ratios {:.2f}  ({})\n",
-                 a == "ours reduce_scatter" && b == "ours all_reduce" ? "rs/ar" : "rs/ring",
-                 *std::min_element(x.begin(), x.end()) / *std::min_element(y.begin(), y.end()),
-                 median(per_round), goal);
-    };
-    ratios("ours reduce_scatter", "ours all_reduce", "goal <= 0.6");
-    ratios("ours reduce_scatter", "baseline ring reduce_scatter", "goal <= 1.5");
-  }
+  run_rounds(rows, o.iters);
+  if (rank == 0) print_report(rows, n, full_bytes, o.iters, mpi->segment_bytes(), o.bandwidth, o.latency);
   return 0;
 }
