@@ -1,15 +1,21 @@
 // Helpers for tests that run the project's real binaries: a shell command with its exit code and its
-// combined output, and a scratch directory per test.
+// combined output, a scratch directory per test (with a small text to train on), and readers of what
+// the programs print and log.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 
 namespace zero::testing {
@@ -46,6 +52,38 @@ inline std::filesystem::path make_test_dir(const std::string& prefix) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+/// A directory from make_test_dir(prefix) holding text.txt: 60 numbered lines of verse (3,950 bytes,
+/// 30 distinct characters), enough for a tiny model's batches and its evaluation split.
+inline std::filesystem::path make_text_dir(const std::string& prefix) {
+  const auto dir = make_test_dir(prefix);
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "To be, or not to be, that is the question: whether 'tis nobler " + std::to_string(i) + "\n";
+  std::ofstream(dir / "text.txt") << text;
+  return dir;
+}
+
+/// Lines of `out` that start with "error:" (what our ranks print; mpirun adds banners of its own).
+inline int error_lines(const std::string& out) {
+  std::istringstream in(out);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) n += line.rfind("error:", 0) == 0;
+  return n;
+}
+
+/// train_gpt's --log-file (JSON lines): the per-step lines keyed by step, evaluation lines left out. A step
+/// logged twice fails the test.
+inline std::map<std::int64_t, nlohmann::json> read_step_log(const std::filesystem::path& path) {
+  std::map<std::int64_t, nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;
+    EXPECT_FALSE(out.count(j["step"].get<std::int64_t>())) << "step logged twice: " << line;
+    out[j["step"].get<std::int64_t>()] = j;
+  }
+  return out;
 }
 
 }  // namespace zero::testing

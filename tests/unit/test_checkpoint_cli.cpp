@@ -40,21 +40,6 @@ Result run(const std::string& cmd) { return zero::testing::run_command(cmd); }
 std::string bin(const char* name) { return zero::testing::bin_dir() + "/" + name; }
 std::string mpirun(int np) { return fmt::format("{} -np {} ", ZERO_MPIRUN, np); }
 
-// Per-step log lines keyed by step (evaluation lines left out).
-std::map<std::int64_t, nlohmann::json> read_log(const fs::path& path) {
-  std::map<std::int64_t, nlohmann::json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) {
-      EXPECT_FALSE(out.count(j["step"].get<std::int64_t>())) << "step logged twice: " << line;
-      out[j["step"].get<std::int64_t>()] = j;
-    }
-  }
-  return out;
-}
-
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -71,13 +56,7 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
 class CheckpointCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("zero_ckpt_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::string text;
-    for (int i = 0; i < 60; ++i) text += "To be, or not to be, that is the question: whether 'tis nobler " + std::to_string(i) + "\n";
-    std::ofstream(dir_ / "text.txt") << text;
+    dir_ = zero::testing::make_text_dir("zero_ckpt");
   }
   void TearDown() override {
     fs::remove_all(dir_);
@@ -141,7 +120,7 @@ TEST_F(CheckpointCli, BitwiseResumeOneRank) {
   ASSERT_EQ(train(flags + "--save-every 6 --save-dir " + p("ck") + " --log-file " + p("a.jsonl")).exit_code, 0);
   const Result r = train(flags + "--resume " + p("ck/step_00000006") + " --log-file " + p("b.jsonl"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  expect_bitwise(read_log(p("a.jsonl")), read_log(p("b.jsonl")), 6, 12);
+  expect_bitwise(zero::testing::read_step_log(p("a.jsonl")), zero::testing::read_step_log(p("b.jsonl")), 6, 12);
   // Validation losses too (steps 8 and 12 are after the resume).
   auto val_lines = [&](const std::string& f) {
     std::vector<std::string> out;
@@ -162,8 +141,8 @@ TEST_F(CheckpointCli, BitwiseResumeFourRanksStage2Fp16) {
   ASSERT_EQ(train(flags + "--save-every 8 --save-dir " + p("ck") + " --log-file " + p("a.jsonl"), 4).exit_code, 0);
   const Result r = train(flags + "--resume " + p("ck/step_00000008") + " --log-file " + p("b.jsonl"), 4);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto a = read_log(p("a.jsonl"));
-  expect_bitwise(a, read_log(p("b.jsonl")), 8, 16);
+  const auto a = zero::testing::read_step_log(p("a.jsonl"));
+  expect_bitwise(a, zero::testing::read_step_log(p("b.jsonl")), 8, 16);
   int skipped = 0;
   for (const auto& [s, j] : a) skipped += j["skipped"].get<bool>();
   EXPECT_GT(skipped, 0) << "the test should exercise overflow steps";
@@ -180,7 +159,7 @@ TEST_F(CheckpointCli, ErrorFeedbackResumesBitwiseAndWarnsOnceElsewhere) {
   const Result same = train(flags + "--resume " + p("ck/step_00000004") + " --log-file " + p("b.jsonl"), 2);
   ASSERT_EQ(same.exit_code, 0) << same.output;
   EXPECT_EQ(same.output.find("error-feedback residual starts from zero"), std::string::npos) << same.output;
-  expect_bitwise(read_log(p("a.jsonl")), read_log(p("b.jsonl")), 4, 8);
+  expect_bitwise(zero::testing::read_step_log(p("a.jsonl")), zero::testing::read_step_log(p("b.jsonl")), 4, 8);
   const Result other = train(flags + "--resume " + p("ck/step_00000004") + " --log-file " + p("c.jsonl"), 3);
   ASSERT_EQ(other.exit_code, 0) << other.output;
   std::istringstream in(other.output);
@@ -192,7 +171,7 @@ TEST_F(CheckpointCli, ErrorFeedbackResumesBitwiseAndWarnsOnceElsewhere) {
       EXPECT_NE(line.find("the checkpoint has world size 2, this run 3"), std::string::npos) << line;
     }
   EXPECT_EQ(warnings, 1) << other.output;
-  EXPECT_EQ(read_log(p("c.jsonl")).size(), 4u);
+  EXPECT_EQ(zero::testing::read_step_log(p("c.jsonl")).size(), 4u);
 }
 
 // Resharding: a 4-rank stage-2 fp32 checkpoint continued at 1 (stage 0), 2 (stage 1), 3 and 8 (stage 2);
@@ -217,7 +196,7 @@ TEST_F(CheckpointCli, ReshardAcrossWorldSizesAndStages) {
                                                p(std::string(c.from) + "/step_00000005"), p(log)),
                            c.np);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto straight = read_log(p(c.straight)), resumed = read_log(p(log));
+    const auto straight = zero::testing::read_step_log(p(c.straight)), resumed = zero::testing::read_step_log(p(log));
     ASSERT_EQ(resumed.size(), 20u);
     double worst = 0.0;
     for (const auto& [s, j] : resumed) {
@@ -240,11 +219,11 @@ TEST_F(CheckpointCli, Stage3EqualsStage2AndReshardsBothWays) {
   ASSERT_EQ(train(flags + "--zero-stage 2 --save-every 6 --save-dir " + p("ck2") + " --log-file " + p("s2.jsonl"), 4)
                 .exit_code,
             0);
-  const auto s3 = read_log(p("s3.jsonl")), s2 = read_log(p("s2.jsonl"));
+  const auto s3 = zero::testing::read_step_log(p("s3.jsonl")), s2 = zero::testing::read_step_log(p("s2.jsonl"));
   expect_bitwise(s2, s3, 0, 12);
   const Result same = train(flags + "--zero-stage 3 --resume " + p("ck3/step_00000006") + " --log-file " + p("r3.jsonl"), 4);
   ASSERT_EQ(same.exit_code, 0) << same.output;
-  expect_bitwise(s3, read_log(p("r3.jsonl")), 6, 12);
+  expect_bitwise(s3, zero::testing::read_step_log(p("r3.jsonl")), 6, 12);
   struct Case {
     int np, stage;
     const char* from;
@@ -255,7 +234,7 @@ TEST_F(CheckpointCli, Stage3EqualsStage2AndReshardsBothWays) {
                                                p(std::string(c.from) + "/step_00000006"), p(log)),
                            c.np);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto resumed = read_log(p(log));
+    const auto resumed = zero::testing::read_step_log(p(log));
     ASSERT_EQ(resumed.size(), 6u);
     double worst = 0.0;
     for (const auto& [s, j] : resumed) {
@@ -274,7 +253,7 @@ TEST_F(CheckpointCli, KillNineAtRandomInstantsThenResume) {
   fs::create_directories(scratch_);
   const std::string flags = "--steps 10 --save-every 1 --keep 2 ";
   ASSERT_EQ(train(flags + "--save-dir " + p("ref") + " --log-file " + p("ref.jsonl")).exit_code, 0);
-  const auto reference = read_log(p("ref.jsonl"));
+  const auto reference = zero::testing::read_step_log(p("ref.jsonl"));
   ASSERT_EQ(reference.size(), 10u);
   // Starts a saving run; returns its pid once its first checkpoint exists (or it ended).
   auto start = [&](const fs::path& save, const fs::path& log) {
@@ -342,7 +321,7 @@ TEST_F(CheckpointCli, KillNineAtRandomInstantsThenResume) {
     EXPECT_NE(r.output.find("resumed from " + (save / newest).string() + " "), std::string::npos)
         << "newest is " << newest << ": " << r.output;
     // The log continues cleanly: every step once, with the uninterrupted run's values.
-    const auto got = read_log(log);
+    const auto got = zero::testing::read_step_log(log);
     ASSERT_EQ(got.size(), 10u) << slurp(log);
     for (const auto& [s, j] : got) EXPECT_EQ(j["loss"], reference.at(s)["loss"]) << "trial " << trial << " step " << s;
   }
@@ -535,14 +514,6 @@ std::string broken_weights(const std::string& from, const std::string& to, float
   return to;
 }
 
-// Lines of `out` that start with "error:".
-int error_lines(const std::string& out) {
-  std::istringstream in(out);
-  int n = 0;
-  for (std::string line; std::getline(in, line);) n += line.rfind("error:", 0) == 0;
-  return n;
-}
-
 // fp16 whose gradients overflow at every step (weights 10^6 times a trained model's: the layer norms'
 // 1.0 becomes inf in f16) reaches the minimum loss scale and stops there (Note [Stopping at the
 // minimum scale]). The step it stops at follows from
@@ -557,7 +528,7 @@ TEST_F(CheckpointCli, Fp16StopsAtTheMinimumLossScale) {
       const Result r = train(fmt::format("--dtype fp16 --steps 40 --init-from {} --min-scale-skip-limit {}", huge,
                                          limit), np);
       EXPECT_EQ(r.exit_code, 1) << r.output;
-      EXPECT_EQ(error_lines(r.output), 1) << r.output;
+      EXPECT_EQ(zero::testing::error_lines(r.output), 1) << r.output;
       const int stop = 17 + limit;
       EXPECT_NE(r.output.find(fmt::format("error: step {}: fp16: the gradients overflowed at the minimum loss scale 1 "
                                           "on {} consecutive step(s)", stop, limit)),
@@ -590,7 +561,7 @@ TEST_F(CheckpointCli, Bf16SkipModeStopsAtTheSkipLimit) {
       const Result r = train(flags + (limit > 0 ? fmt::format(" --nonfinite-skip-limit {}", limit) : ""), np);
       const int stop = limit > 0 ? limit : 1;
       EXPECT_EQ(r.exit_code, 1) << r.output;
-      EXPECT_EQ(error_lines(r.output), 1) << r.output;
+      EXPECT_EQ(zero::testing::error_lines(r.output), 1) << r.output;
       EXPECT_NE(r.output.find(fmt::format("error: step {}: non-finite gradient (inf or NaN) on {} consecutive step(s), "
                                           "all skipped (nonfinite_skip_limit {})", stop, stop, stop)),
                 std::string::npos)
@@ -602,7 +573,7 @@ TEST_F(CheckpointCli, Bf16SkipModeStopsAtTheSkipLimit) {
     }
   const Result never = train(flags + " --nonfinite-skip-limit 0");
   EXPECT_EQ(never.exit_code, 0) << never.output;
-  EXPECT_EQ(error_lines(never.output), 0) << never.output;
+  EXPECT_EQ(zero::testing::error_lines(never.output), 0) << never.output;
 }
 
 // NaN in a weights file is named with its tensor before any work (Note [Bounded header] covers the
@@ -615,7 +586,7 @@ TEST_F(CheckpointCli, NonFiniteWeightsAreRefusedByName) {
                                                                  "--allow-non-finite-weights"});
   const Result two = train("--steps 1 --init-from " + bad, 2);
   EXPECT_EQ(two.exit_code, 1) << two.output;
-  EXPECT_EQ(error_lines(two.output), 1) << two.output;
+  EXPECT_EQ(zero::testing::error_lines(two.output), 1) << two.output;
   // Allowed: it loads, and fp32 then stops at step 1 on the non-finite gradient (its own check).
   const Result allowed = train("--steps 1 --init-from " + bad + " --allow-non-finite-weights");
   EXPECT_EQ(allowed.exit_code, 1) << allowed.output;
@@ -640,7 +611,7 @@ TEST_F(CheckpointCli, ASaveDirectoryHasOneWriter) {
   for (const int np : {1, 2}) {
     const Result second = train("--steps 2 --save-dir " + save, np);
     EXPECT_EQ(second.exit_code, 1) << second.output;
-    EXPECT_EQ(error_lines(second.output), 1) << second.output;
+    EXPECT_EQ(zero::testing::error_lines(second.output), 1) << second.output;
     EXPECT_NE(second.output.find("error: --save-dir '" + save + "' is being written by another job: '" + save +
                                  "/.lock' names pid " + std::to_string(pid) + " on host "),
               std::string::npos) << second.output;
@@ -685,7 +656,7 @@ TEST_F(CheckpointCli, AFailedRenameOnOneRankEndsWithItsOwnError) {
   fs::create_directories(dir_ / "s" / "latest" / "x");
   const Result r = train("--steps 2 --save-dir " + p("s"), 2);
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_EQ(error_lines(r.output), 1) << r.output;
+  EXPECT_EQ(zero::testing::error_lines(r.output), 1) << r.output;
   EXPECT_NE(r.output.find("error: --save-dir '" + p("s") + "': the checkpoint of step 2 failed: cannot rename: Is a "
                           "directory"),
             std::string::npos) << r.output;

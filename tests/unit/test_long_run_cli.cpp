@@ -162,10 +162,7 @@ std::vector<pid_t> children(pid_t pid) {
 class LongRunCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = zero::testing::make_test_dir("zero_longrun");
-    std::string text;
-    for (int i = 0; i < 60; ++i) text += "To be, or not to be, that is the question: whether 'tis nobler " + std::to_string(i) + "\n";
-    std::ofstream(dir_ / "text.txt") << text;
+    dir_ = zero::testing::make_text_dir("zero_longrun");
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string p(const std::string& name) const { return (dir_ / name).string(); }

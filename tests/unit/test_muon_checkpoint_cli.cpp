@@ -26,26 +26,17 @@ namespace {
 namespace fs = std::filesystem;
 using Result = zero::testing::CommandResult;
 
+// Per-step losses of a --log-file.
 std::map<std::int64_t, double> losses(const fs::path& path) {
   std::map<std::int64_t, double> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out[j["step"].get<std::int64_t>()] = j["loss"].get<double>();
-  }
+  for (const auto& [step, j] : zero::testing::read_step_log(path)) out[step] = j["loss"].get<double>();
   return out;
 }
 
 class MuonCheckpointCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("zero_muon_ckpt_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::string text;
-    for (int i = 0; i < 60; ++i) text += "To be, or not to be, that is the question: whether 'tis nobler " + std::to_string(i) + "\n";
-    std::ofstream(dir_ / "text.txt") << text;
+    dir_ = zero::testing::make_text_dir("zero_muon_ckpt");
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string p(const std::string& name) const { return (dir_ / name).string(); }
@@ -83,9 +74,7 @@ TEST_F(MuonCheckpointCli, ChangingTheOptimizerOnResumeIsOneLine) {
   ASSERT_EQ(train("--steps 4 --save-every 4 --save-dir " + p("ck")).exit_code, 0);
   const Result r = train("--steps 8 --optimizer adamw --resume " + p("ck/step_00000004"));
   EXPECT_NE(r.exit_code, 0);
-  std::string errors;
-  for (std::size_t at = 0; (at = r.output.find("error: ", at)) != std::string::npos; ++at) errors += "x";
-  EXPECT_EQ(errors, "x") << r.output;
+  EXPECT_EQ(zero::testing::error_lines(r.output), 1) << r.output;
   EXPECT_NE(r.output.find("holds muon optimizer state and this run uses adamw"), std::string::npos) << r.output;
 }
 
@@ -95,9 +84,7 @@ TEST_F(MuonCheckpointCli, SavingALayoutWithGapsIsOneLineBeforeTraining) {
   const Result r = train("--steps 2 --zero-stage 2 --save-dir " + p("ck") + " --log-file " + p("a.jsonl"), 2);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(r.output.rfind("error: checkpoints of this Muon run are not supported yet", 0), 0u) << r.output;
-  std::size_t errors = 0;  // once, though every rank finds it (mpirun adds its own lines after it)
-  for (std::size_t at = 0; (at = r.output.find("error: ", at)) != std::string::npos; ++at) ++errors;
-  EXPECT_EQ(errors, 1u) << r.output;
+  EXPECT_EQ(zero::testing::error_lines(r.output), 1) << r.output;  // once, though every rank finds it
   EXPECT_TRUE(losses(p("a.jsonl")).empty());
 }
 

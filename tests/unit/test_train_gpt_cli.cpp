@@ -33,14 +33,6 @@ using zero::testing::run_command;
 
 Result run_train_gpt(const std::string& args) { return run_command(zero::testing::bin_dir() + "/train_gpt " + args); }
 
-// Lines of `out` that start with "error:" (what our ranks print; mpirun adds banners of its own).
-int error_lines(const std::string& out) {
-  std::istringstream in(out);
-  int n = 0;
-  for (std::string line; std::getline(in, line);) n += line.rfind("error:", 0) == 0;
-  return n;
-}
-
 class TrainGptCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -392,7 +384,7 @@ TEST_F(TrainGptCli, SourceLocationOnlyWithVerbose) {
   EXPECT_EQ(quiet.output.find(".cpp:"), std::string::npos) << quiet.output;
 #endif
   EXPECT_NE(verbose.output.find("train_options.cpp:"), std::string::npos) << verbose.output;
-  EXPECT_EQ(error_lines(verbose.output), 1) << verbose.output;
+  EXPECT_EQ(zero::testing::error_lines(verbose.output), 1) << verbose.output;
 }
 
 TEST_F(TrainGptCli, BadTimeoutInTheEnvironmentNamesTheVariable) {
@@ -412,7 +404,7 @@ TEST_F(TrainGptCli, AnErrorEveryRankHitsIsPrintedOnceUnderMpirun) {
   for (const std::string bad : {" --zero-stage 5", " --steps abc", " --reduce-bucket-size 0", " --batch 10 --block 8"}) {
     const Result r = run_command(mpirun(4) + exe + bad + " --sample 0");
     EXPECT_NE(r.exit_code, 0) << bad << ": " << r.output;
-    EXPECT_EQ(error_lines(r.output), 1) << bad << ": " << r.output;
+    EXPECT_EQ(zero::testing::error_lines(r.output), 1) << bad << ": " << r.output;
     EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << bad << ": " << r.output;
   }
 }
@@ -431,7 +423,7 @@ TEST_F(TrainGptCli, OutOfMemoryIsOneLineAndExitCode1) {
   for (const std::string& launcher : {std::string(), mpirun(2)}) {
     const Result r = run_command(launcher + "bash -c 'ulimit -v 2048000; exec " + exe + "'");
     EXPECT_EQ(r.exit_code, 1) << launcher << r.output;
-    EXPECT_EQ(error_lines(r.output), 1) << launcher << r.output;
+    EXPECT_EQ(zero::testing::error_lines(r.output), 1) << launcher << r.output;
     EXPECT_NE(r.output.find("error: out of memory: "), std::string::npos) << launcher << r.output;
     EXPECT_NE(r.output.find("address-space limit 2000.00 MiB"), std::string::npos) << launcher << r.output;
     EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << launcher << r.output;
@@ -463,12 +455,12 @@ TEST_F(TrainGptCli, EveryWayOfLeavingEarlyEndsTheJobWithinTheTimeout) {
     EXPECT_NE(r.exit_code, 0) << m.mode << ": " << r.output;
     EXPECT_LT(seconds, kTimeout + 10.0) << m.mode << ": " << r.output;
     std::printf("leave early '%s': job ended after %.1f s (timeout %.0f s), exit code %d, %d error line(s)\n",
-                m.mode.c_str(), seconds, kTimeout, r.exit_code, error_lines(r.output));
+                m.mode.c_str(), seconds, kTimeout, r.exit_code, zero::testing::error_lines(r.output));
     if (m.expect.empty()) {
-      EXPECT_LE(error_lines(r.output), 1) << m.mode << ": " << r.output;
+      EXPECT_LE(zero::testing::error_lines(r.output), 1) << m.mode << ": " << r.output;
       continue;
     }
-    EXPECT_EQ(error_lines(r.output), 1) << m.mode << ": " << r.output;
+    EXPECT_EQ(zero::testing::error_lines(r.output), 1) << m.mode << ": " << r.output;
     for (const std::string& text : m.expect) EXPECT_NE(r.output.find(text), std::string::npos) << m.mode << ": " << r.output;
   }
   const Result ok = run_command(mpirun(4) + zero::testing::bin_dir() + "/zero_leave_early none");
