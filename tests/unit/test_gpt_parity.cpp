@@ -8,49 +8,17 @@
 #include <cmath>
 #include <fstream>
 
+#include "gpt_reference.h"
 #include "nn/gpt.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
-#include "test_paths.h"
 
 namespace {
 
 using namespace zero;
 using nlohmann::json;
 
-json load_reference() {
-  std::ifstream in(zero::testing::test_data_dir() + "/gpt_reference.json");
-  EXPECT_TRUE(in.good()) << "missing tests/data/gpt_reference.json";
-  return json::parse(in);
-}
-
-struct Fixture {
-  json ref = load_reference();
-  nn::GPTConfig cfg;
-  Generator gen{0};
-  std::unique_ptr<nn::GPT> model;
-  Tensor idx, targets;
-
-  Fixture() {
-    const auto& c = ref["config"];
-    cfg.vocab_size = c["vocab_size"];
-    cfg.n_layer = c["n_layer"];
-    cfg.n_head = c["n_head"];
-    cfg.n_embd = c["n_embd"];
-    cfg.block_size = c["block_size"];
-    model = std::make_unique<nn::GPT>(cfg, gen);
-    std::map<std::string, Tensor> state;
-    for (auto& [name, p] : ref["params"].items())
-      state[name] = Tensor::from_vector(p["data"].get<std::vector<float>>(), p["shape"].get<Shape>());
-    model->load_state_dict(state);
-    const std::int64_t B = c["batch"], T = c["block_size"];
-    std::vector<std::int64_t> x, y;
-    for (auto& row : ref["idx"]) for (auto v : row) x.push_back(v);
-    for (auto& row : ref["targets"]) for (auto v : row) y.push_back(v);
-    idx = Tensor::from_indices(x, {B, T});
-    targets = Tensor::from_indices(y, {B, T});
-  }
-};
+using Fixture = zero::testing::ReferenceGpt;
 
 // |a - b| <= rel * max(|b|, floor): relative, with an absolute floor for values that are zero in exact
 // arithmetic (e.g. the key-bias gradients, which softmax's shift invariance makes exactly 0).

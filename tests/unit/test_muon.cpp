@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "distributed/run/config.h"
+#include "gpt_reference.h"
 #include "nn/gpt.h"
 #include "optim/clip.h"
 #include "optim/muon.h"
@@ -53,32 +54,7 @@ TEST(Muon, NewtonSchulzRejectsEmptyMatricesAndZeroSteps) {
   EXPECT_THROW(optim::newton_schulz5(x.data(), 2, 2, 0), Error);
 }
 
-struct Model {
-  json gpt = load("gpt_reference.json");
-  Generator gen{0};
-  std::unique_ptr<nn::GPT> model;
-  Tensor idx, targets;
-
-  Model() {
-    const auto& c = gpt["config"];
-    nn::GPTConfig cfg;
-    cfg.vocab_size = c["vocab_size"];
-    cfg.n_layer = c["n_layer"];
-    cfg.n_head = c["n_head"];
-    cfg.n_embd = c["n_embd"];
-    cfg.block_size = c["block_size"];
-    model = std::make_unique<nn::GPT>(cfg, gen);
-    std::map<std::string, Tensor> state;
-    for (auto& [name, p] : gpt["params"].items())
-      state[name] = Tensor::from_vector(p["data"].get<std::vector<float>>(), p["shape"].get<Shape>());
-    model->load_state_dict(state);
-    std::vector<std::int64_t> x, y;
-    for (auto& row : gpt["idx"]) for (auto v : row) x.push_back(v);
-    for (auto& row : gpt["targets"]) for (auto v : row) y.push_back(v);
-    idx = Tensor::from_indices(x, {c["batch"], c["block_size"]});
-    targets = Tensor::from_indices(y, {c["batch"], c["block_size"]});
-  }
-};
+using Model = zero::testing::ReferenceGpt;  // our GPT with the reference weights and batch
 
 // The recipe's split: is_muon_matrix picks exactly the matrices the reference gave Muon.
 TEST(Muon, HiddenMatricesGoToMuonTheRestToAdamW) {
@@ -120,7 +96,7 @@ TEST(Muon, FiveStepsMatchPyTorch) {
   // The key biases (qkv.bias[C, 2C)) have an exactly-zero gradient in exact arithmetic (softmax's shift
   // invariance), so their AdamW steps normalise rounding noise: each moves by up to lr per step in either
   // direction. They are held to that bound; every other element to 1e-4.
-  const std::int64_t C = m.gpt["config"]["n_embd"];
+  const std::int64_t C = m.ref["config"]["n_embd"];
   const double noise_bound = 2.0 * h["lr"].get<double>() * static_cast<double>(want.size());
   for (auto& p : m.model->named_parameters()) {
     std::vector<float> got = p.tensor.to_vector(), ref_values = ref["params"][p.name].get<std::vector<float>>();
