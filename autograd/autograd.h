@@ -166,9 +166,10 @@ class RecordObserver {
   virtual void on_node(Node* node) = 0;
   /// Called by an op before it draws from `gen` (dropout masks).
   virtual void on_random(Generator& gen) = 0;
-  /// Called by an op that can skip its computation: the output the segment kept for the op `name`
-  /// about to be recorded (its re-run), or an undefined tensor (compute it).
-  virtual Tensor kept_output(const char* name) = 0;
+  /// Called by an op that can skip its computation: the output, of shape `shape`, the segment kept for
+  /// the op `name` about to be recorded (its re-run), or an undefined tensor (compute it). Throws
+  /// zero::Error when the kept output is of another op or shape.
+  virtual Tensor kept_output(const char* name, const Shape& shape) = 0;
 };
 
 /// Installs `observer` on this thread (nullptr: none); returns the previous one.
@@ -179,9 +180,9 @@ RecordObserver* record_observer();
 inline void note_random_use(Generator& gen) {
   if (RecordObserver* o = record_observer()) o->on_random(gen);
 }
-inline Tensor kept_output(const char* name) {
+inline Tensor kept_output(const char* name, const Shape& shape) {
   RecordObserver* o = record_observer();
-  return o != nullptr ? o->kept_output(name) : Tensor();
+  return o != nullptr ? o->kept_output(name, shape) : Tensor();
 }
 
 /// The node that gradients of `t` flow into: its grad_fn, its AccumulateGrad node (a leaf that

@@ -59,6 +59,9 @@ namespace {
 class Segment;
 thread_local RecomputeProbe g_probe;
 
+// The ops that can hand back a kept output instead of computing it (autograd::kept_output in ops.cpp).
+bool is_gemm(std::string_view op) { return op == "linear" || op == "matmul"; }
+
 // Where the re-run's gradient leaving the segment through checkpoint edge `index` is stored.
 class Sink final : public Node {
  public:
@@ -76,7 +79,11 @@ class Segment final : public RecordObserver {
   Segment(RecomputePolicy policy) : policy_(std::move(policy)) {}
 
   void on_record(const char* name, const std::vector<Tensor>& inputs, const Tensor& output) override {
-    const std::size_t op = ops_++;
+    // GEMMs are counted alone: views record only when their input needs a gradient, which inside the
+    // segment holds in the re-run and not in the first run, so a count of every op would shift.
+    const bool gemm = is_gemm(name);
+    const std::size_t index = gemms_;
+    gemms_ += gemm;
     if (replaying_) return;
     for (const Tensor& t : inputs) {
       std::shared_ptr<Node> edge = gradient_edge(t);
@@ -85,8 +92,7 @@ class Segment final : public RecordObserver {
       edges_.push_back(std::move(edge));
       shapes_.push_back(t.shape());
     }
-    if (policy_(name) == Keep::output && (std::strcmp(name, "linear") == 0 || std::strcmp(name, "matmul") == 0))
-      kept_.emplace(op, Kept{name, output.detach()});
+    if (gemm && policy_(name) == Keep::output) kept_.emplace(index, Kept{name, output.detach()});
   }
 
   std::shared_ptr<Node> map_edge(const std::shared_ptr<Node>& edge) override {
@@ -108,13 +114,14 @@ class Segment final : public RecordObserver {
     rng_.emplace_back(&gen, gen.engine());
   }
 
-  Tensor kept_output(const char* name) override {
+  Tensor kept_output(const char* name, const Shape& shape) override {
     if (!replaying_) return Tensor();
-    auto it = kept_.find(ops_);
+    auto it = kept_.find(gemms_);  // the GEMM about to be recorded
     if (it == kept_.end()) return Tensor();
-    ZERO_CHECK(std::strcmp(it->second.name, name) == 0, "checkpoint: the re-run of a segment recorded '{}' where "
-               "its first run recorded '{}' (the segment must compute the same ops on every run)", name,
-               it->second.name);
+    ZERO_CHECK(std::strcmp(it->second.name, name) == 0 && it->second.output.shape() == shape,
+               "checkpoint: the re-run of a segment recorded '{}' {} where its first run recorded '{}' {} (the "
+               "segment must compute the same ops on every run)", name, shape_str(shape), it->second.name,
+               shape_str(it->second.output.shape()));
     return it->second.output.detach();  // a new handle: the re-run's node attaches to it
   }
 
@@ -126,10 +133,6 @@ class Segment final : public RecordObserver {
   const std::vector<std::shared_ptr<Node>>& edges() const { return edges_; }
   const std::vector<Shape>& shapes() const { return shapes_; }
   void store(std::size_t index, const Tensor& g) { grads_[index] = g; }
-  void release() {
-    kept_.clear();
-    rng_.clear();
-  }
 
  private:
   struct Kept {
@@ -138,7 +141,7 @@ class Segment final : public RecordObserver {
   };
   RecomputePolicy policy_;
   bool replaying_ = false;
-  std::size_t ops_ = 0;
+  std::size_t gemms_ = 0;  // GEMMs recorded so far in this run: the key of kept_
   std::vector<std::shared_ptr<Node>> edges_;
   std::vector<Shape> shapes_;
   std::unordered_map<Node*, std::size_t> index_;
@@ -171,7 +174,7 @@ std::vector<Tensor> Segment::rerun(const SegmentFn& fn, const std::vector<Tensor
                                    const Shape& output_shape) {
   if (g_probe) g_probe(false);
   replaying_ = true;
-  ops_ = 0;
+  gemms_ = 0;
   inner_.clear();
   sinks_.clear();
   for (std::size_t i = 0; i < edges_.size(); ++i) sinks_.push_back(std::make_shared<Sink>(this, i));
@@ -230,7 +233,6 @@ class CheckpointNode final : public Node {
   Shape output_shape_;
 };
 
-bool is_gemm(std::string_view op) { return op == "linear" || op == "matmul"; }
 
 }  // namespace
 

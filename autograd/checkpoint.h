@@ -33,7 +33,7 @@ enum class Keep {
 };
 
 /// Decides, per op name ("linear", "gelu", "layer_norm", ... as the op records itself), what a
-/// segment keeps. Called in the segment's first run and again in its re-run; must answer the same.
+/// segment keeps. Called in the segment's first run only (the re-run asks the segment what it kept).
 using RecomputePolicy = std::function<Keep(std::string_view op)>;
 
 /// Full recompute: keeps nothing but the segment's inputs.
@@ -61,8 +61,10 @@ using SegmentFn = std::function<Tensor(const std::vector<Tensor>& inputs)>;
 /// `fn` must compute the same ops in the same order on every run (no data-dependent control flow), and
 /// must not nest another checkpoint. Memory: the inputs and kept outputs live until the node runs; the
 /// re-run holds one segment's saved tensors at a time (Note [Save or recompute]).
-/// Throws zero::Error for a nested checkpoint, and from the backward when the re-run records an op the
-/// first run did not or reads a different tensor from outside the segment.
+/// Throws zero::Error for a nested checkpoint, and from the backward when the re-run reads a tensor from
+/// outside the segment that the first run did not, or asks for a kept GEMM output of another op or shape.
+/// A re-run that computes other pointwise ops than the first run is not detected: `fn` must be
+/// deterministic in its ops.
 Tensor checkpoint(const SegmentFn& fn, const std::vector<Tensor>& inputs, const RecomputePolicy& policy);
 
 /// Observes checkpoint re-runs (memory accounting: examples/activation_meter.h). Called inside the

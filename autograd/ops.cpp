@@ -318,14 +318,17 @@ Tensor matmul_gemm(const Tensor& a, const Tensor& b, DType gt, std::int64_t M, s
   Tensor ad = dense(a), bd = dense(b);
   Shape oshape = a.shape();
   oshape.back() = N;
-  Tensor out = Tensor::empty(oshape, DType::f32, dev);
   const std::int64_t batch = a.numel() / std::max<std::int64_t>(1, M * K);
-  if (shared_b) {
-    be.gemm_ex(false, false, batch * M, N, K, 1.0f, ad.raw_data(), gt, K, bd.raw_data(), gt, N, 0.0f, out.raw_data(),
-               DType::f32, N, nullptr);
-  } else {
-    be.gemm_batched_ex(false, false, M, N, K, 1.0f, ad.raw_data(), gt, K, M * K, bd.raw_data(), gt, N, K * N, 0.0f,
-                       out.raw_data(), DType::f32, N, M * N, batch);
+  // A checkpointed segment's re-run may hand back the output it kept (Note [Save or recompute]).
+  Tensor out = autograd::kept_output("matmul", oshape);
+  if (!out.defined()) {
+    out = Tensor::empty(oshape, DType::f32, dev);
+    if (shared_b)
+      be.gemm_ex(false, false, batch * M, N, K, 1.0f, ad.raw_data(), gt, K, bd.raw_data(), gt, N, 0.0f,
+                 out.raw_data(), DType::f32, N, nullptr);
+    else
+      be.gemm_batched_ex(false, false, M, N, K, 1.0f, ad.raw_data(), gt, K, M * K, bd.raw_data(), gt, N, K * N,
+                         0.0f, out.raw_data(), DType::f32, N, M * N, batch);
   }
   record("matmul", {a, b}, out, [&be, ad, bd, gt, M, N, K, batch, shared_b](const Tensor& g) -> std::vector<Tensor> {
     Tensor gd = operand(g, gt);
@@ -388,7 +391,7 @@ Tensor linear_gemm(const Tensor& x, const Tensor& weight, const Tensor& bias, st
   Shape oshape = x.shape();
   oshape.back() = out_f;
   // A checkpointed segment's re-run may hand back the output it kept (Note [Save or recompute]).
-  Tensor out = autograd::kept_output("linear");
+  Tensor out = autograd::kept_output("linear", oshape);
   if (!out.defined()) {
     out = Tensor::empty(oshape, DType::f32, dev);
     be.gemm_ex(false, true, N, out_f, in, 1.0f, xh.raw_data(), wt, in, wd.raw_data(), wt, in, 0.0f, out.raw_data(),

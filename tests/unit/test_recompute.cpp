@@ -158,3 +158,37 @@ TEST(Checkpoint, HoldsLessAfterTheForward) {
 }
 
 }  // namespace
+
+namespace {
+
+// A segment outside the GPT's blocks: views between its GEMMs (a view records only when its input needs a
+// gradient, which inside the segment holds in the re-run alone) and a batched matmul. Full and selective
+// recompute must give the plain run's loss and gradients bitwise; selective hands each GEMM of the re-run
+// the output it kept, and a kept output of another op or shape would throw.
+std::vector<std::vector<unsigned char>> view_segment_grads(const autograd::RecomputePolicy* policy) {
+  Generator gen(5);
+  Tensor x = Tensor::randn({4, 6}, gen).set_requires_grad(true);
+  Tensor w1 = Tensor::randn({12, 6}, gen).set_requires_grad(true);
+  Tensor w2 = Tensor::randn({5, 4}, gen).set_requires_grad(true);
+  const autograd::SegmentFn fn = [&](const std::vector<Tensor>& in) {
+    const Tensor h = gelu(linear(in[0], w1, Tensor()));                // [4, 12]
+    const Tensor v = h.reshape({4, 3, 4});                              // a view: [4, 3, 4]
+    const Tensor m = gelu(matmul(v.transpose(1, 2), v));                // [4, 4, 3] @ [4, 3, 4] = [4, 4, 4]
+    return linear(m.reshape({16, 4}), w2, Tensor());                    // [16, 5]
+  };
+  const Tensor out = policy != nullptr ? autograd::checkpoint(fn, {x}, *policy) : fn({x});
+  Tensor loss = mean(mul(out, out));
+  loss.backward();
+  std::vector<std::vector<unsigned char>> grads{bytes_of(loss)};
+  for (const Tensor& t : {x, w1, w2}) grads.push_back(bytes_of(t.grad()));
+  return grads;
+}
+
+TEST(Checkpoint, ViewsBetweenGemmsAndBatchedMatmulsRecomputeBitwise) {
+  const auto plain = view_segment_grads(nullptr);
+  const autograd::RecomputePolicy full = autograd::keep_nothing(), selective = autograd::keep_matmul_outputs();
+  EXPECT_EQ(view_segment_grads(&full), plain);
+  EXPECT_EQ(view_segment_grads(&selective), plain);
+}
+
+}  // namespace
