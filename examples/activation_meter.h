@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <functional>
 
+#include "autograd/checkpoint.h"
+
 namespace zero::examples {
 
 class ActivationMeter {
@@ -15,8 +17,15 @@ class ActivationMeter {
   /// `in_use`: the allocator's bytes in use now. `other`: bytes in use now that are not activations
   /// but may grow during a forward or a re-run (ZeRO stage 3's gathered parameters and their compute
   /// copies); 0 when there are none.
+  /// While the meter lives it is this thread's recompute probe (autograd::set_recompute_probe); its
+  /// destructor removes it, so no probe outlives the meter.
   ActivationMeter(std::function<std::size_t()> in_use, std::function<std::size_t()> other)
-      : in_use_(std::move(in_use)), other_(std::move(other)) {}
+      : in_use_(std::move(in_use)), other_(std::move(other)) {
+    autograd::set_recompute_probe([this](bool forward_done) { on_recompute(forward_done); });
+  }
+  ~ActivationMeter() { autograd::set_recompute_probe(nullptr); }
+  ActivationMeter(const ActivationMeter&) = delete;
+  ActivationMeter& operator=(const ActivationMeter&) = delete;
 
   /// Only measured steps count (train_gpt skips the first, which makes the persistent caches).
   void set_counting(bool on) { counting_ = on; }
@@ -25,7 +34,7 @@ class ActivationMeter {
   void end_forward() {
     if (counting_) held_ = std::max(held_, grown(base_));
   }
-  /// The probe of autograd::set_recompute_probe: false at a re-run's start, true after its forward.
+  /// The recompute probe: false at a re-run's start, true after its forward.
   void on_recompute(bool forward_done) {
     if (!forward_done) {
       rerun_base_ = now();

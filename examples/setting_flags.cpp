@@ -1,5 +1,7 @@
 #include "examples/setting_flags.h"
 
+#include "core/check.h"
+
 #include "distributed/distributed.h"
 
 namespace zero::examples {
@@ -39,6 +41,23 @@ dist::TrainingConfig merge_config(const nlohmann::json& base, const std::string&
       flags.emplace_back(s.flag, text->second);
   }
   return dist::merge_config(base, source, flags, program_flags);
+}
+
+void apply_batch_flags(dist::TrainingConfig& cfg, std::int64_t batch, bool batch_given, bool accum_given,
+                       int world_size) {
+  const bool base_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
+  const std::int64_t accum = accum_given ? cfg.gradient_accumulation_steps.value_or(1) : 1;
+  if ((batch_given || !base_has_batch) && accum >= 1) {  // accum < 1: resolve_batch names it
+    const std::int64_t per_step = static_cast<std::int64_t>(world_size) * accum;
+    ZERO_CHECK(batch % per_step == 0 && batch >= per_step,
+               "--batch {} does not split into {} rank(s) x {} accumulation step(s) (it must be a positive multiple of {})",
+               batch, world_size, per_step / world_size, per_step);
+    cfg.train_batch_size = batch;
+    cfg.train_micro_batch_size_per_gpu.reset();
+    if (!cfg.gradient_accumulation_steps) cfg.gradient_accumulation_steps = 1;
+  }
+  if (accum_given && cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size)
+    cfg.train_micro_batch_size_per_gpu.reset();
 }
 
 }  // namespace zero::examples

@@ -42,4 +42,12 @@ dist::TrainingConfig merge_config(const nlohmann::json& base, const std::string&
                                   const FlagGiven& given,
                                   const std::function<void(dist::TrainingConfig&)>& program_flags);
 
+/// train_gpt's batch rule, after the table's flags (--grad-accum already in `cfg`): `batch` (--batch,
+/// sequences per optimizer step over all ranks) becomes train_batch_size when `batch_given` or when
+/// the file set no batch key; the micro-batch is then derived again, as it is when --grad-accum is
+/// given beside a file's batch keys. Throws zero::Error naming --batch when it is not a positive
+/// multiple of world_size x the accumulation steps.
+void apply_batch_flags(dist::TrainingConfig& cfg, std::int64_t batch, bool batch_given, bool accum_given,
+                       int world_size);
+
 }  // namespace zero::examples

@@ -490,8 +490,7 @@ void TrainingRun::make_activation_meter() {
     const std::size_t per_element = dtype_size(zo_.dtype) + (zo_.dtype == DType::f32 ? 0 : 4);
     gathered = [p, per_element] { return static_cast<std::size_t>(p->live_elements()) * per_element; };
   }
-  meter_.emplace(std::move(in_use), std::move(gathered));
-  autograd::set_recompute_probe([this](bool done) { meter_->on_recompute(done); });
+  meter_.emplace(std::move(in_use), std::move(gathered));  // also this thread's recompute probe
 }
 
 // A resumed run's optimizer state, generators and step.

@@ -245,24 +245,6 @@ std::pair<nlohmann::json, std::string> config_base(const Args& a, const nlohmann
   return {base, a.config};
 }
 
-// --batch over the batch keys, with --grad-accum (the settings table's flag, already in `cfg`).
-void apply_batch_flags(dist::TrainingConfig& cfg, const Args& a, const Given& given, int world_size) {
-  const bool base_has_batch = cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu;
-  const bool given_accum = given.has("--grad-accum");
-  const std::int64_t accum = given_accum ? cfg.gradient_accumulation_steps.value_or(1) : 1;
-  if ((given.has("--batch") || !base_has_batch) && accum >= 1) {  // accum < 1: resolve_batch names it
-    const std::int64_t per_step = static_cast<std::int64_t>(world_size) * accum;
-    ZERO_CHECK(a.batch % per_step == 0 && a.batch >= per_step,
-               "--batch {} does not split into {} rank(s) x {} accumulation step(s) (it must be a positive multiple of {})",
-               a.batch, world_size, per_step / world_size, per_step);
-    cfg.train_batch_size = a.batch;
-    cfg.train_micro_batch_size_per_gpu.reset();
-    if (!cfg.gradient_accumulation_steps) cfg.gradient_accumulation_steps = 1;
-  }
-  if (given_accum && cfg.train_micro_batch_size_per_gpu && cfg.train_batch_size)
-    cfg.train_micro_batch_size_per_gpu.reset();
-}
-
 // The rules between keys, worded for the flags that broke them (validate() words them for the keys).
 void check_flag_rules(const dist::TrainingConfig& cfg, const Given& given) {
   const dist::ZeroConfig& z = cfg.zero_optimization;
@@ -289,7 +271,7 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
   // The flags that are not one key of the table: the dtype (two keys), the batch (three), the fp16 limit (two).
   const auto program_flags = [&](dist::TrainingConfig& cfg) {
     if (given.has("--dtype")) cfg.set_model_dtype(parse_float_dtype(a.dtype));
-    apply_batch_flags(cfg, a, given, world_size);
+    apply_batch_flags(cfg, a.batch, given.has("--batch"), given.has("--grad-accum"), world_size);
     if (given.has("--min-scale-skip-limit")) {
       cfg.fp16.raise_error_at_min_scale = a.min_scale_skip_limit > 0;
       if (a.min_scale_skip_limit > 0) cfg.fp16.min_scale_skip_limit = a.min_scale_skip_limit;
@@ -298,7 +280,7 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
     // A resumed run's batch that no flag or file set is the checkpoint's: say so, and which flag fixes it.
     const bool checkpoint_batch = resumed != nullptr && !given.has("--batch") && a.config.empty();
     const std::int64_t per_step = static_cast<std::int64_t>(world_size) * cfg.gradient_accumulation_steps.value_or(1);
-    ZERO_CHECK(!checkpoint_batch || !cfg.train_batch_size || *cfg.train_batch_size % per_step == 0,
+    ZERO_CHECK(!checkpoint_batch || !cfg.train_batch_size || per_step < 1 || *cfg.train_batch_size % per_step == 0,
                "--resume: the checkpoint's global batch {} does not split into {} rank(s) x {} accumulation step(s); "
                "give --batch B (a positive multiple of {})", *cfg.train_batch_size, world_size, per_step / world_size,
                per_step);

@@ -104,14 +104,12 @@ dist::TrainingConfig make_config(const Args& a, const CLI::App& app) {
   const dist::TrainingConfig tc =
       examples::merge_config(file, a.config, a.settings, given, [&](dist::TrainingConfig& c) {
         if (given("--dtype")) c.set_model_dtype(parse_float_dtype(a.dtype));
-        // train_gpt's batch rule: --batch, or the file's train_batch_size, else train_gpt's default when
-        // it splits into the ranks and micro-steps (else a micro-batch of 1: only the activations use it).
-        if (given("--batch") || !c.train_batch_size) {
-          ZERO_CHECK(a.batch >= 1, "--batch must be positive, got {}", a.batch);
-          const std::int64_t split = static_cast<std::int64_t>(a.world_size) * c.gradient_accumulation_steps.value_or(1);
-          c.train_batch_size = given("--batch") || a.batch % split == 0 ? a.batch : split;
-          if (!c.gradient_accumulation_steps) c.train_micro_batch_size_per_gpu.reset();
-        }
+        // train_gpt's batch rule; only train_gpt's default --batch, when it does not split into the ranks
+        // and micro-steps, becomes one sequence per micro-step (only the activations use the batch).
+        const bool default_batch = !given("--batch") && !c.train_batch_size && !c.train_micro_batch_size_per_gpu;
+        const std::int64_t split = static_cast<std::int64_t>(a.world_size) * c.gradient_accumulation_steps.value_or(1);
+        const std::int64_t batch = default_batch && split >= 1 && a.batch % split != 0 ? split : a.batch;
+        examples::apply_batch_flags(c, batch, given("--batch"), given("--grad-accum"), a.world_size);
         c.resolve_batch(a.world_size);
       });
   for (const auto& w : tc.warnings) fmt::print(stderr, "{}\n", w);

@@ -407,6 +407,11 @@ TEST_F(CheckpointCli, ResumedBatchThatDoesNotSplitNamesTheCheckpointAndBatch) {
   // --batch as the message says: the run goes on.
   const Result fixed = run(resume + " --batch 25 --steps 3");
   EXPECT_EQ(fixed.exit_code, 0) << fixed.output;
+  // --grad-accum 0 with the checkpoint's batch: the key's one line, not a division by zero.
+  const Result zero_accum = run(resume + " --grad-accum 0");
+  EXPECT_EQ(zero_accum.exit_code, 1) << zero_accum.output;
+  EXPECT_EQ(zero::testing::error_lines(zero_accum.output), 1) << zero_accum.output;
+  EXPECT_NE(zero_accum.output.find("gradient_accumulation_steps"), std::string::npos) << zero_accum.output;
 }
 
 TEST_F(CheckpointCli, ResumingAFinishedRunHasNothingToDo) {

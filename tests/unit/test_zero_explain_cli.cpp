@@ -91,7 +91,8 @@ TEST_F(ZeroExplainCli, BadInputIsOneLine) {
        {std::string("--world-size 0"), std::string("--zero-stage 4"), std::string("--n-embd 10 --n-head 4"),
         std::string("--format yaml"), std::string("--data /nonexistent.txt"), std::string("--reduce-bucket-size 0"),
         std::string("--zero-stage 3 --stage3-max-live-parameters 1000"),
-        std::string("--stage3-prefetch-bucket-size -1"),
+        std::string("--stage3-prefetch-bucket-size -1"), std::string("--grad-accum 0"),
+        std::string("--grad-accum 0 --batch 12"),
         // An SVG path that cannot be written stops before the explanation is printed.
         "--svg " + (dir_ / "text.txt" / "layout.svg").string(), "--svg " + dir_.string()}) {
     const CommandResult r = run_command(bin + " " + args);
