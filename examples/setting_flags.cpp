@@ -8,11 +8,7 @@ namespace zero::examples {
 
 namespace {
 
-bool in_set(const dist::Setting& s, FlagSet which) {
-  return which == FlagSet::all || s.section() == "zero_optimization" || s.section() == "activation_checkpointing" ||
-         std::string_view(s.key) == "communication_data_type" || std::string_view(s.key) == "gradient_accumulation_steps" ||
-         std::string_view(s.key) == "optimizer.type";
-}
+bool in_set(const dist::Setting& s, FlagSet which) { return which == FlagSet::all || s.shapes_plan; }
 
 }  // namespace
 

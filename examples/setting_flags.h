@@ -21,10 +21,8 @@ struct SettingFlags {
   std::map<std::string, bool> on;           // "--overlap-comm" -> true
 };
 
-/// Which settings a program offers as flags: all of them (train_gpt), or only those that shape the
-/// ZeRO layout, its wire and the activation memory (zero_optimization.*, communication_data_type,
-/// gradient_accumulation_steps, activation_checkpointing.* and optimizer.type, which decides whether Muon
-/// matrices stay whole; zero_explain).
+/// Which settings a program offers as flags: all of them (train_gpt), or those that shape the ZeRO plan,
+/// its wire or the memory (dist::Setting::shapes_plan; zero_explain).
 enum class FlagSet { all, layout };
 
 /// Defines one CLI11 option per setting of the table that has a flag (its name, help line and, for a

@@ -27,11 +27,11 @@ std::vector<Setting> top_level_settings() {
        [](T& c) -> SettingField { return &c.train_micro_batch_size_per_gpu; }},
       {"gradient_accumulation_steps", "--grad-accum", S::integer, "derived", {},
        "gradient accumulation steps (micro-batches per optimizer step)",
-       [](T& c) -> SettingField { return &c.gradient_accumulation_steps; }},
+       [](T& c) -> SettingField { return &c.gradient_accumulation_steps; }, true},
       {"communication_data_type", "--communication-data-type", S::text, "model dtype", {"fp32", "fp16", "bf16"},
        "dtype gradient reductions travel in: fp32, fp16 or bf16 (default: the model dtype; fp32 is more accurate "
        "for a 16-bit model, at twice the bytes)",
-       [](T& c) -> SettingField { return &c.communication_data_type; }},
+       [](T& c) -> SettingField { return &c.communication_data_type; }, true},
       {"gradient_clipping", "--clip", S::number, "`1.0`", {}, "max global gradient norm (0 = off)",
        [](T& c) -> SettingField { return &c.gradient_clipping; }},
       {"collective_timeout_s", "--collective-timeout", S::number, "`300`", {},
@@ -73,8 +73,9 @@ std::vector<Setting> precision_settings() {
   };
 }
 
+// Every ZeRO key shapes the plan (Setting::shapes_plan), marked below.
 std::vector<Setting> zero_settings() {
-  return {
+  std::vector<Setting> rows = {
       {"zero_optimization.stage", "--zero-stage", S::integer, "`0`", {}, "ZeRO stage: 0 (data parallel), 1, 2 or 3",
        [](T& c) -> SettingField { return &c.zero_optimization.stage; }},
       {"zero_optimization.reduce_bucket_size", "--reduce-bucket-size", S::elements, "automatic", {},
@@ -116,6 +117,8 @@ std::vector<Setting> zero_settings() {
        "stages 1, 2: all-gather the updated parameters while the next forward runs",
        [](T& c) -> SettingField { return &c.zero_optimization.overlap_param_gather; }},
   };
+  for (Setting& s : rows) s.shapes_plan = true;
+  return rows;
 }
 
 std::vector<Setting> activation_checkpointing_settings() {
@@ -124,7 +127,7 @@ std::vector<Setting> activation_checkpointing_settings() {
        {"none", "full", "selective"},
        "activation recompute per transformer block: none, full (keep only block inputs) or selective (keep also "
        "the GEMM outputs, recompute norms, attention scores, GELU, dropout)",
-       [](T& c) -> SettingField { return &c.activation_checkpointing.recompute_granularity; }},
+       [](T& c) -> SettingField { return &c.activation_checkpointing.recompute_granularity; }, true},
   };
 }
 
@@ -133,7 +136,7 @@ std::vector<Setting> optimizer_settings() {
       {"optimizer.type", "--optimizer", S::text, "`\"AdamW\"`", {"adamw", "muon"},
        "adamw, or muon: Muon (Newton–Schulz orthogonalised momentum) for the hidden matrices and AdamW for "
        "embeddings, norms and biases, with the same lr and weight decay (docs/zero.md)",
-       [](T& c) -> SettingField { return &c.optimizer_type; }},
+       [](T& c) -> SettingField { return &c.optimizer_type; }, true},
   };
 }
 

@@ -53,6 +53,7 @@ struct Setting {
   std::vector<std::string> allowed;  // a text setting's values; empty: any
   const char* doc;           // one line: the flag's help text
   SettingField (*field)(TrainingConfig&);
+  bool shapes_plan = false;  // it changes the ZeRO plan, its wire or the memory: zero_explain offers its flag
 
   /// The section ("zero_optimization", "" for the top level) and the key's own name ("stage").
   std::string section() const;
