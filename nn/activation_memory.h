@@ -22,7 +22,8 @@ struct ActivationBytes {
 /// The activation bytes of one forward and backward of `cfg` on a micro-batch of `micro_batch`
 /// sequences of cfg.block_size tokens, in training mode, on cpu (activations are f32 whatever the
 /// model's dtype; each tensor's bytes rounded up to the cpu allocator's 64-byte blocks). Exact for
-/// this project's ops: see docs/zero.md for the terms. Throws zero::Error for micro_batch < 1.
+/// this project's ops, with either norm: see docs/zero.md for the terms. Throws zero::Error for
+/// micro_batch < 1 or a norm it has no terms for.
 ActivationBytes activation_bytes(const GPTConfig& cfg, std::int64_t micro_batch, autograd::Recompute mode);
 
 }  // namespace zero::nn

@@ -54,6 +54,8 @@ TEST_F(ActivationMemoryCli, PredictionEqualsMeasurement) {
       {2, "--recompute full --dropout 0 --zero-stage 1"},
       {2, "--recompute none --dropout 0.1 --zero-stage 3 --dtype bf16"},
       {2, "--recompute full --dropout 0.1 --zero-stage 3"},
+      {1, "--recompute none --dropout 0.1 --norm rmsnorm"},
+      {1, "--recompute selective --dropout 0.1 --norm rmsnorm"},
   };
   for (const Case& c : cases) {
     const std::string what = "np " + std::to_string(c.ranks) + " " + c.flags;
