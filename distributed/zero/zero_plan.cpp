@@ -79,6 +79,11 @@ void check_zero_options(const ZeroOptions& o) {
   ZERO_CHECK(a.beta1 >= 0.0f && a.beta1 < 1.0f, "ZeRO: AdamW beta1 must be in [0, 1), got {}", a.beta1);
   ZERO_CHECK(a.beta2 >= 0.0f && a.beta2 < 1.0f, "ZeRO: AdamW beta2 must be in [0, 1), got {}", a.beta2);
   ZERO_CHECK(a.lr >= 0.0f, "ZeRO: learning rate must be >= 0, got {}", a.lr);
+  // Muon's own checks run per matrix on its owner, mid-step, where a rank that owns none would go on to
+  // the all-gather: every rank checks them here, before any work.
+  ZERO_CHECK(!o.muon || (o.muon_momentum >= 0.0f && o.muon_momentum < 1.0f),
+             "ZeRO: Muon momentum must be in [0, 1), got {}", o.muon_momentum);
+  ZERO_CHECK(!o.muon || o.muon_ns_steps >= 1, "ZeRO: Muon ns_steps must be >= 1, got {}", o.muon_ns_steps);
   ZERO_CHECK(o.quantized_gradients_block >= 0 && o.quantized_gradients_block <= kMaxQuantizationBlock,
              "ZeRO: quantized_gradients_block must be in [0, {}] (0 = off), got {}", kMaxQuantizationBlock,
              o.quantized_gradients_block);

@@ -140,7 +140,7 @@ inline constexpr std::int64_t kMaxQuantizationBlock = std::int64_t{1} << 20;
 /// stage3_prefetch_bucket_size or a stage3_max_live_parameters < 1, a
 /// non-float dtype, a bucket size < 1 (other than kAutoBucketSize), gradient_accumulation_steps < 1,
 /// negative clipping or weight decay, AdamW eps < 0 or a beta outside [0, 1), lr < 0, a negative
-/// nonfinite_skip_limit. The loss-scaler
+/// nonfinite_skip_limit, with Muon a momentum outside [0, 1) or ns_steps < 1. The loss-scaler
 /// options are checked by optim::LossScaler.
 void check_zero_options(const ZeroOptions& options);
 

@@ -948,6 +948,9 @@ ZERO_DIST_TEST(ZeroErrors, BadOptions) {
   EXPECT_THROW(with([](ZeroOptions& o) { o.gradient_accumulation_steps = 0; }), Error);
   EXPECT_THROW(with([](ZeroOptions& o) { o.gradient_clipping = -1; }), Error);
   EXPECT_THROW(with([](ZeroOptions& o) { o.dtype = DType::i64; }), Error);
+  // Muon's options on every rank at construction, not mid-step on the ranks that own a matrix.
+  EXPECT_THROW(with([](ZeroOptions& o) { o.muon = true, o.muon_momentum = 1.0f; }), Error);
+  EXPECT_THROW(with([](ZeroOptions& o) { o.muon = true, o.muon_ns_steps = 0; }), Error);
   EXPECT_THROW(ZeroOptimizer(model->named_parameters(), nullptr, base_options()), Error);
   auto twice = model->named_parameters();
   twice.push_back(twice.front());
