@@ -54,24 +54,26 @@ const AdamWState& AdamW::state(std::size_t group, std::size_t index) const {
   return state_[group][index];
 }
 
+void detail::adamw_step_param(const Tensor& p, const Tensor& grad, AdamWState& s, const AdamWHyper& h) {
+  check_param_and_grad(p, grad, /*allow_cuda=*/true);
+  if (s.step == 0) {  // optimizer state lives with the parameter
+    s.exp_avg = Tensor::zeros({p.numel()}, DType::f32, p.device());
+    s.exp_avg_sq = Tensor::zeros({p.numel()}, DType::f32, p.device());
+  }
+  s.step += 1;
+  const Tensor g = grad.is_contiguous() ? grad : grad.clone();  // the kernel reads any float dtype
+  adamw_update(p.device(), master_data(p, s.master), g.raw_data(), g.dtype(), 1.0f, s.exp_avg.data<float>(),
+               s.exp_avg_sq.data<float>(), nullptr, DType::f32, p.numel(), h, s.step);
+  write_back(p, s.master);
+}
+
 void AdamW::step() {
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     const AdamWHyper h = hyper(gi);
     for (std::size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       const Tensor& p = groups_[gi].params[pi];
       const Tensor grad = p.grad();
-      if (!grad.defined()) continue;
-      detail::check_param_and_grad(p, grad, /*allow_cuda=*/true);
-      AdamWState& s = state_[gi][pi];
-      if (s.step == 0) {  // optimizer state lives with the parameter
-        s.exp_avg = Tensor::zeros({p.numel()}, DType::f32, p.device());
-        s.exp_avg_sq = Tensor::zeros({p.numel()}, DType::f32, p.device());
-      }
-      s.step += 1;
-      const Tensor g = grad.is_contiguous() ? grad : grad.clone();  // the kernel reads any float dtype
-      adamw_update(p.device(), detail::master_data(p, s.master), g.raw_data(), g.dtype(), 1.0f, s.exp_avg.data<float>(),
-                   s.exp_avg_sq.data<float>(), nullptr, DType::f32, p.numel(), h, s.step);
-      detail::write_back(p, s.master);
+      if (grad.defined()) detail::adamw_step_param(p, grad, state_[gi][pi], h);
     }
   }
 }

@@ -65,6 +65,14 @@ struct AdamWState {
   std::int64_t step = 0;
 };
 
+namespace detail {
+/// One AdamW step of parameter `p` (any float dtype and device) with its gradient `grad` (same numel;
+/// any float dtype): the state made on the first step, then adamw_update over its numel elements and
+/// the master copy written back. AdamW::step and Muon::step (for its AdamW parameters) call it. Throws
+/// zero::Error as check_param_and_grad does.
+void adamw_step_param(const Tensor& p, const Tensor& grad, AdamWState& s, const AdamWHyper& h);
+}  // namespace detail
+
 /// AdamW over parameter groups (weight decay per group, see decay_groups). Parameters and gradients may
 /// be f32, f16 or bf16 in any combination, on any device (a parameter and its gradient on the same
 /// one); moments are always f32, on the parameter's device. Throws zero::Error from the constructor for

@@ -160,26 +160,17 @@ void Muon::step_matrix(const Tensor& p, const Tensor& grad, MuonState& s, const 
 
 void Muon::step() {
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const bool muon = gi < muon_groups_;
+    const MuonHyper mh = muon ? hyper(gi) : MuonHyper{};
+    const AdamWHyper adamw{lr_, options_.beta1, options_.beta2, options_.eps, groups_[gi].weight_decay};
     for (std::size_t pi = 0; pi < groups_[gi].params.size(); ++pi) {
       const Tensor& p = groups_[gi].params[pi];
       const Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      if (gi < muon_groups_) {
-        step_matrix(p, grad, muon_state_[gi][pi], hyper(gi));
-        continue;
-      }
-      detail::check_param_and_grad(p, grad, /*allow_cuda=*/true);
-      AdamWState& s = adamw_state_[gi - muon_groups_][pi];
-      if (s.step == 0) {
-        s.exp_avg = Tensor::zeros({p.numel()}, DType::f32, p.device());
-        s.exp_avg_sq = Tensor::zeros({p.numel()}, DType::f32, p.device());
-      }
-      s.step += 1;
-      const Tensor g = grad.is_contiguous() ? grad : grad.clone();
-      const AdamWHyper h{lr_, options_.beta1, options_.beta2, options_.eps, groups_[gi].weight_decay};
-      adamw_update(p.device(), detail::master_data(p, s.master), g.raw_data(), g.dtype(), 1.0f, s.exp_avg.data<float>(),
-                   s.exp_avg_sq.data<float>(), nullptr, DType::f32, p.numel(), h, s.step);
-      detail::write_back(p, s.master);
+      if (muon)
+        step_matrix(p, grad, muon_state_[gi][pi], mh);
+      else
+        detail::adamw_step_param(p, grad, adamw_state_[gi - muon_groups_][pi], adamw);
     }
   }
 }
