@@ -440,8 +440,6 @@ void TrainingRun::build_model() {
   cfg_.n_embd = a_.n_embd;
   cfg_.dropout = a_.dropout;
   examples::copy_model_options(a_.variant, cfg_);
-  ZERO_CHECK(a_.n_head <= 0 || a_.n_embd % a_.n_head == 0, "--n-embd {} is not divisible by --n-head {} (each head "
-             "gets n_embd / n_head channels)", a_.n_embd, a_.n_head);
   cfg_.validate();
   // 0 = share this machine's cores among the ranks (mpirun starts them all on one node here).
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

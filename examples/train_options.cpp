@@ -1,19 +1,18 @@
 #include "examples/train_options.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "core/check.h"
 #include "examples/cli_errors.h"
 #include "examples/model_options.h"
+#include "examples/output_paths.h"
 
 namespace zero::examples {
 
@@ -131,42 +130,6 @@ std::pair<std::int64_t, std::int64_t> trace_range(const Args& a) {
   return {first, last};
 }
 
-namespace {
-
-std::string reason(int err) { return std::strerror(err); }
-
-// Creates the directory `dir` and its parents (what --save-dir always did) for output `path` of `flag`.
-void make_directory(const char* flag, const std::string& path, const fs::path& dir) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  ZERO_CHECK(fs::is_directory(dir), "{} '{}': cannot create the directory '{}' ({})", flag, path, dir.string(),
-             ec ? ec.message() : "a file of that name exists");
-}
-
-// Opens `file` for appending, creating it if needed, and removes it again if it did not exist.
-void probe_write(const char* flag, const std::string& path, const fs::path& file, const char* what) {
-  std::error_code ec;
-  const bool existed = fs::exists(file, ec);
-  const int fd = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  ZERO_CHECK(fd >= 0, "{} '{}': cannot {} ({})", flag, path, what, reason(errno));
-  ::close(fd);
-  if (!existed) fs::remove(file, ec);
-}
-
-// An output file: not a directory, its directory created, the file (or, for `via_tmp`, the temporary
-// file written first and renamed over it) writable.
-void probe_file(const char* flag, const std::string& path, bool via_tmp) {
-  ZERO_CHECK(!fs::is_directory(path), "{} '{}' is a directory; give a file path", flag, path);
-  const fs::path p = fs::absolute(path);
-  make_directory(flag, path, p.parent_path());
-  if (via_tmp)
-    probe_write(flag, path, p.string() + ".tmp", "create a file in its directory");
-  else
-    probe_write(flag, path, p, "open it for writing");
-}
-
-}  // namespace
-
 void probe_output_paths(const Args& a) {
   if (!a.save_dir.empty()) {
     ZERO_CHECK(!fs::exists(a.save_dir) || fs::is_directory(a.save_dir), "--save-dir '{}' exists and is not a directory",
@@ -186,6 +149,8 @@ void validate(const Args& a) {
   ZERO_CHECK(a.n_layer > 0, "--n-layer must be positive, got {}", a.n_layer);
   ZERO_CHECK(a.n_head > 0, "--n-head must be positive, got {}", a.n_head);
   ZERO_CHECK(a.n_embd > 0, "--n-embd must be positive, got {}", a.n_embd);
+  ZERO_CHECK(a.n_embd % a.n_head == 0, "--n-embd {} is not divisible by --n-head {} (each head gets n_embd / n_head "
+             "channels)", a.n_embd, a.n_head);
   ZERO_CHECK(a.batch > 0, "--batch must be positive, got {}", a.batch);
   ZERO_CHECK(a.block > 0, "--block must be positive, got {}", a.block);
   ZERO_CHECK(a.warmup >= 0, "--warmup must be >= 0, got {}", a.warmup);

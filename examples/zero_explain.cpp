@@ -19,7 +19,6 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -35,6 +34,7 @@
 #include "examples/cli_errors.h"
 #include "examples/memory_planner.h"
 #include "examples/muon_explain.h"
+#include "examples/output_paths.h"
 #include "examples/model_options.h"
 #include "examples/setting_flags.h"
 #include "examples/text_data.h"
@@ -967,21 +967,8 @@ void print_text(const Explained& e, const Args& a) {
   if (!a.read_plan.empty()) print_read_plan(e);
 }
 
-// The --svg file is tried before any work, as train_gpt tries its outputs: opened for appending (created
-// if missing, then removed again), so a path that cannot be written stops with one line naming it.
-void probe_svg(const std::string& path) {
-  ZERO_CHECK(!std::filesystem::is_directory(path), "--svg '{}' is a directory; give a file path", path);
-  std::error_code ec;
-  const bool existed = std::filesystem::exists(path, ec);
-  {
-    std::ofstream out(path, std::ios::app);
-    ZERO_CHECK(out.good(), "--svg '{}': cannot open it for writing ({})", path, std::strerror(errno));
-  }
-  if (!existed) std::filesystem::remove(path, ec);
-}
-
 int run(const Args& a, const CLI::App& app) {
-  if (!a.svg.empty()) probe_svg(a.svg);
+  if (!a.svg.empty()) examples::probe_file("--svg", a.svg, false);  // before any work, as train_gpt
   const Explained e = explain(a, app);
   if (a.format == "json")
     print_json(e, a);

@@ -51,7 +51,8 @@ float muon_update_scale(std::int64_t rows, std::int64_t cols);
 
 /// Floating-point operations of ns_steps Newton–Schulz iterations on a rows x cols matrix: with
 /// r = min(rows, cols), c = max(rows, cols), each iteration is three GEMMs, X·Xᵀ (2r²c), A·A (2r³) and
-/// B·X (2r²c), so ns_steps·(4r²c + 2r³). What a ZeRO plan balances ranks by.
+/// B·X (2r²c), so ns_steps·(4r²c + 2r³). zero_explain and train_gpt report each rank's sum and its
+/// imbalance; the plan does not balance ranks by it (Note [Whole-matrix partitions]).
 double newton_schulz_flops(std::int64_t rows, std::int64_t cols, int ns_steps);
 
 /// The quintic Newton–Schulz iteration (Jordan et al.) in place on x, a row-major rows x cols fp32
@@ -72,7 +73,7 @@ void newton_schulz5(float* x, std::int64_t rows, std::int64_t cols, int ns_steps
 ///   model_out <- master rounded to nearest even in model_dtype (skipped when model_out is null)
 /// master and momentum_buffer are f32 [rows·cols] and updated (the buffer starts at zero); grad is in
 /// grad_dtype (f32, f16, bf16) and read; grad_factor folds in 1 / loss scale and the clip coefficient.
-/// Throws zero::Error for rows or cols < 1, a non-float dtype, or a hyperparameter outside its range.
+/// Throws zero::Error for rows or cols < 1, a non-float dtype, momentum outside [0, 1) or ns_steps < 1.
 void muon_update(float* master, const void* grad, DType grad_dtype, float grad_factor, float* momentum_buffer,
                  void* model_out, DType model_dtype, std::int64_t rows, std::int64_t cols, const MuonHyper& h);
 

@@ -86,7 +86,8 @@ class FlatLayout {
   int world_size() const { return world_size_; }
   /// Ψ: real (unpadded) elements.
   std::int64_t numel() const { return numel_; }
-  /// Ψ rounded up to a multiple of alignment().
+  /// N·P: Ψ rounded up to a multiple of alignment(), and with whole entries (Muon matrices) the gaps that
+  /// keep each inside one partition (Note [Whole-matrix partitions] in flat_layout.cpp).
   std::int64_t padded_numel() const { return padded_; }
   std::int64_t padding() const { return padded_ - numel_; }
   /// Padding between parameters (the gaps that keep `whole` entries inside one partition); 0 without

@@ -1,4 +1,5 @@
-// ShardedOptimizer: AdamW with fp32 master weights over one contiguous range of the flat parameter
+// ShardedOptimizer: AdamW (and, with Muon, optim::muon_update for the hidden matrices whole) with fp32
+// master weights over one contiguous range of the flat parameter
 // buffer: the whole buffer at stage 0, this rank's partition [r·P, (r+1)·P) at stages 1-3 (the ZeRO
 // paper's P_os: each rank keeps optimizer state for 1/N of the parameters). It knows nothing of ranks
 // or communication: it is handed this rank's averaged gradient of the range and updates the range.
@@ -35,7 +36,7 @@ class ShardedOptimizer {
   /// device other than the CPU or a Muon matrix the layout cut.
   ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor region_params);
 
-  /// One AdamW step of the range. grad: [region_size] model dtype, this rank's averaged gradient, still
+  /// One optimizer step of the range (AdamW; Muon for its matrices). grad: [region_size] model dtype, this rank's averaged gradient, still
   /// multiplied by the loss scale; grad_factor: what to multiply it by first (1/loss scale times the clip
   /// coefficient); stepped[i]: whether layout parameter i is updated at all (parameters no rank produced
   /// a gradient for are not: no decay, no moment decay, no step count). lr: this step's learning rate.
@@ -49,7 +50,8 @@ class ShardedOptimizer {
   const Tensor& master() const { return master_; }
   const Tensor& exp_avg() const { return exp_avg_; }
   const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
-  /// Bytes of master (none for f32: the model's parameters are the master) + m + v.
+  /// Bytes of master (none for f32: the model's parameters are the master) + m + v, over the whole range:
+  /// with Muon, v is allocated for its matrices too, where it stays zero (4 bytes an element).
   double bytes() const;
 
   /// Per layout parameter: the AdamW steps that updated it (its bias-correction count).
