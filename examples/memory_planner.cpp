@@ -72,7 +72,6 @@ PlanChoice evaluate(const PlannerInput& in, int stage, autograd::Recompute mode,
   o.stage = stage;
   o.gradient_accumulation_steps = gas;
   o.link = {in.bandwidth, in.latency};
-  if (stage != 3) o.stage3_max_live_parameters = in.base.stage3_max_live_parameters;
   if (stage == 0 || stage == 3) o.overlap_param_gather = false;
   if (stage == 0) o.quantized_gradients_block = 0, o.quantized_gradients_error_feedback = false;
   const dist::ZeroPlan plan = dist::plan_zero(in.entries, in.world_size, o);

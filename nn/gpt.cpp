@@ -152,14 +152,15 @@ Tensor GPT::forward(const Tensor& idx) const {
     const Tensor at = wpe->forward(pos);   // [T,C]
     x = drop->forward(add(tok, at));
   }
+  const autograd::RecomputePolicy policy =
+      recompute_ == autograd::Recompute::none ? nullptr : autograd::recompute_policy(recompute_);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     autograd::ScopeGuard scope(autograd::tracing() ? "block " + std::to_string(i) : std::string());
-    if (recompute_ == autograd::Recompute::none) {
+    if (!policy) {
       x = blocks[i]->forward(x);
     } else {
       const Block* block = blocks[i].get();
-      x = autograd::checkpoint([block](const std::vector<Tensor>& in) { return block->forward(in[0]); }, {x},
-                               autograd::recompute_policy(recompute_));
+      x = autograd::checkpoint([block](const std::vector<Tensor>& in) { return block->forward(in[0]); }, {x}, policy);
     }
   }
   // LM head tied to the token embedding: logits = lnf(x) @ wte^T. The final norm runs before the
