@@ -812,9 +812,14 @@ TrainingRun::Summary TrainingRun::summarize() const {
   s.steps = static_cast<double>(std::max<std::int64_t>(1, steps_run_));
   s.traffic = ledger.to_json();
   for (auto& [k, v] : s.traffic.items()) v = v.get<double>() / s.steps;
-  const double psi_bytes = static_cast<double>(opt_->layout().padded_numel()) * dtype_size(zo_.dtype);
+  // The layout's padded Ψ (with Muon's gaps, if any) for this scheme's formula; the baseline is a stage-0
+  // run's, whose layout has no gaps, so Muon's gaps show as the ratio above 1.
+  const dist::FlatLayout& layout = opt_->layout();
+  const double psi_bytes = static_cast<double>(layout.padded_numel()) * dtype_size(zo_.dtype);
+  const double gapless_bytes = static_cast<double>((layout.numel() + layout.alignment() - 1) / layout.alignment() *
+                                                   layout.alignment()) * dtype_size(zo_.dtype);
   const double ring = world_ > 1 ? static_cast<double>(world_ - 1) / world_ : 0.0;
-  s.baseline = 2.0 * ring * psi_bytes;  // stage 0: one all-reduce of every gradient
+  s.baseline = 2.0 * ring * gapless_bytes;  // stage 0: one all-reduce of every gradient
   s.per_step = ledger.total() / s.steps;
   s.comm_ms_per_step = 1000.0 * ledger.total_seconds() / s.steps;  // communication thread busy
   s.comm_cpu_ms_per_step = 1000.0 * ledger.cpu_seconds / s.steps;  // ... and the CPU it used

@@ -1,5 +1,5 @@
-// docs/zero.md, section 9, quotes zero_explain's output for Muon: every quoted line must be a line that the
-// quoted command prints today.
+// docs/zero.md (section 10) and docs/tutorial.md (section 8) quote zero_explain's output for Muon: every
+// quoted line must be a line that the quoted command prints today.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -14,16 +14,15 @@
 
 namespace {
 
-TEST(MuonDocs, ZeroMdQuotesWhatZeroExplainPrints) {
-  const std::filesystem::path doc = std::filesystem::path(zero::testing::docs_dir()) / "zero.md";
-  if (!std::filesystem::exists(doc)) GTEST_SKIP() << doc << " is not here";
+// The lines of `doc` quoted after the block holding `doc_line`: its closing fence, the quote's opening
+// one, its closing one.
+std::vector<std::string> quoted_after(const std::filesystem::path& doc, const std::string& doc_line) {
   std::ifstream in(doc);
-  const std::string command = "build/bin/zero_explain --world-size 4 --zero-stage 2 --optimizer muon";
   std::vector<std::string> quoted;
   bool seen_command = false;
-  int fences = 0;  // after the command: its block's closing fence, the quote's opening one, its closing one
+  int fences = 0;
   for (std::string line; std::getline(in, line) && fences < 3;) {
-    if (line == command) seen_command = true;
+    if (line == doc_line) seen_command = true;
     if (!seen_command) continue;
     if (line.rfind("```", 0) == 0) {
       ++fences;
@@ -31,15 +30,33 @@ TEST(MuonDocs, ZeroMdQuotesWhatZeroExplainPrints) {
       quoted.push_back(line);
     }
   }
-  ASSERT_TRUE(seen_command) << "docs/zero.md no longer quotes: " << command;
-  ASSERT_GT(quoted.size(), 5u);
-  const auto r = zero::testing::run_command(zero::testing::bin_dir() + "/zero_explain --world-size 4 --zero-stage 2 "
-                                            "--optimizer muon");
+  EXPECT_TRUE(seen_command) << doc << " no longer quotes: " << doc_line;
+  return quoted;
+}
+
+// Every line `doc` quotes after `doc_line` is a line that zero_explain `flags` prints today.
+void expect_quotes_printed(const std::string& doc_name, const std::string& doc_line, const std::string& flags) {
+  const std::filesystem::path doc = std::filesystem::path(zero::testing::docs_dir()) / doc_name;
+  if (!std::filesystem::exists(doc)) GTEST_SKIP() << doc << " is not here";
+  const std::vector<std::string> quoted = quoted_after(doc, doc_line);
+  ASSERT_GT(quoted.size(), 4u);
+  const auto r = zero::testing::run_command(zero::testing::bin_dir() + "/zero_explain " + flags);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::set<std::string> printed;
   std::istringstream out(r.output);
   for (std::string line; std::getline(out, line);) printed.insert(line);
-  for (const std::string& q : quoted) EXPECT_TRUE(printed.count(q)) << "docs/zero.md quotes a line zero_explain does not print: " << q;
+  for (const std::string& q : quoted) EXPECT_TRUE(printed.count(q)) << doc_name << " quotes a line zero_explain does not print: " << q;
+}
+
+TEST(MuonDocs, ZeroMdQuotesWhatZeroExplainPrints) {
+  expect_quotes_printed("zero.md", "build/bin/zero_explain --world-size 4 --zero-stage 2 --optimizer muon",
+                        "--world-size 4 --zero-stage 2 --optimizer muon");
+}
+
+TEST(MuonDocs, TutorialQuotesWhatZeroExplainPrints) {
+  expect_quotes_printed("tutorial.md",
+                        "build/bin/zero_explain --world-size 2 --zero-stage 2 --optimizer muon | grep -E '^rank|imbalance'",
+                        "--world-size 2 --zero-stage 2 --optimizer muon");
 }
 
 }  // namespace
