@@ -76,6 +76,41 @@ void gemm_shapes(benchmark::internal::Benchmark* b) {
   b->Args({0, 0, 1024, 1024, 1024});
 }
 BENCHMARK(BM_gemm)->Apply(gemm_shapes);
+// ---- GEMM with operands out of cache ----
+// In a training step a GEMM's operands are other ops' outputs, often evicted since they were written.
+// This rotates through 64 copies of the operands named by `cold` (0: all three, 1: A, 2: B, 3: C; the
+// others stay the same warm buffers), ~100 MB in all, so each call finds them in memory, not in cache.
+// Args: trans_a, trans_b, M, N, K, cold.
+void BM_gemm_cold(benchmark::State& state) {
+  const bool ta = state.range(0), tb = state.range(1);
+  const std::int64_t M = state.range(2), N = state.range(3), K = state.range(4);
+  const int cold = static_cast<int>(state.range(5));
+  constexpr int kCopies = 64;
+  std::vector<Buffer> As, Bs, Cs;
+  for (int i = 0; i < kCopies; ++i) {
+    As.push_back(randn(M * K, i));
+    Bs.push_back(randn(K * N, kCopies + i));
+    Cs.emplace_back(static_cast<std::size_t>(M * N));
+  }
+  int i = 0;
+  for (auto _ : state) {
+    const int a = (cold == 0 || cold == 1) ? i : 0, b = (cold == 0 || cold == 2) ? i : 0;
+    const int c = (cold == 0 || cold == 3) ? i : 0;
+    cpu().gemm(ta, tb, M, N, K, 1.0f, As[a].data(), ta ? M : K, Bs[b].data(), tb ? K : N, 0.0f, Cs[c].data(), N,
+               nullptr);
+    benchmark::DoNotOptimize(Cs[c].data());
+    i = (i + 1) % kCopies;
+  }
+  set_flops(state, 2.0 * M * N * K);
+}
+void gemm_cold_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"ta", "tb", "M", "N", "K", "cold"});
+  // The qkv forward (x W^T), the MLP projection's dx (g W), the qkv dW (g^T x) of the CPU recipe.
+  for (auto [ta, tb, m, n, k] : std::vector<std::array<std::int64_t, 5>>{
+           {0, 1, 768, 384, 128}, {0, 0, 768, 128, 384}, {1, 0, 384, 128, 768}})
+    for (std::int64_t cold = 0; cold < 4; ++cold) b->Args({ta, tb, m, n, k, cold});
+}
+BENCHMARK(BM_gemm_cold)->Apply(gemm_cold_shapes);
 
 // ---- LayerNorm over C channels of N rows ----
 void BM_layernorm_forward(benchmark::State& state) {
