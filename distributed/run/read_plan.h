@@ -25,9 +25,7 @@ struct ReadRange {
 /// region_end) of [0, Ψ) (stage 0: [0, Ψ); stages 1-3: its partition's real elements,
 /// FlatLayout::to_logical of its ends; Note [Checkpoint ranges] in checkpoint.cpp): from each shard
 /// overlapping it, the overlap of exp_avg, exp_avg_sq and (16-bit checkpoints) master; for an fp32
-/// checkpoint the master from model.safetensors' data section. In load order; where the region's layout
-/// has gaps (Muon at stages 1-3) the load reads each range as adjacent pieces, one per run between
-/// gaps. Not listed:
+/// checkpoint the master from model.safetensors' data section. In load order. Not listed:
 /// state.json, the headers, and the error-feedback residual (read whole from the rank's own shard when
 /// the layout is the same). Reads only the files' headers. Throws zero::Error naming the checkpoint and
 /// file: a region outside [0, Ψ), shards that do not tile [0, Ψ), a shard lacking a tensor of its
