@@ -468,7 +468,6 @@ void TrainingRun::build_optimizer() {
   zo_.adam = optimizer_->adam;
   zo_.weight_decay = optimizer_->weight_decay;
   opt_.emplace(model_->named_parameters(), std::shared_ptr<dist::Communicator>(&comm_, [](auto*) {}), zo_);
-  if (!a_.save_dir.empty() || resume_) dist::check_checkpointable(opt_->layout());  // before the first step
   // Stage 3 has just freed the fp32 model it was built from and the full flat buffer (8Ψ bytes): give
   // them back to the system rather than keep them cached for blocks of other sizes.
   if (zo_.stage == 3) empty_cpu_cache();

@@ -296,10 +296,10 @@ void write_svg(const std::string& path, const dist::ZeroPlan& plan) {
 // What zero_explain explains: the model, the ZeRO options by train_gpt's merge rule, and the plan of
 // their layout, buckets and gathers on N ranks, with the hook order that decides when buckets leave.
 // --read-plan: the checkpoint (a step directory, or a save directory's newest), and what each of the N
-// ranks of this plan would read from it on a resume (dist::read_plan). One rank's region: the plan's
-// region cut at Ψ (Note [Checkpoint ranges] in distributed/run/checkpoint.cpp).
+// ranks of this plan would read from it on a resume (dist::read_plan). One rank's region: the logical
+// range of the plan's region, its real elements (Note [Checkpoint ranges] in distributed/run/checkpoint.cpp).
 struct RankReads {
-  std::int64_t begin = 0, end = 0;  // elements of [0, Ψ)
+  std::int64_t begin = 0, end = 0;  // logical elements of [0, Ψ)
   std::vector<dist::ReadRange> reads;
 };
 
@@ -345,8 +345,8 @@ std::vector<RankReads> resume_reads(const Explained& e, const dist::Checkpoint& 
   std::vector<RankReads> out;
   for (int r = 0; r < e.N; ++r) {
     RankReads rr;
-    rr.begin = std::min(numel, e.plan.region_begin(r));
-    rr.end = std::min(numel, e.plan.region_begin(r) + e.plan.region_size());
+    rr.begin = e.plan.layout.to_logical(e.plan.region_begin(r));  // Note [Checkpoint ranges]
+    rr.end = e.plan.layout.to_logical(e.plan.region_begin(r) + e.plan.region_size());
     rr.reads = dist::read_plan(c, rr.begin, rr.end);
     out.push_back(std::move(rr));
   }

@@ -28,17 +28,25 @@ namespace zero::dist {
 
 // Note [Checkpoint ranges]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// A parameter's offset in the flat buffer depends only on named_parameters() order, never on the
-// world size: only the trailing padding does (FlatLayout). So the unpadded range [0, Ψ) means the same
-// elements at every world size, and a checkpoint is a set of ranges of it:
-//   - saving rank r of N (partition size P) writes [r·P, min((r+1)·P, Ψ)) — at stage 0 too, where
-//     every rank holds everything: the ranks then split the writing instead of repeating it;
-//   - a loading rank needs its region [b, e) (stage 0: [0, Ψ); stages 1/2: its partition, cut at Ψ)
-//     and reads, from each old shard [b_i, e_i), the overlap [max(b, b_i), min(e, e_i)) at element
-//     max(b, b_i) - b_i of the shard's tensors into element max(b, b_i) - b of its own buffers.
-// Padding is never stored; a fresh optimizer's padding is zero and stays zero (nothing steps it).
-// model.safetensors holds the parameters back to back in the same order, so its data section is the
-// master's [0, Ψ) and every rank fills its own range of it in place.
+// A checkpoint is a set of ranges of the logical range [0, Ψ): the parameters back to back in
+// named_parameters() order, parameter i at the sum of the sizes before it, whatever the world size
+// (Note [Logical positions] in distributed/zero/flat_layout.cpp). Without gaps between parameters it is
+// the flat buffer cut at Ψ (only the trailing padding depends on the world size); with Muon's gaps at
+// stages 1-3 (Note [Whole-matrix partitions]) the flat positions move with N and the logical ones do not.
+// The real elements of any partition are one logical range, held in the flat buffer as runs split by
+// the gaps (FlatLayout::logical_runs). So:
+//   - saving rank r of N (partition size P) writes the logical range of [r·P, (r+1)·P), its runs
+//     compacted back to back — at stage 0 too, where every rank holds everything: the ranks then split
+//     the writing instead of repeating it;
+//   - a loading rank needs the logical range [b, e) of its region (stage 0: [0, Ψ); stages 1-3: its
+//     partition) and reads, from each old shard [b_i, e_i), the overlap [max(b, b_i), min(e, e_i)) at
+//     element max(b, b_i) - b_i of the shard's tensors, scattered into its runs (one read per run it
+//     meets: pieces adjacent in the file).
+// Padding, the gaps included, is never stored; a fresh optimizer's padding is zero and stays zero
+// (nothing steps it). model.safetensors holds the parameters back to back in the same order, so its
+// data section is the master's logical [0, Ψ) and every rank fills its own range of it in place.
+// state.json's per-parameter "offset" is the logical one. A layout without gaps writes exactly what it
+// wrote before logical positions existed.
 
 // Note [Error-feedback checkpoints]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -254,8 +262,8 @@ class CheckpointWriter {
 
   double agree(double mine, const char* doing);
   void prepare();
-  std::uint32_t write_shard(std::int64_t wb, std::int64_t we, std::int64_t src);
-  void write_model_range(std::int64_t wb, std::int64_t n, std::int64_t src);
+  std::uint32_t write_shard(std::int64_t wb, std::int64_t we, const std::vector<FlatRun>& runs);
+  void write_model_range(const std::vector<FlatRun>& runs);
   nlohmann::json state_json(const nlohmann::json& extra, const std::vector<std::uint32_t>& crcs,
                             std::uint64_t& total) const;
   bool publish(const nlohmann::json& extra, const std::vector<std::uint32_t>& crcs, int keep,
@@ -315,9 +323,9 @@ void CheckpointWriter::prepare() {
   });
 }
 
-// ---- 2a. this rank's shard: its optimizer state over [wb, we) and its error-feedback residual ----
-// Returns the shard's CRC-32.
-std::uint32_t CheckpointWriter::write_shard(std::int64_t wb, std::int64_t we, std::int64_t src) {
+// ---- 2a. this rank's shard: its optimizer state over logical [wb, we) and its error-feedback residual ----
+// `runs`: where [wb, we) lies in the flat buffer. Returns the shard's CRC-32.
+std::uint32_t CheckpointWriter::write_shard(std::int64_t wb, std::int64_t we, const std::vector<FlatRun>& runs) {
   const std::int64_t n = we - wb;
   std::vector<std::pair<std::string, const Tensor*>> parts;
   if (zo_.dtype != DType::f32) parts.push_back({"master", &opt_.master()});
@@ -357,9 +365,11 @@ std::uint32_t CheckpointWriter::write_shard(std::int64_t wb, std::int64_t we, st
     try {
       put(shard_header.data(), shard_header.size());
       for (const auto& part : parts)
-        for_host_chunks_read(*part.second, src, n, [&](const float* p, std::int64_t, std::int64_t c) {
-          put(p, static_cast<std::size_t>(c) * sizeof(float));
-        });
+        for (const FlatRun& run : runs)  // compacted past the gaps (Note [Checkpoint ranges])
+          for_host_chunks_read(*part.second, run.flat - opt_.region_begin(), run.length,
+                               [&](const float* p, std::int64_t, std::int64_t c) {
+                                 put(p, static_cast<std::size_t>(c) * sizeof(float));
+                               });
       if (feedback) {
         put(residual_packed.data(), residual_packed.size());
         put(residual_scales.data(), residual_scales.size() * sizeof(float));
@@ -373,15 +383,19 @@ std::uint32_t CheckpointWriter::write_shard(std::int64_t wb, std::int64_t we, st
   return shard_crc;
 }
 
-// ---- 2b. this rank's range of model.safetensors: its fp32 master weights over [wb, wb + n) ----
-void CheckpointWriter::write_model_range(std::int64_t wb, std::int64_t n, std::int64_t src) {
+// ---- 2b. this rank's range of model.safetensors: its fp32 master weights over `runs`, each at its logical place ----
+void CheckpointWriter::write_model_range(const std::vector<FlatRun>& runs) {
   attempt_.run([&] {
     const int fd = st::io::open_write(model_path_, false);
     try {
-      for_host_chunks_read(opt_.master(), src, n, [&](const float* p, std::int64_t first, std::int64_t c) {
-        st::io::pwrite_all(fd, p, static_cast<std::size_t>(c) * sizeof(float),
-                           model_header_.size() + 4 * static_cast<std::uint64_t>(first - src + wb), model_path_);
-      });
+      for (const FlatRun& run : runs) {
+        const std::int64_t src = run.flat - opt_.region_begin();  // the run in this rank's buffers
+        for_host_chunks_read(opt_.master(), src, run.length, [&](const float* p, std::int64_t first, std::int64_t c) {
+          st::io::pwrite_all(fd, p, static_cast<std::size_t>(c) * sizeof(float),
+                             model_header_.size() + 4 * static_cast<std::uint64_t>(first - src + run.logical),
+                             model_path_);
+        });
+      }
     } catch (...) {
       ::close(fd);
       throw;
@@ -405,14 +419,14 @@ nlohmann::json CheckpointWriter::state_json(const nlohmann::json& extra, const s
     const auto bytes = static_cast<std::uint64_t>(fs::file_size(tmp_ / f));
     files[f] = {{"bytes", bytes}, {"crc32", crcs[static_cast<std::size_t>(r)]}};
     total += bytes;
-    shards.push_back({{"file", f},
+    shards.push_back({{"file", f},  // logical ranges (Note [Checkpoint ranges])
                       {"rank", r},
-                      {"flat_begin", std::min<std::int64_t>(numel_, r * P)},
-                      {"flat_end", std::min<std::int64_t>(numel_, (r + 1) * P)}});
+                      {"flat_begin", layout_.to_logical(r * P)},
+                      {"flat_end", layout_.to_logical((r + 1) * P)}});
   }
   nlohmann::json params = nlohmann::json::array();
   for (const ParamRange& p : layout_.params())
-    params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}});
+    params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.logical_offset}});
   const optim::LossScaler::State ls = opt_.loss_scaler().state();
   nlohmann::json state = extra.is_object() ? extra : nlohmann::json::object();
   state["format"] = "zero.cpp checkpoint";
@@ -498,14 +512,14 @@ SaveResult CheckpointWriter::save(const nlohmann::json& extra, int keep, const s
   prepare();
   agree(attempt_.code(rank_), "prepare the checkpoint directory");
   // ---- 2. every rank writes its range (Note [Checkpoint ranges]) ----
-  const std::int64_t P = layout_.partition_size();
-  const std::int64_t wb = std::min<std::int64_t>(numel_, rank_ * P), we = std::min<std::int64_t>(numel_, (rank_ + 1) * P);
-  const std::int64_t n = we - wb;
-  const std::int64_t src = wb - opt_.region_begin();  // where wb sits in this rank's fp32 buffers
-  ZERO_CHECK(n == 0 || (src >= 0 && src + n <= opt_.region_size()), "checkpoint: rank {} does not hold [{}, {})",
-             rank_, wb, we);
-  const std::uint32_t shard_crc = write_shard(wb, we, src);
-  write_model_range(wb, n, src);
+  const std::int64_t pb = layout_.partition_begin(rank_), pe = layout_.partition_end(rank_);
+  const std::int64_t wb = layout_.to_logical(pb), we = layout_.to_logical(pe);  // logical
+  const std::vector<FlatRun> runs = layout_.logical_runs(pb, pe);
+  for (const FlatRun& run : runs)
+    ZERO_CHECK(run.flat >= opt_.region_begin() && run.flat + run.length <= opt_.region_begin() + opt_.region_size(),
+               "checkpoint: rank {} does not hold flat [{}, {})", rank_, run.flat, run.flat + run.length);
+  const std::uint32_t shard_crc = write_shard(wb, we, runs);
+  write_model_range(runs);
   // A failure anywhere stops every rank here; a cancellation on any rank abandons the checkpoint on all:
   // nothing was renamed yet, so the previous checkpoint stays the newest (Note [Preemption] in
   // examples/preemption.cpp).
@@ -541,17 +555,7 @@ SaveResult save(const std::string& save_dir, std::int64_t step, const ZeroOptimi
 SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const ZeroOptimizer& opt,
                            Communicator& comm, const nlohmann::json& extra, int keep,
                            const std::function<bool()>& cancelled, const std::vector<std::string>* written) {
-  check_checkpointable(opt.layout());
   return save(save_dir, step, opt, comm, extra, keep, cancelled, written);
-}
-
-void check_checkpointable(const FlatLayout& layout) {
-  // Shards are flat ranges of [0, Ψ) (Note [Checkpoint ranges]): a layout with gaps between parameters
-  // (Muon's whole-matrix partitions, Note [Whole-matrix partitions] in flat_layout.cpp) does not map.
-  ZERO_CHECK(layout.interior_padding() == 0,
-             "checkpoints of this Muon run are not supported yet: at ZeRO stages 1-3 its whole-matrix partitions put "
-             "gaps between parameters (zero_explain shows them), which the checkpoint format does not describe; use "
-             "--zero-stage 0 to save or resume");
 }
 
 // Note [One writer]
@@ -963,7 +967,6 @@ std::vector<ReadRange> read_plan(const Checkpoint& c, std::int64_t rb, std::int6
 LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator& comm) {
   opt.wait_for_params();  // an overlapped all-gather of the last step must not land on the loaded values
   const FlatLayout& layout = opt.layout();
-  check_checkpointable(layout);
   const std::int64_t numel = layout.numel();
   ZERO_CHECK(get<std::int64_t>(c.state, "numel", c.dir) == numel, "checkpoint '{}' holds {} parameter elements, "
              "this model {}", c.dir, get<std::int64_t>(c.state, "numel", c.dir), numel);
@@ -973,32 +976,43 @@ LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator
              "--optimizer {} (or start a new run with --init-from)", c.dir, saved_optimizer, mine, saved_optimizer);
   const DType saved = parse_float_dtype(get<std::string>(c.state, "dtype", c.dir));
   const std::vector<ShardRange> shards = shard_ranges(c);
-  // This rank's region, cut at Ψ (Note [Checkpoint ranges]).
-  const std::int64_t rb = opt.region_begin();
-  const std::int64_t re = std::min(numel, rb + opt.region_size());
+  // This rank's region: the logical range [rb, re) of its real elements, held in `runs` of its flat
+  // range [fb, fb + region_size) (Note [Checkpoint ranges]).
+  const std::int64_t fb = opt.region_begin();
+  const std::int64_t rb = layout.to_logical(fb), re = layout.to_logical(fb + opt.region_size());
+  const std::vector<FlatRun> runs = layout.logical_runs(fb, fb + opt.region_size());
   check_shards_tile(c, shards, numel);
   const std::vector<ShardSource> sources = open_overlapping_shards(c, shards, saved, rb, re);
   st::Reader model((fs::path(c.dir) / kModelFile).string());
 
-  // Copies flat elements [lo, hi) of shard tensor `tname` into `dst` (fp32, [region_size]).
+  // Copies the logical elements of shard tensor `tname` this rank holds into `dst` (fp32, [region_size]),
+  // scattered into the runs: a run's logical element l goes to element l + at - run.logical.
   auto copy_overlap = [&](const Tensor& dst, const char* tname) {
-    for (const ShardSource& s : sources) {
-      const std::int64_t lo = std::max(rb, s.range->begin), hi = std::min(re, s.range->end);
-      const st::TensorInfo& info = *s.reader->find(tname);
-      for_host_chunks_write(dst, lo - rb, hi - lo, [&](float* p, std::int64_t first, std::int64_t n) {
-        s.reader->read_f32(info, first + rb - s.range->begin, n, p);
-      });
-    }
+    for (const ShardSource& s : sources)
+      for (const FlatRun& run : runs) {
+        const std::int64_t lo = std::max(run.logical, s.range->begin);
+        const std::int64_t hi = std::min(run.logical + run.length, s.range->end);
+        if (hi <= lo) continue;
+        const std::int64_t at = run.flat - fb + (lo - run.logical);  // where lo goes in dst
+        const st::TensorInfo& info = *s.reader->find(tname);
+        for_host_chunks_write(dst, at, hi - lo, [&](float* p, std::int64_t first, std::int64_t n) {
+          s.reader->read_f32(info, lo - s.range->begin + (first - at), n, p);
+        });
+      }
   };
   copy_overlap(opt.exp_avg(), "exp_avg");
   copy_overlap(opt.exp_avg_sq(), "exp_avg_sq");
   if (saved != DType::f32) {
     copy_overlap(opt.master(), "master");
   } else {
-    // An fp32 run's master is its weights: model.safetensors' data section is [0, Ψ) of it.
-    for_host_chunks_write(opt.master(), 0, re - rb, [&](float* p, std::int64_t first, std::int64_t n) {
-      model.read_data(4 * static_cast<std::uint64_t>(first + rb), static_cast<std::size_t>(n) * sizeof(float), p);
-    });
+    // An fp32 run's master is its weights: model.safetensors' data section is logical [0, Ψ) of it.
+    for (const FlatRun& run : runs) {
+      const std::int64_t at = run.flat - fb;
+      for_host_chunks_write(opt.master(), at, run.length, [&](float* p, std::int64_t first, std::int64_t n) {
+        model.read_data(4 * static_cast<std::uint64_t>(run.logical + first - at),
+                        static_cast<std::size_t>(n) * sizeof(float), p);
+      });
+    }
   }
   restore_counters(c, opt, saved);
   const LoadResult result = load_residual(c, opt, comm.rank(), comm.world_size());

@@ -11,11 +11,13 @@
 //                                                    caller's extra state, CRC-32 of every other file
 //   DIR/latest                                       the newest complete checkpoint's name
 //
-// Saving never gathers anything: rank r writes the flat range [r·P, min((r+1)·P, Ψ)) of the master,
-// m and v (P = partition size of the saving run, Ψ the unpadded parameter count) into its own shard
-// and into model.safetensors at that range's byte offset, since the safetensors data section of a
-// file written in named_parameters() order is exactly the unpadded flat buffer. Loading: each rank
-// reads, from every old shard, only the part overlapping the region it now steps.
+// Saving never gathers anything: rank r writes the real elements of its partition [r·P, (r+1)·P) of
+// the master, m and v (P = partition size of the saving run) into its own shard and into
+// model.safetensors at their byte offset. Both are in logical positions [0, Ψ) (Ψ the unpadded
+// parameter count): the parameters back to back in named_parameters() order, without the padding and
+// the gaps Muon's whole matrices leave at stages 1-3 (Note [Checkpoint ranges] in checkpoint.cpp), which
+// is exactly the data section of a safetensors file written in that order. Loading: each rank reads,
+// from every old shard, only the part overlapping the region it now steps.
 #pragma once
 
 #include <cstdint>
@@ -63,11 +65,6 @@ SaveResult save_checkpoint(const std::string& save_dir, std::int64_t step, const
                            Communicator& comm, const nlohmann::json& extra, int keep,
                            const std::function<bool()>& cancelled = {},
                            const std::vector<std::string>* written = nullptr);
-
-/// Throws zero::Error with one line when checkpoints of `layout` are not supported: a layout with gaps
-/// between parameters (Muon at stages 1-3 on several ranks; FlatLayout::interior_padding). save_checkpoint
-/// and load_checkpoint check it; a training program checks it before any work.
-void check_checkpointable(const FlatLayout& layout);
 
 /// The one-writer lock of a save directory, DIR/.lock (Note [One writer] in checkpoint.cpp): created
 /// atomically (O_CREAT | O_EXCL) with this process's host, pid, start time and `command`; removed by

@@ -29,6 +29,25 @@ Tensor flat_range(const Tensor& t, std::int64_t begin, std::int64_t n) {
 // matrix follows from where it falls, so per-rank Newton–Schulz work is not balanced (zero_explain
 // reports the imbalance).
 
+// Note [Logical positions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// The flat buffer's positions depend on the world size once a layout has gaps (Note [Whole-matrix
+// partitions]): where a matrix moves to the next partition depends on P. The logical range [0, Ψ) does
+// not: the parameters back to back in the given order, parameter i at the sum of the sizes before it
+// (ParamRange::logical_offset). Since the layout keeps the order and only inserts padding, flat and
+// logical positions of real elements increase together, so
+//   - the real elements of any flat range, rank r's partition [r·P, (r+1)·P) in particular, are ONE
+//     contiguous logical range [to_logical(begin), to_logical(end)), held in the flat buffer as a few runs
+//     split by the gaps (logical_runs; a layout without gaps has one run);
+//   - the partitions' logical ranges tile [0, Ψ) in rank order, at every world size.
+// This is what lets a checkpoint describe a run with gaps in the same world-size-independent ranges as
+// one without (Note [Checkpoint ranges] in distributed/run/checkpoint.cpp): a saving rank compacts its
+// runs into its logical range, a loading rank scatters the logical range it needs into its runs, and
+// the gaps, padding like the end's, are never stored. Without gaps to_logical(x) = min(x, Ψ), so every
+// logical range equals the flat range cut at Ψ. (As the layout places matrices, a gap always ends at a
+// partition boundary, so a partition's real elements are a prefix of it, one run; logical_runs does not
+// rely on that, and a range across partitions has several runs.)
+
 namespace {
 
 // Offsets of `numels` laid out in order with partition size P; `whole[i]` entries never straddle a
@@ -70,12 +89,15 @@ FlatLayout::FlatLayout(const std::vector<Entry>& entries, int world_size) : worl
   const std::int64_t end = place(numels, whole, std::max<std::int64_t>(P, 2), offsets);
   interior_padding_ = end - numel_;
   params_.reserve(entries.size());
+  std::int64_t logical = 0;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     ParamRange p;
     p.name = entries[i].name;
     p.shape = entries[i].shape;
     p.numel = numels[i];
     p.offset = offsets[i];
+    p.logical_offset = logical;
+    logical += numels[i];
     p.decay = entries[i].decay;
     params_.push_back(std::move(p));
   }
@@ -113,6 +135,37 @@ int FlatLayout::owner_of(std::int64_t flat_offset) const {
   ZERO_CHECK(flat_offset >= 0 && flat_offset < padded_, "FlatLayout: flat offset {} outside [0, {})", flat_offset,
              padded_);
   return static_cast<int>(flat_offset / partition_size_);
+}
+
+std::int64_t FlatLayout::to_logical(std::int64_t flat) const {
+  ZERO_CHECK(flat >= 0 && flat <= padded_, "FlatLayout: flat position {} outside [0, {}]", flat, padded_);
+  // The last parameter starting at or before `flat` (offsets never decrease: the order is kept).
+  const auto after = std::upper_bound(params_.begin(), params_.end(), flat,
+                                      [](std::int64_t f, const ParamRange& p) { return f < p.offset; });
+  if (after == params_.begin()) return 0;
+  const ParamRange& p = *(after - 1);
+  return p.logical_offset + std::min(flat - p.offset, p.numel);
+}
+
+std::vector<FlatRun> FlatLayout::logical_runs(std::int64_t begin, std::int64_t end) const {
+  ZERO_CHECK(0 <= begin && begin <= end && end <= padded_, "FlatLayout: range [{}, {}) outside [0, {}]", begin, end,
+             padded_);
+  std::vector<FlatRun> runs;
+  auto it = std::upper_bound(params_.begin(), params_.end(), begin,
+                             [](std::int64_t f, const ParamRange& p) { return f < p.offset; });
+  if (it != params_.begin()) --it;  // the parameter holding `begin`, if any, starts before it
+  for (; it != params_.end() && it->offset < end; ++it) {
+    const std::int64_t lo = std::max(begin, it->offset), hi = std::min(end, it->end());
+    if (hi <= lo) continue;
+    const std::int64_t logical = it->logical_offset + (lo - it->offset);
+    if (!runs.empty() && runs.back().flat + runs.back().length == lo &&
+        runs.back().logical + runs.back().length == logical) {
+      runs.back().length += hi - lo;  // back to back in both coordinates: one run
+    } else {
+      runs.push_back({lo, logical, hi - lo});
+    }
+  }
+  return runs;
 }
 
 std::vector<std::size_t> FlatLayout::range_counts(std::int64_t begin, std::int64_t end) const {

@@ -45,9 +45,19 @@ struct ParamRange {
   Shape shape;
   std::int64_t numel = 0;
   std::int64_t offset = 0;  // first element in the flat buffer
+  std::int64_t logical_offset = 0;  // first element in the logical range [0, Ψ), where parameters lie back to
+                                    // back without gaps at every world size (Note [Logical positions])
   bool decay = true;
   std::vector<ParamSlice> slices;  // owner pieces in rank order; they tile [offset, offset + numel)
   std::int64_t end() const { return offset + numel; }
+};
+
+/// Real elements whose flat and logical positions both advance by one per element (Note [Logical positions]
+/// in flat_layout.cpp): flat [flat, flat + length) holds logical [logical, logical + length).
+struct FlatRun {
+  std::int64_t flat = 0;     // first element in the flat buffer
+  std::int64_t logical = 0;  // its position in the logical range [0, Ψ)
+  std::int64_t length = 0;   // elements, > 0
 };
 
 /// A reduction bucket: a fixed range [begin, end) of the flat buffer. See Note [Bucket order] in
@@ -108,6 +118,16 @@ class FlatLayout {
 
   /// The rank owning flat element `flat_offset` (in [0, padded_numel)).
   int owner_of(std::int64_t flat_offset) const;
+
+  /// The logical position of flat position `flat` (in [0, padded_numel]): the number of real elements
+  /// before it, so a real element's index in [0, Ψ) with the parameters back to back, padding's the next
+  /// real element's, and padded_numel's Ψ. min(flat, Ψ) for a layout without gaps. Note [Logical
+  /// positions] in flat_layout.cpp. Throws zero::Error for a position outside [0, padded_numel].
+  std::int64_t to_logical(std::int64_t flat) const;
+  /// The real elements of the flat range [begin, end) as maximal runs, in flat order; their logical
+  /// ranges tile [to_logical(begin), to_logical(end)) in order (one run without gaps between parameters,
+  /// none for padding only). Throws zero::Error for a range outside [0, padded_numel].
+  std::vector<FlatRun> logical_runs(std::int64_t begin, std::int64_t end) const;
 
   /// Cuts the flat buffer into fixed buckets of `bucket_size` elements counted from its END: bucket k
   /// is [max(0, padded - (k+1)·bucket_size), padded - k·bucket_size), so only the last-numbered one

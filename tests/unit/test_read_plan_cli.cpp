@@ -5,7 +5,11 @@
 // of [0, Ψ)) times 4 bytes times the three f32 tensors a load restores (exp_avg, exp_avg_sq, and the
 // master: from the shards for bf16, model.safetensors for fp32); and at stages 1-3 the ranks' ranges
 // together cover each tensor's payload, as the test reads it from the files' own safetensors headers,
-// exactly once.
+// exactly once. A Muon checkpoint saved with gaps between parameters (stage 2 on 4 ranks, Note
+// [Whole-matrix partitions]) and planned for layouts with and without: at stages 1-3 each rank's region
+// is then the logical range of the real elements in its partition (zero_explain's per-partition "real",
+// counted from the slices each rank owns, summed over the partitions before it), and the payloads are
+// still covered exactly once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -66,15 +70,21 @@ class ReadPlanCli : public ::testing::Test {
 
 const std::string kModel = " --n-layer 2 --n-head 2 --n-embd 16 --block 16";
 
-// Checks the plan for loading `ckpt` at `world` ranks and `stage`; `master_in_shards`: a 16-bit checkpoint.
-void check_plan(const std::string& data, const fs::path& ckpt, int world, int stage, bool master_in_shards) {
-  const std::string what = "N " + std::to_string(world) + " stage " + std::to_string(stage);
-  const auto explain = zero::testing::run_command(zero::testing::bin_dir() + "/zero_explain" + data + kModel +
-                                                  " --world-size " + std::to_string(world) + " --zero-stage " +
-                                                  std::to_string(stage) + " --format json --read-plan " +
-                                                  ckpt.string());
+// Checks the plan for loading `ckpt` at `world` ranks and `stage`; `master_in_shards`: a 16-bit checkpoint;
+// `muon`: planned with --optimizer muon, whose layout at stages 1-3 keeps matrices whole (gaps on 3, 4 ranks
+// here).
+void check_plan(const std::string& data, const fs::path& ckpt, int world, int stage, bool master_in_shards,
+                bool muon = false) {
+  const std::string what = "N " + std::to_string(world) + " stage " + std::to_string(stage) + (muon ? " muon" : "");
+  const auto explain = zero::testing::run_command(
+      zero::testing::bin_dir() + "/zero_explain" + data + kModel + " --world-size " + std::to_string(world) +
+      " --zero-stage " + std::to_string(stage) + (muon ? " --optimizer muon" : "") + " --format json --read-plan " +
+      ckpt.string());
   ASSERT_EQ(explain.exit_code, 0) << what << "\n" << explain.output;
-  const nlohmann::json plan = nlohmann::json::parse(explain.output)["read_plan"];
+  const nlohmann::json explained = nlohmann::json::parse(explain.output);
+  const nlohmann::json plan = explained["read_plan"];
+  // Muon's layout at stages 1-3 (P grown so that matrices fit whole, gaps or not): regions from its partitions.
+  const bool whole_matrices = muon && stage > 0;
   const fs::path step = plan["checkpoint"].get<std::string>();
   std::ifstream state_in(step / "state.json");
   const std::int64_t psi = nlohmann::json::parse(state_in)["numel"].get<std::int64_t>();
@@ -82,8 +92,13 @@ void check_plan(const std::string& data, const fs::path& ckpt, int world, int st
   ASSERT_EQ(plan["ranks"].size(), static_cast<std::size_t>(world)) << what;
   // (file, tensor) -> the byte ranges every rank reads of it
   std::map<std::pair<std::string, std::string>, std::vector<std::pair<std::uint64_t, std::uint64_t>>> reads;
+  std::int64_t real_before = 0;  // Muon: real elements of the partitions before rank r
   for (int r = 0; r < world; ++r) {
-    const std::int64_t b = stage == 0 ? 0 : std::min(psi, r * P), e = stage == 0 ? psi : std::min(psi, (r + 1) * P);
+    std::int64_t b = stage == 0 ? 0 : std::min(psi, r * P), e = stage == 0 ? psi : std::min(psi, (r + 1) * P);
+    if (whole_matrices) {
+      b = real_before;
+      e = real_before += explained["partitions"][r]["real"].get<std::int64_t>();
+    }
     const nlohmann::json& rank = plan["ranks"][r];
     EXPECT_EQ(rank["region_begin"].get<std::int64_t>(), b) << what << " rank " << r;
     EXPECT_EQ(rank["region_end"].get<std::int64_t>(), e) << what << " rank " << r;
@@ -146,6 +161,26 @@ TEST_F(ReadPlanCli, EachRankReadsItsPartitionAndTheRanksReadEachPayloadOnce) {
     for (const auto& [world, stage] : std::vector<std::pair<int, int>>{{3, 1}, {1, 0}, {2, 0}, {4, 3}, {2, 2}})
       check_plan(data, ckpt, world, stage, master_in_shards);
   }
+}
+
+TEST_F(ReadPlanCli, MuonCheckpointsWithGapsAreReadAsLogicalRanges) {
+  const std::string bin = zero::testing::bin_dir(), data = " --data " + (dir_ / "text.txt").string();
+  const fs::path ckpt = dir_ / "ck_muon";
+  const auto train = zero::testing::run_command(
+      std::string(ZERO_MPIRUN) + " -np 4 " + bin + "/train_gpt" + data + kModel + " --batch 8 --dtype bf16 " +
+      "--optimizer muon --zero-stage 2 --steps 2 --save-every 2 --save-dir " + ckpt.string() +
+      " --eval-iters 1 --sample 0 --threads 1");
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  // The saving layout and the first planned one have gaps (zero_explain --optimizer muon says how many).
+  for (const auto& [world, stage] : std::vector<std::pair<int, int>>{{4, 2}, {3, 1}}) {
+    const auto explain = zero::testing::run_command(bin + "/zero_explain" + data + kModel + " --optimizer muon " +
+                                                    "--format json --world-size " + std::to_string(world) +
+                                                    " --zero-stage " + std::to_string(stage));
+    ASSERT_EQ(explain.exit_code, 0) << explain.output;
+    ASSERT_GT(nlohmann::json::parse(explain.output)["muon"]["interior_padding"].get<std::int64_t>(), 0) << world;
+  }
+  for (const auto& [world, stage] : std::vector<std::pair<int, int>>{{3, 1}, {1, 0}, {4, 3}, {2, 2}})
+    check_plan(data, ckpt, world, stage, true, true);
 }
 
 TEST_F(ReadPlanCli, AnotherModelIsOneLine) {
