@@ -484,8 +484,11 @@ void TrainingRun::make_activation_meter() {
 #endif
   std::function<std::size_t()> gathered;
   if (const dist::PartitionedParameters* p = opt_->partitioned()) {
-    const std::size_t per_element = dtype_size(zo_.dtype) + (zo_.dtype == DType::f32 ? 0 : 4);
-    gathered = [p, per_element] { return static_cast<std::size_t>(p->live_elements()) * per_element; };
+    // The compute copies as they are, not assumed: a re-run that gathers a unit makes them inside it.
+    const std::size_t per_element = dtype_size(zo_.dtype);
+    gathered = [p, per_element] {
+      return static_cast<std::size_t>(p->live_elements()) * per_element + p->live_compute_copy_bytes();
+    };
   }
   meter_.emplace(std::move(in_use), std::move(gathered));  // also this thread's recompute probe
 }

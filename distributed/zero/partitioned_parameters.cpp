@@ -69,6 +69,17 @@ namespace zero::dist {
 // DeepSpeed's stage3_param_persistence_threshold (small parameters kept gathered) is not implemented:
 // every parameter is partitioned.
 
+// Note [Nodes after the last gradient]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A layer composed of ops leaves backward nodes in its unit's context after the node that finishes the
+// unit's last gradient: RMSNorm's y = (x · rsqrt(mean(x²) + eps)) · w gives w its gradient in the
+// first node of its backward, and the nodes of x · rsqrt(...) follow. Once the reducer has taken every
+// gradient of the unit, on_gradient frees it, and before_node does not gather it again for those nodes:
+// they read no parameter of it (the nodes that use one to give it a gradient have all run). A node that
+// still reads one (a parameter used without a gradient, through detach()) finds the storage guarded
+// (Note [Guarded storage]) and gathers it through the schedule, so it never sees freed memory. Gathering
+// for those nodes would gather every unit that ends in such a layer three times a step instead of two.
+
 namespace {
 const char* phase_name(int phase) { return phase == 0 ? "forward" : "backward"; }
 
@@ -162,9 +173,20 @@ void PartitionedParameters::on_use(std::size_t u) {
     need(u, true);  // evicted by a gather the bound did not leave room for
 }
 
+std::size_t PartitionedParameters::live_compute_copy_bytes() const {
+  std::size_t bytes = 0;
+  for (const Tensor& p : params_)
+    if (const Storage* copy = compute_copy_storage(p); copy != nullptr && !copy->freed()) bytes += copy->nbytes();
+  return bytes;
+}
+
 void PartitionedParameters::before_node(std::uint32_t context) {
   if (held_ || context == 0 || context > units_.size()) return;
   const std::size_t u = context - 1;
+  // Every gradient of the unit taken: on_gradient freed it, and what is left of its backward needs no
+  // parameter (Note [Nodes after the last gradient]).
+  const GatherUnit& g = plan_.units[u];
+  if (in_backward_ && units_[u].final_grads == static_cast<int>(g.end_param - g.first_param)) return;
   if (u != current_)
     switch_to(u);
   else if (units_[u].state != State::gathered)

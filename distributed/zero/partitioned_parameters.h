@@ -84,6 +84,9 @@ class PartitionedParameters {
   /// Gathered elements alive now / at most so far (in flight included; elements of the model dtype).
   std::int64_t live_elements() const { return live_; }
   std::int64_t max_live_elements() const { return max_live_; }
+  /// Bytes of the f32 compute copies (Note [Compute copies]) of a 16-bit model's parameters that hold
+  /// memory now: a unit's are made on the first read after its gather and freed with it. 0 for f32.
+  std::size_t live_compute_copy_bytes() const;
   /// Unit all-gathers issued so far, and the schedule's rounds (small control all-reduces).
   std::int64_t gathers() const { return gathers_; }
   std::int64_t rounds() const { return rounds_; }

@@ -56,6 +56,10 @@ TEST_F(ActivationMemoryCli, PredictionEqualsMeasurement) {
       {2, "--recompute full --dropout 0.1 --zero-stage 3"},
       {1, "--recompute none --dropout 0.1 --norm rmsnorm"},
       {1, "--recompute selective --dropout 0.1 --norm rmsnorm"},
+      // A norm composed of ops has backward nodes after its weight's gradient: they must not gather
+      // its unit again (Note [Nodes after the last gradient]).
+      {2, "--recompute none --dropout 0.1 --zero-stage 3 --norm rmsnorm"},
+      {2, "--recompute full --dropout 0 --zero-stage 3 --norm rmsnorm --dtype bf16"},
   };
   for (const Case& c : cases) {
     const std::string what = "np " + std::to_string(c.ranks) + " " + c.flags;
