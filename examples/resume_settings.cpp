@@ -68,7 +68,6 @@ std::vector<Setting> make_settings() {
       make_setting("--seed", "/seed", false, &Args::seed),
       make_setting("--steps", "/lr_schedule/steps", false, &Args::steps),
       make_setting("--min-lr", "/lr_schedule/min_lr", false, &Args::min_lr),
-      make_setting("--warmup", "/lr_schedule/warmup", false, &Args::warmup),
       make_setting("--eval-every", "/evaluation/every", false, &Args::eval_every),
       make_setting("--eval-iters", "/evaluation/iters", false, &Args::eval_iters),
   };
@@ -125,7 +124,7 @@ nlohmann::json settings_json(const Args& a, const dist::TrainingConfig& config, 
           {"model", model},
           {"data", fs::absolute(a.data).string()},
           {"seed", a.seed},
-          {"lr_schedule", {{"lr", lr}, {"min_lr", a.min_lr}, {"warmup", a.warmup}, {"steps", a.steps}}},
+          {"lr_schedule", {{"lr", lr}, {"min_lr", a.min_lr}, {"warmup", config.scheduler->warmup_num_steps}, {"steps", a.steps}}},
           {"adamw", {{"beta1", as_float(o.beta1)}, {"beta2", as_float(o.beta2)}, {"weight_decay", as_float(o.weight_decay)}}},
           {"evaluation", {{"every", a.eval_every}, {"iters", a.eval_iters}}}};
 }
@@ -134,6 +133,10 @@ nlohmann::json recorded_config(const nlohmann::json& state) {
   if (!state.is_object() || !state.contains("config")) return nullptr;
   nlohmann::json config = state.at("config");
   const auto at = [&](const char* pointer) { return state.value(nlohmann::json::json_pointer(pointer), nlohmann::json()); };
+  // No "scheduler" at all: recorded before the warmup was a row, when it was written only with the section.
+  if (const nlohmann::json warmup = at("/lr_schedule/warmup");
+      config.is_object() && !config.contains("scheduler") && warmup.is_number_integer())
+    config["scheduler"] = {{"type", nullptr}, {"params", {{"warmup_num_steps", warmup}}}};
   const nlohmann::json lr = at("/lr_schedule/lr"), beta1 = at("/adamw/beta1"), beta2 = at("/adamw/beta2"),
                        weight_decay = at("/adamw/weight_decay");
   const bool recorded_before = config.is_object() && config.contains("optimizer") && config["optimizer"].is_object() &&

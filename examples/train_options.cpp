@@ -30,7 +30,6 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--dropout", a.dropout, "dropout probability")->capture_default_str();
   add_model_option_flags(app, a.variant);
   app.add_option("--min-lr", a.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  app.add_option("--warmup", a.warmup, "linear warm-up steps")->capture_default_str();
   app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")
       ->check(kNonNegativeInteger)
       ->capture_default_str();
@@ -149,7 +148,6 @@ void validate(const Args& a) {
              "channels)", a.n_embd, a.n_head);
   ZERO_CHECK(a.batch > 0, "--batch must be positive, got {}", a.batch);
   ZERO_CHECK(a.block > 0, "--block must be positive, got {}", a.block);
-  ZERO_CHECK(a.warmup >= 0, "--warmup must be >= 0, got {}", a.warmup);
   ZERO_CHECK(a.eval_every >= 0, "--eval-every must be >= 0, got {}", a.eval_every);
   ZERO_CHECK(a.eval_iters > 0, "--eval-iters must be positive, got {}", a.eval_iters);
   ZERO_CHECK(a.log_every > 0, "--log-every must be positive, got {}", a.log_every);
@@ -253,14 +251,13 @@ OptimizerSettings resolve_optimizer(Args& a, const Given& given, const dist::Tra
   // The flags' floor (--min-lr's default) never exceeds a smaller peak that the optimizer section sets.
   if (tc.optimizer && !tc.scheduler && !given.has("--min-lr")) a.min_lr = std::min(a.min_lr, lr);
   if (tc.scheduler) {
-    if (!given.has("--warmup")) a.warmup = tc.scheduler->warmup_num_steps;
     if (!given.has("--min-lr")) a.min_lr = static_cast<float>(lr * tc.scheduler->cos_min_ratio);
     total_steps = tc.scheduler->total_num_steps;
   }
   ZERO_CHECK(a.min_lr <= lr, "the final learning rate {} (--min-lr, or the scheduler's cos_min_ratio x lr) exceeds "
              "the peak learning rate {} (--lr, or the optimizer's lr)", a.min_lr, lr);
   return {optim::AdamWOptions{lr, static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps)},
-          static_cast<float>(o.weight_decay), optim::LrSchedule{lr, a.min_lr, a.warmup, total_steps}};
+          static_cast<float>(o.weight_decay), optim::LrSchedule{lr, a.min_lr, tc.scheduler->warmup_num_steps, total_steps}};
 }
 
 }  // namespace zero::examples

@@ -366,32 +366,43 @@ void parse_optimizer(Section s, TrainingConfig& c, bool deepspeed) {
   s.check_keys();
 }
 
-SchedulerConfig parse_scheduler(Section s) {
-  SchedulerConfig c;
-  if (!s.has("type")) fail(s.source(), s.key_path("type"), "is required (\"WarmupCosineLR\")");
-  s.read("type", c.type);
+// The "scheduler" section: DeepSpeed's (`deepspeed`: its type and total_num_steps required, the section
+// defaults applied), or the recorded form of a config without one, {"type": null, "params":
+// {"warmup_num_steps": N}} (Note [Section defaults] in distributed/run/settings.cpp).
+void parse_scheduler(Section s, TrainingConfig& c, bool deepspeed) {
+  SchedulerConfig& sc = *c.scheduler;
+  if (deepspeed) {
+    if (!s.has("type")) fail(s.source(), s.key_path("type"), "is required (\"WarmupCosineLR\")");
+    s.read("type", sc.type);
+    c.scheduler.set_present(true);
+    for (const Setting& row : settings())
+      if (std::string_view(row.present_in) == "scheduler") set_setting(row, row.section_default, "", c);
+  } else {
+    s.find("type");
+  }
   bool total_given = false;
   if (auto p = s.section("params")) {
-    p->read("warmup_num_steps", c.warmup_num_steps);
-    total_given = p->has("total_num_steps");
-    p->read("total_num_steps", c.total_num_steps);
-    p->read("cos_min_ratio", c.cos_min_ratio);
-    double warmup_min_ratio = 0.0;
-    p->read("warmup_min_ratio", warmup_min_ratio);
-    if (warmup_min_ratio != 0.0)
-      fail(s.source(), p->key_path("warmup_min_ratio"),
-           fmt::format("only 0 is supported (warmup starts from lr / warmup_num_steps), got {}", warmup_min_ratio));
-    std::string warmup_type = "linear";
-    p->read("warmup_type", warmup_type);
-    if (warmup_type != "linear")
-      fail(s.source(), p->key_path("warmup_type"),
-           fmt::format("only \"linear\" is supported, got \"{}\"", warmup_type));
+    read_settings(*p, "scheduler.params", c);
+    if (deepspeed) {
+      total_given = p->has("total_num_steps");
+      p->read("total_num_steps", sc.total_num_steps);
+      p->read("cos_min_ratio", sc.cos_min_ratio);
+      double warmup_min_ratio = 0.0;
+      p->read("warmup_min_ratio", warmup_min_ratio);
+      if (warmup_min_ratio != 0.0)
+        fail(s.source(), p->key_path("warmup_min_ratio"),
+             fmt::format("only 0 is supported (warmup starts from lr / warmup_num_steps), got {}", warmup_min_ratio));
+      std::string warmup_type = "linear";
+      p->read("warmup_type", warmup_type);
+      if (warmup_type != "linear")
+        fail(s.source(), p->key_path("warmup_type"),
+             fmt::format("only \"linear\" is supported, got \"{}\"", warmup_type));
+    }
     p->check_keys();
   }
-  if (!total_given && c.type == "WarmupCosineLR")
+  if (deepspeed && !total_given && sc.type == "WarmupCosineLR")
     fail(s.source(), s.key_path("params.total_num_steps"), "is required for WarmupCosineLR");
   s.check_keys();
-  return c;
 }
 
 // The batch rule's check: train == micro * gas * world, every value >= 1. `how` labels each value
@@ -561,11 +572,11 @@ void validate_schedule(const TrainingConfig& c, const Where& src) {
     fail(src, "optimizer.params.adam_w_mode",
          "false (Adam with L2 regularisation) is not supported; only decoupled weight decay (AdamW)");
 
+  if (c.scheduler->warmup_num_steps < 0)
+    fail(src, "scheduler.params.warmup_num_steps", fmt::format("must be >= 0, got {}", c.scheduler->warmup_num_steps));
   if (const auto& s = c.scheduler) {
     if (s->type != "WarmupCosineLR")
       fail(src, "scheduler.type", fmt::format("\"{}\" is not supported (WarmupCosineLR)", s->type));
-    if (s->warmup_num_steps < 0)
-      fail(src, "scheduler.params.warmup_num_steps", fmt::format("must be >= 0, got {}", s->warmup_num_steps));
     if (s->total_num_steps < 1)
       fail(src, "scheduler.params.total_num_steps", fmt::format("must be >= 1, got {}", s->total_num_steps));
     if (!(s->cos_min_ratio >= 0.0 && s->cos_min_ratio <= 1.0))
@@ -643,7 +654,9 @@ TrainingConfig parse(const json& j, const std::string& src) {
   const auto null_at = [&](const char* key) { return opt->contains(key) && opt->at(key).is_null(); };
   const bool no_section = opt && opt->is_object() && (null_at("params") || null_at("type"));
   if (auto s = root.section("optimizer")) parse_optimizer(*s, c, !no_section);
-  if (auto s = root.section("scheduler")) c.scheduler = parse_scheduler(*s);
+  const json* sch = root.find("scheduler");
+  const bool no_scheduler = sch && sch->is_object() && sch->contains("type") && sch->at("type").is_null();
+  if (auto s = root.section("scheduler")) parse_scheduler(*s, c, !no_scheduler);
   if (auto s = root.section("activation_checkpointing")) parse_activation_checkpointing(*s, c, src);
   root.check_keys();
   return c;
@@ -749,14 +762,14 @@ nlohmann::json TrainingConfig::to_json() const {
   // Every row, the optimizer's params in full (Note [Section defaults] in distributed/run/settings.cpp);
   // without a section, "type" is null (Note [Optimizer type without a section]).
   for (const Setting& s : settings()) j[json::json_pointer(s.pointer())] = field_json(s.field(self));
+  // The scheduler's warmup is a row, written above; without the section "type" is null.
+  j["scheduler"]["type"] = scheduler ? json(scheduler->type) : json(nullptr);
   if (scheduler) {
-    j["scheduler"] = {{"type", scheduler->type},
-                      {"params",
-                       {{"warmup_num_steps", scheduler->warmup_num_steps},
-                        {"total_num_steps", scheduler->total_num_steps},
-                        {"cos_min_ratio", scheduler->cos_min_ratio},
-                        {"warmup_min_ratio", 0.0},
-                        {"warmup_type", "linear"}}}};
+    json& params = j["scheduler"]["params"];
+    params["total_num_steps"] = scheduler->total_num_steps;
+    params["cos_min_ratio"] = scheduler->cos_min_ratio;
+    params["warmup_min_ratio"] = 0.0;
+    params["warmup_type"] = "linear";
   }
   return j;
 }

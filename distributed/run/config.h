@@ -152,10 +152,12 @@ class SectionValues {
 /// "scheduler": only {"type": "WarmupCosineLR", "params": {...}}: linear warmup over warmup_num_steps,
 /// then cosine decay to cos_min_ratio * lr at total_num_steps (optim/lr_schedule.h). DeepSpeed's
 /// default warmup_type is "log"; we warm up linearly only, so "warmup_type" may only be "linear", and
-/// "warmup_min_ratio" only 0.
+/// "warmup_min_ratio" only 0. warmup_num_steps is a row of the settings table (--warmup) with two
+/// defaults (Note [Section defaults] in distributed/run/settings.cpp): the program's 100 without the
+/// section, DeepSpeed's 1000 with it; it is the run's warmup either way.
 struct SchedulerConfig {
   std::string type = "WarmupCosineLR";
-  std::int64_t warmup_num_steps = 1000;  // >= 0
+  std::int64_t warmup_num_steps = 100;   // >= 0; the section's default: 1000
   std::int64_t total_num_steps = 0;      // required, >= 1
   double cos_min_ratio = 1e-4;           // final lr / peak lr, in [0, 1]
 };
@@ -203,7 +205,7 @@ struct TrainingConfig {
   // optimizer.type of the settings table: "AdamW", "Adam" or "Muon" (any case), from the file's
   // optimizer section or --optimizer (adamw | muon); unset: AdamW. optimizer->type is what the file said.
   std::optional<std::string> optimizer_type;
-  std::optional<SchedulerConfig> scheduler;
+  SectionValues<SchedulerConfig> scheduler;  // the file's section, or the program's warmup without it
 
   /// One line per ignored DeepSpeed key or deprecated form, "warning: " prefix included, ready to print.
   std::vector<std::string> warnings;

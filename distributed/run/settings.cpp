@@ -143,18 +143,20 @@ std::vector<Setting> optimizer_settings() {
 
 // Note [Section defaults]
 // ~~~~~~~~~~~~~~~~~~~~~~~
-// train_gpt had its optimizer flags, with nanoGPT's defaults (weight decay 0.1, beta2 0.99), before it read
-// DeepSpeed configs; a DeepSpeed "optimizer" section means DeepSpeed's defaults (FusedAdam's, torch's
-// AdamW's: weight decay 0, beta2 0.999) for the params it leaves out. Both meanings are kept, in the table:
+// train_gpt had its optimizer flags, with nanoGPT's defaults (weight decay 0.1, beta2 0.99, warmup 100),
+// before it read DeepSpeed configs; a DeepSpeed "optimizer" section means DeepSpeed's defaults (FusedAdam's,
+// torch's AdamW's: weight decay 0, beta2 0.999) for the params it leaves out, and a "scheduler" section
+// WarmupCosineLR's warmup_num_steps 1000. Both meanings are kept, in the table:
 // such a row has a program default (the file has no section) and a section default (the file has the
 // section Setting::present_in names). The merge is
 //   program defaults -> the section defaults, when the file has the section -> the file -> the flags,
 // and the result is what the run uses. to_json writes every row's value, so a recorded config reads back
 // to the same values whichever defaults would apply: without a section it is written with "type": null,
 // which reads back as no section (Note [Optimizer type without a section] in config.cpp). A config
-// recorded before these rows were in the table ({"type": T, "params": null}) reads back with the program
-// defaults, which its run used unless a flag replaced them (train_gpt then adds the values from its
-// state.json: examples/resume_settings.h, recorded_config).
+// recorded before these rows were in the table (optimizer {"type": T, "params": null}, no scheduler)
+// reads back with the program defaults, which its run used unless a flag replaced them (train_gpt then
+// adds the values from its state.json: examples/resume_settings.h, recorded_config). --min-lr has no row:
+// DeepSpeed has no absolute floor (cos_min_ratio is a fraction of lr); it stays train_gpt's flag.
 std::vector<Setting> optimizer_params_settings() {
   const auto section = [](Setting s, nlohmann::json value, const char* text) {
     s.present_in = "optimizer";
@@ -195,10 +197,20 @@ std::vector<Setting> optimizer_params_settings() {
   };
 }
 
+std::vector<Setting> scheduler_params_settings() {
+  Setting warmup = {"scheduler.params.warmup_num_steps", "--warmup", S::integer, "`100`", {},
+                    "linear warm-up steps (config scheduler.params.warmup_num_steps)",
+                    [](T& c) -> SettingField { return &c.scheduler->warmup_num_steps; }};
+  warmup.present_in = "scheduler";  // Note [Section defaults]
+  warmup.section_default = 1000;
+  warmup.section_default_text = "`1000`";
+  return {warmup};
+}
+
 std::vector<Setting> make_table() {
   std::vector<Setting> table = top_level_settings();
   for (auto section : {precision_settings, zero_settings, activation_checkpointing_settings, optimizer_settings,
-                       optimizer_params_settings}) {
+                       optimizer_params_settings, scheduler_params_settings}) {
     std::vector<Setting> rows = section();
     table.insert(table.end(), std::make_move_iterator(rows.begin()), std::make_move_iterator(rows.end()));
   }

@@ -78,8 +78,8 @@ struct Setting {
   bool has_section_default() const { return *present_in != '\0'; }
 };
 
-/// Every setting, top level first, then fp16, bf16, zero_optimization, activation_checkpointing, optimizer
-/// and optimizer.params; in docs/config.md's order.
+/// Every setting, top level first, then fp16, bf16, zero_optimization, activation_checkpointing, optimizer,
+/// optimizer.params and scheduler.params; in docs/config.md's order.
 const std::vector<Setting>& settings();
 
 /// The setting of a key path or a flag; nullptr when there is none.

@@ -234,8 +234,9 @@ TEST(SettingsDocs, ConfigMdKeyTablesMatchTheTable) {
     }
   }
   for (const auto& [sec, keys] : want) {
-    std::vector<std::string> documented;
-    for (const auto& r : rows[sec]) documented.push_back(r.first);
+    std::vector<std::string> documented;  // the table's rows among them (scheduler.params has others)
+    for (const auto& r : rows[sec])
+      if (std::find(keys.begin(), keys.end(), r.first) != keys.end()) documented.push_back(r.first);
     EXPECT_EQ(documented, keys) << "docs/config.md's table of section '" << sec << "'";
   }
 }
@@ -243,8 +244,8 @@ TEST(SettingsDocs, ConfigMdKeyTablesMatchTheTable) {
 // ---- the optimizer's params: two defaults (Note [Section defaults] in distributed/run/settings.cpp) ----
 
 // One moved key: where it sits in the file, its flag ("" for none), how to read the run's value, and its
-// two defaults as the rule states them: train_gpt's own without an "optimizer" section (nanoGPT's),
-// DeepSpeed's FusedAdam / torch AdamW defaults with one.
+// two defaults as the rule states them: train_gpt's own without the section (nanoGPT's), DeepSpeed's
+// with it (FusedAdam / torch AdamW; WarmupCosineLR's warmup).
 struct SectionKey {
   const char* pointer;
   const char* flag;
@@ -263,26 +264,38 @@ const std::vector<SectionKey>& section_keys() {
       {"/optimizer/params/eps", "", [](const TrainingConfig& c) { return c.optimizer->eps; }, 1e-8, 1e-8, 1e-6, 1e-7},
       {"/optimizer/params/weight_decay", "--weight-decay", [](const TrainingConfig& c) { return c.optimizer->weight_decay; },
        0.1, 0.0, 0.05, 0.2},
+      {"/scheduler/params/warmup_num_steps", "--warmup",
+       [](const TrainingConfig& c) { return static_cast<double>(c.scheduler->warmup_num_steps); }, 100, 1000, 10, 20},
   };
   return keys;
+}
+
+// The key's section with nothing but what it requires (a type; the scheduler's total_num_steps).
+json empty_section_of(const char* pointer) {
+  if (std::string(pointer).rfind("/scheduler/", 0) == 0)
+    return json::parse(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100}}})");
+  return json::parse(R"({"optimizer": {"type": "AdamW", "params": {}}})");
 }
 
 // A file giving `value` at `pointer` (with the other beta, which the array needs, at its default for
 // the section), inside an AdamW section.
 json file_with(const char* pointer, double value) {
-  json file = {{"optimizer", {{"type", "AdamW"}, {"params", json::object()}}}};
+  json file = empty_section_of(pointer);
   const std::string p = pointer;
   if (p.rfind("/optimizer/params/betas/", 0) == 0) file["optimizer"]["params"]["betas"] = {0.9, 0.999};
-  file[json::json_pointer(p)] = value;
+  if (p.rfind("/scheduler/", 0) == 0)
+    file[json::json_pointer(p)] = static_cast<std::int64_t>(value);
+  else
+    file[json::json_pointer(p)] = value;
   return file;
 }
 
 TEST(SettingsSectionDefaults, EveryMovedKeyByFlagAndFile) {
   const auto text = [](double v) { return fmt::format("{}", v); };
   const json no_section = json::parse(R"({"zero_optimization": {"stage": 1}})");
-  const json empty_section = json::parse(R"({"optimizer": {"type": "AdamW"}})");
   for (const SectionKey& k : section_keys()) {
     SCOPED_TRACE(k.pointer);
+    const json empty_section = empty_section_of(k.pointer);
     const auto run = [&](const json& file, const Flags& flags) { return k.value(merge(file, flags)); };
     // Neither: the program's default; a file without the section: still the program's.
     EXPECT_EQ(run(json::object(), {}), k.program_default);
@@ -312,11 +325,12 @@ TEST(SettingsSectionDefaults, AFlagsBadValueNamesTheFlag) {
   EXPECT_EQ(error_of([] { merge(file_with("/optimizer/params/lr", -1.0), {{"--lr", "0.01"}}); }), "");
 }
 
-// The values a run uses, for comparing two configs.
+// The values a run uses, for comparing two configs: the optimizer's, then the warmup.
 std::vector<double> optimizer_values(const TrainingConfig& c) {
   const auto& o = *c.optimizer;
   return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.momentum.value_or(-1.0),
-          static_cast<double>(o.ns_steps.value_or(-1)), c.uses_muon() ? 1.0 : 0.0};
+          static_cast<double>(o.ns_steps.value_or(-1)), c.uses_muon() ? 1.0 : 0.0,
+          static_cast<double>(c.scheduler->warmup_num_steps)};
 }
 
 // A merged config, recorded (to_json) and read back, merges again to the same values: whichever defaults
@@ -325,19 +339,23 @@ TEST(SettingsSectionDefaults, ARecordedConfigReadsBackToTheSameValues) {
   struct Case {
     const char* file;
     Flags flags;
-    std::vector<double> want;  // lr, beta1, beta2, eps, weight_decay, momentum (-1 unset), ns_steps (-1), muon
+    // lr, beta1, beta2, eps, weight_decay, momentum (-1 unset), ns_steps (-1), muon, warmup
+    std::vector<double> want;
   };
   const std::vector<Case> cases = {
-      {"{}", {}, {1e-3, 0.9, 0.99, 1e-8, 0.1, -1, -1, 0}},
-      {R"({"optimizer": {"type": "AdamW"}})", {}, {1e-3, 0.9, 0.999, 1e-8, 0.0, -1, -1, 0}},
+      {"{}", {}, {1e-3, 0.9, 0.99, 1e-8, 0.1, -1, -1, 0, 100}},
+      {R"({"optimizer": {"type": "AdamW"}})", {}, {1e-3, 0.9, 0.999, 1e-8, 0.0, -1, -1, 0, 100}},
       {R"({"optimizer": {"type": "Adam", "params": {"lr": 6e-4, "eps": 1e-6}}})", {},
-       {6e-4, 0.9, 0.999, 1e-6, 0.0, -1, -1, 0}},
-      {"{}", {{"--lr", "0.002"}, {"--beta2", "0.95"}}, {2e-3, 0.9, 0.95, 1e-8, 0.1, -1, -1, 0}},
-      {R"({"optimizer": {"type": "AdamW", "params": {"weight_decay": 0.01}}})",
-       {{"--weight-decay", "0.2"}, {"--beta1", "0.8"}}, {1e-3, 0.8, 0.999, 1e-8, 0.2, -1, -1, 0}},
-      {"{}", {{"--optimizer", "muon"}}, {1e-3, 0.9, 0.99, 1e-8, 0.1, -1, -1, 1}},
+       {6e-4, 0.9, 0.999, 1e-6, 0.0, -1, -1, 0, 100}},
+      {R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 50}}})", {},
+       {1e-3, 0.9, 0.99, 1e-8, 0.1, -1, -1, 0, 1000}},
+      {"{}", {{"--lr", "0.002"}, {"--beta2", "0.95"}, {"--warmup", "7"}}, {2e-3, 0.9, 0.95, 1e-8, 0.1, -1, -1, 0, 7}},
+      {R"({"optimizer": {"type": "AdamW", "params": {"weight_decay": 0.01}},
+           "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 50, "warmup_num_steps": 5}}})",
+       {{"--weight-decay", "0.2"}, {"--beta1", "0.8"}}, {1e-3, 0.8, 0.999, 1e-8, 0.2, -1, -1, 0, 5}},
+      {"{}", {{"--optimizer", "muon"}}, {1e-3, 0.9, 0.99, 1e-8, 0.1, -1, -1, 1, 100}},
       {R"({"optimizer": {"type": "Muon", "params": {"momentum": 0.9, "ns_steps": 3}}})", {{"--lr", "0.02"}},
-       {0.02, 0.9, 0.999, 1e-8, 0.0, 0.9, 3, 1}},
+       {0.02, 0.9, 0.999, 1e-8, 0.0, 0.9, 3, 1, 100}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.file) + " with " + std::to_string(c.flags.size()) + " flag(s)");
@@ -347,6 +365,7 @@ TEST(SettingsSectionDefaults, ARecordedConfigReadsBackToTheSameValues) {
     const TrainingConfig back = merge(recorded, {});
     EXPECT_EQ(optimizer_values(back), c.want) << recorded.dump();
     EXPECT_EQ(back.to_json(), recorded);
+    EXPECT_EQ(back.scheduler.has_value(), first.scheduler.has_value());  // the schedule's end and floor follow it
   }
 }
 
@@ -355,10 +374,11 @@ TEST(SettingsSectionDefaults, ARecordedConfigReadsBackToTheSameValues) {
 TEST(SettingsSectionDefaults, AConfigRecordedBeforeGetsTheProgramDefaults) {
   const TrainingConfig plain = merge(json::parse(R"({"optimizer": {"type": null, "params": null}})"), {});
   EXPECT_FALSE(plain.optimizer);
-  EXPECT_EQ(optimizer_values(plain), (std::vector<double>{1e-3, 0.9, 0.99, 1e-8, 0.1, -1, -1, 0}));
+  EXPECT_EQ(optimizer_values(plain), (std::vector<double>{1e-3, 0.9, 0.99, 1e-8, 0.1, -1, -1, 0, 100}));
+  EXPECT_FALSE(plain.scheduler);
   const TrainingConfig muon = merge(json::parse(R"({"optimizer": {"type": "muon", "params": null}})"), {});
   EXPECT_FALSE(muon.optimizer);
-  EXPECT_EQ(optimizer_values(muon), (std::vector<double>{1e-3, 0.9, 0.99, 1e-8, 0.1, -1, -1, 1}));
+  EXPECT_EQ(optimizer_values(muon), (std::vector<double>{1e-3, 0.9, 0.99, 1e-8, 0.1, -1, -1, 1, 100}));
   // A section must still name its type: "type" left out is an error, "type": null the recorded form.
   EXPECT_THAT(error_of([] { merge(json::parse(R"({"optimizer": {"params": {"lr": 0.1}}})"), {}); }),
               HasSubstr("'optimizer.type' in q.json: is required"));
