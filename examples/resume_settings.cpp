@@ -67,12 +67,7 @@ std::vector<Setting> make_settings() {
       make_setting("--dropout", "/model/dropout", false, &Args::dropout),
       make_setting("--seed", "/seed", false, &Args::seed),
       make_setting("--steps", "/lr_schedule/steps", false, &Args::steps),
-      make_setting("--lr", "/lr_schedule/lr", false, &Args::lr),
       make_setting("--min-lr", "/lr_schedule/min_lr", false, &Args::min_lr),
-      make_setting("--warmup", "/lr_schedule/warmup", false, &Args::warmup),
-      make_setting("--beta1", "/adamw/beta1", false, &Args::beta1),
-      make_setting("--beta2", "/adamw/beta2", false, &Args::beta2),
-      make_setting("--weight-decay", "/adamw/weight_decay", false, &Args::weight_decay),
       make_setting("--eval-every", "/evaluation/every", false, &Args::eval_every),
       make_setting("--eval-iters", "/evaluation/iters", false, &Args::eval_iters),
   };
@@ -121,13 +116,39 @@ void take(Args& a, const Given& given, const CheckpointSettings& c, bool shape_o
 }  // namespace
 
 nlohmann::json settings_json(const Args& a, const dist::TrainingConfig& config, const nlohmann::json& model) {
+  // lr_schedule and adamw as the run used them (f32), for readers of state.json; the config has them too.
+  const auto as_float = [](double v) { return static_cast<float>(v); };
+  const dist::OptimizerConfig& o = *config.optimizer;
+  const float lr = as_float(o.lr);
   return {{"config", config.to_json()},
           {"model", model},
           {"data", fs::absolute(a.data).string()},
           {"seed", a.seed},
-          {"lr_schedule", {{"lr", a.lr}, {"min_lr", a.min_lr}, {"warmup", a.warmup}, {"steps", a.steps}}},
-          {"adamw", {{"beta1", a.beta1}, {"beta2", a.beta2}, {"weight_decay", a.weight_decay}}},
+          {"lr_schedule", {{"lr", lr}, {"min_lr", a.min_lr}, {"warmup", config.scheduler->warmup_num_steps}, {"steps", a.steps}}},
+          {"adamw", {{"beta1", as_float(o.beta1)}, {"beta2", as_float(o.beta2)}, {"weight_decay", as_float(o.weight_decay)}}},
           {"evaluation", {{"every", a.eval_every}, {"iters", a.eval_iters}}}};
+}
+
+nlohmann::json recorded_config(const nlohmann::json& state) {
+  if (!state.is_object() || !state.contains("config")) return nullptr;
+  nlohmann::json config = state.at("config");
+  const auto at = [&](const char* pointer) { return state.value(nlohmann::json::json_pointer(pointer), nlohmann::json()); };
+  // No "scheduler" at all: recorded before the warmup was a row, when it was written only with the section.
+  if (const nlohmann::json warmup = at("/lr_schedule/warmup");
+      config.is_object() && !config.contains("scheduler") && warmup.is_number_integer())
+    config["scheduler"] = {{"type", nullptr}, {"params", {{"warmup_num_steps", warmup}}}};
+  const nlohmann::json lr = at("/lr_schedule/lr"), beta1 = at("/adamw/beta1"), beta2 = at("/adamw/beta2"),
+                       weight_decay = at("/adamw/weight_decay");
+  const bool recorded_before = config.is_object() && config.contains("optimizer") && config["optimizer"].is_object() &&
+                               config["optimizer"].value("params", nlohmann::json()).is_null();
+  if (!recorded_before || !lr.is_number() || !beta1.is_number() || !beta2.is_number() || !weight_decay.is_number())
+    return config;
+  nlohmann::json& opt = config["optimizer"];
+  // The type alone was recorded, so there was no section: "type": null keeps it so (with --optimizer's
+  // type, the params are all given, so the section's defaults change nothing but eps, equal in both).
+  if (!opt.contains("type")) opt["type"] = nullptr;
+  opt["params"] = {{"lr", lr}, {"betas", {beta1, beta2}}, {"weight_decay", weight_decay}};
+  return config;
 }
 
 std::string checkpoint_path(const Args& a) {

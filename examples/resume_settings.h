@@ -21,6 +21,15 @@ namespace zero::examples {
 /// save_checkpoint's `extra`. `data` is written as an absolute path.
 nlohmann::json settings_json(const Args& a, const dist::TrainingConfig& config, const nlohmann::json& model);
 
+/// The config a checkpoint's run used (state.json's "config"), for the merge of a resumed run. One
+/// recorded before the optimizer's params were rows of the settings table ("optimizer": {..., "params":
+/// null}) gets the values its run used from state.json's "lr_schedule" (lr) and "adamw" (betas, weight
+/// decay), written as the params of a config without the section (Note [Section defaults] in
+/// distributed/run/settings.cpp), and one without a "scheduler" its warmup from "lr_schedule" as a
+/// config without the section ({"type": null, "params": {"warmup_num_steps": N}}); any other config is
+/// returned as it is. Returns null when state.json has no "config".
+nlohmann::json recorded_config(const nlohmann::json& state);
+
 /// A checkpoint that --resume or --init-from names, read before any work.
 struct CheckpointSettings {
   std::string dir;       // the checkpoint directory (a save directory resolved to its newest one)

@@ -318,7 +318,7 @@ class TrainingRun {
   dist::Communicator& comm_;
   const int rank_, world_;
   const bool lead_;
-  const nlohmann::json* saved_config_;  // the resumed checkpoint's config, nullptr when not resuming
+  const nlohmann::json saved_config_;  // the resumed checkpoint's config (recorded_config), null when not resuming
   dist::TrainingConfig tc_;
   std::int64_t micro_ = 0;
   int gas_ = 1;
@@ -360,8 +360,7 @@ TrainingRun::TrainingRun(const Setup& setup, dist::Communicator& comm)
       rank_(comm.rank()),
       world_(comm.world_size()),
       lead_(rank_ == 0),
-      saved_config_(!a_.resume.empty() && setup.from.state.contains("config") ? &setup.from.state.at("config")
-                                                                             : nullptr),
+      saved_config_(a_.resume.empty() ? nlohmann::json() : examples::recorded_config(setup.from.state)),
       init_gen_(a_.seed),
       data_gen_(a_.seed + 1),
       sample_gen_(examples::sampling_generator(a_.seed)),
@@ -386,7 +385,7 @@ TrainingRun::TrainingRun(const Setup& setup, dist::Communicator& comm)
 
 // The merged config, the collective timeout, and the lock on --save-dir.
 void TrainingRun::configure() {
-  tc_ = examples::make_config(a_, given_, world_, saved_config_);
+  tc_ = examples::make_config(a_, given_, world_, saved_config_.is_null() ? nullptr : &saved_config_);
   a_.batch = *tc_.train_batch_size;
   micro_ = *tc_.train_micro_batch_size_per_gpu;
   check_attention_memory(a_, micro_);
@@ -447,8 +446,8 @@ void TrainingRun::build_model() {
   if (lead_) {
     for (const auto& w : tc_.warnings) fmt::print(stderr, "{}\n", w);
     for (const auto& w : setup_.from.warnings) fmt::print(stderr, "{}\n", w);
-    if (saved_config_)
-      for (const auto& w : examples::config_warnings(tc_, *saved_config_, given_, setup_.from.dir))
+    if (!saved_config_.is_null())
+      for (const auto& w : examples::config_warnings(tc_, saved_config_, given_, setup_.from.dir))
         fmt::print(stderr, "{}\n", w);
   }
   model_.emplace(cfg_, init_gen_);

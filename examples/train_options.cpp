@@ -29,12 +29,7 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--n-embd", a.n_embd, "channels (C)")->capture_default_str();
   app.add_option("--dropout", a.dropout, "dropout probability")->capture_default_str();
   add_model_option_flags(app, a.variant);
-  app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str();
   app.add_option("--min-lr", a.min_lr, "learning rate at the end of the cosine decay")->capture_default_str();
-  app.add_option("--warmup", a.warmup, "linear warm-up steps")->capture_default_str();
-  app.add_option("--weight-decay", a.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
-  app.add_option("--beta1", a.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", a.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--seed", a.seed, "random seed (init, batches, sampling)")
       ->check(kNonNegativeInteger)
       ->capture_default_str();
@@ -153,18 +148,13 @@ void validate(const Args& a) {
              "channels)", a.n_embd, a.n_head);
   ZERO_CHECK(a.batch > 0, "--batch must be positive, got {}", a.batch);
   ZERO_CHECK(a.block > 0, "--block must be positive, got {}", a.block);
-  ZERO_CHECK(a.warmup >= 0, "--warmup must be >= 0, got {}", a.warmup);
   ZERO_CHECK(a.eval_every >= 0, "--eval-every must be >= 0, got {}", a.eval_every);
   ZERO_CHECK(a.eval_iters > 0, "--eval-iters must be positive, got {}", a.eval_iters);
   ZERO_CHECK(a.log_every > 0, "--log-every must be positive, got {}", a.log_every);
   ZERO_CHECK(a.sample >= 0, "--sample must be >= 0, got {}", a.sample);
   ZERO_CHECK(a.threads >= 0, "--threads must be >= 0 (0 = up to cores / ranks, fewer while cores are busy), got {}", a.threads);
-  ZERO_CHECK(std::isfinite(a.lr) && a.lr > 0, "--lr must be positive, got {}", a.lr);
-  ZERO_CHECK(a.min_lr >= 0 && a.min_lr <= a.lr, "--min-lr must be in [0, --lr = {}], got {}", a.lr, a.min_lr);
-  ZERO_CHECK(std::isfinite(a.weight_decay) && a.weight_decay >= 0, "--weight-decay must be >= 0, got {}",
-             a.weight_decay);
-  ZERO_CHECK(a.beta1 >= 0 && a.beta1 < 1, "--beta1 must be in [0, 1), got {}", a.beta1);
-  ZERO_CHECK(a.beta2 >= 0 && a.beta2 < 1, "--beta2 must be in [0, 1), got {}", a.beta2);
+  ZERO_CHECK(std::isfinite(a.min_lr) && a.min_lr >= 0, "--min-lr must be >= 0 (and at most the peak lr), got {}",
+             a.min_lr);
   ZERO_CHECK(a.dtype == "fp32" || a.dtype == "fp16" || a.dtype == "bf16", "--dtype must be fp32, fp16 or bf16, got '{}'",
              a.dtype);
   ZERO_CHECK(a.min_scale_skip_limit >= 0, "--min-scale-skip-limit must be >= 0 (0 = never stop), got {}",
@@ -255,28 +245,19 @@ dist::TrainingConfig make_config(const Args& a, const Given& given, int world_si
 }
 
 OptimizerSettings resolve_optimizer(Args& a, const Given& given, const dist::TrainingConfig& tc) {
-  auto take = [&](const char* flag, auto& value, double key) {
-    if (!given.has(flag)) value = static_cast<std::remove_reference_t<decltype(value)>>(key);
-  };
-  if (tc.optimizer) {
-    take("--lr", a.lr, tc.optimizer->lr);
-    take("--beta1", a.beta1, tc.optimizer->beta1);
-    take("--beta2", a.beta2, tc.optimizer->beta2);
-    take("--weight-decay", a.weight_decay, tc.optimizer->weight_decay);
-  }
+  const dist::OptimizerConfig& o = *tc.optimizer;  // defaults, the file, the flags (rows of the settings table)
+  const float lr = static_cast<float>(o.lr);
   std::int64_t total_steps = a.steps;
   // The flags' floor (--min-lr's default) never exceeds a smaller peak that the optimizer section sets.
-  if (tc.optimizer && !tc.scheduler && !given.has("--min-lr")) a.min_lr = std::min(a.min_lr, a.lr);
+  if (tc.optimizer && !tc.scheduler && !given.has("--min-lr")) a.min_lr = std::min(a.min_lr, lr);
   if (tc.scheduler) {
-    take("--warmup", a.warmup, static_cast<double>(tc.scheduler->warmup_num_steps));
-    take("--min-lr", a.min_lr, a.lr * tc.scheduler->cos_min_ratio);
+    if (!given.has("--min-lr")) a.min_lr = static_cast<float>(lr * tc.scheduler->cos_min_ratio);
     total_steps = tc.scheduler->total_num_steps;
   }
-  ZERO_CHECK(a.min_lr <= a.lr, "the final learning rate {} (--min-lr, or the scheduler's cos_min_ratio x lr) exceeds "
-             "the peak learning rate {} (--lr, or the optimizer's lr)", a.min_lr, a.lr);
-  const float eps = tc.optimizer ? static_cast<float>(tc.optimizer->eps) : 1e-8f;
-  return {optim::AdamWOptions{a.lr, a.beta1, a.beta2, eps}, a.weight_decay,
-          optim::LrSchedule{a.lr, a.min_lr, a.warmup, total_steps}};
+  ZERO_CHECK(a.min_lr <= lr, "the final learning rate {} (--min-lr, or the scheduler's cos_min_ratio x lr) exceeds "
+             "the peak learning rate {} (--lr, or the optimizer's lr)", a.min_lr, lr);
+  return {optim::AdamWOptions{lr, static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps)},
+          static_cast<float>(o.weight_decay), optim::LrSchedule{lr, a.min_lr, tc.scheduler->warmup_num_steps, total_steps}};
 }
 
 }  // namespace zero::examples

@@ -25,8 +25,9 @@ struct Args {
   std::string data;
   std::int64_t steps = 2000, batch = 12, block = 64, n_layer = 4, n_head = 4, n_embd = 128;
   nn::GPTConfig variant;  // the fields of nn::model_options() (--norm, ...); the shape is in the fields above
-  float dropout = 0.0f, lr = 1e-3f, min_lr = 1e-4f, weight_decay = 0.1f, beta1 = 0.9f, beta2 = 0.99f;
-  std::int64_t warmup = 100, eval_every = 500, eval_iters = 200, log_every = 100, sample = 500;
+  // --lr, --beta1, --beta2, --weight-decay and --warmup are rows of the settings table (`settings`).
+  float dropout = 0.0f, min_lr = 1e-4f;
+  std::int64_t eval_every = 500, eval_iters = 200, log_every = 100, sample = 500;
   std::uint64_t seed = 1337;
   int threads = 0;
   std::string metrics;
@@ -97,14 +98,14 @@ struct OptimizerSettings {
   optim::LrSchedule schedule;
 };
 
-/// The config's "optimizer" and "scheduler" sections folded into the flags they correspond to: --lr,
-/// --beta1, --beta2, --weight-decay (optimizer.params lr, betas, weight_decay) and --warmup, --min-lr
-/// (scheduler.params warmup_num_steps, cos_min_ratio × lr). A flag given on the command line overrides
-/// the key; a key present overrides the flag's default. The values chosen are written back into `a`,
-/// which a checkpoint records; without a scheduler, --min-lr's default is lowered to an optimizer lr
-/// below it. The schedule ends at scheduler.params.total_num_steps when the config has a scheduler,
-/// else at --steps; eps is optimizer.params.eps, else 1e-8. Throws zero::Error when the resulting
-/// min_lr exceeds lr.
+/// The optimizer and learning-rate schedule of a run: lr, betas, eps, weight decay and the warmup are the
+/// merged config's (rows of the settings table: --lr, --beta1, --beta2, --weight-decay, --warmup over the
+/// file's optimizer.params and scheduler.params over their defaults, Note [Section defaults] in
+/// distributed/run/settings.cpp). --min-lr, which has no config key: with a scheduler its default is
+/// cos_min_ratio × lr, written back into `a` (which a checkpoint records); with an optimizer section and no
+/// scheduler, its default is lowered to an lr below it. The schedule ends at
+/// scheduler.params.total_num_steps when the config has a scheduler, else at --steps. Throws zero::Error
+/// when the resulting min_lr exceeds lr.
 OptimizerSettings resolve_optimizer(Args& a, const Given& given, const dist::TrainingConfig& tc);
 
 }  // namespace zero::examples

@@ -242,6 +242,18 @@ class Section {
     std::visit([&](auto* p) { read(key, *p); }, field);
   }
 
+  // Element `element` of the array of `size` values at `key` (Setting::element), into a setting's field;
+  // `form` ("[beta1, beta2]") names the array's form in the error.
+  void read_element(const std::string& key, int element, std::size_t size, const char* form,
+                    const SettingField& field) {
+    const json* v = find(key);
+    if (!v) return;
+    if (!v->is_array() || v->size() != size)
+      fail(source_, key_path(key), fmt::format("expected {}, got {}", form, describe(*v)));
+    const json one = {{key, (*v)[static_cast<std::size_t>(element)]}};
+    Section(one, path_, source_, warnings_).read(key, field);
+  }
+
   double as_number(const json& v, const std::string& key) const {
     if (!v.is_number()) fail(source_, key, "expected a number, got " + describe(v));
     return v.get<double>();
@@ -312,63 +324,85 @@ class Section {
 
 // Reads every setting of the table (distributed/run/settings.h) that lives in `section`.
 void read_settings(Section& s, const std::string& section, TrainingConfig& c) {
-  for (const Setting& setting : settings())
-    if (setting.section() == section) s.read(setting.name(), setting.field(c));
+  for (const Setting& setting : settings()) {
+    if (setting.section() != section) continue;
+    if (setting.element < 0) {
+      s.read(setting.name(), setting.field(c));
+      continue;
+    }
+    const auto size = std::count_if(settings().begin(), settings().end(),
+                                    [&](const Setting& other) { return std::string_view(other.key) == setting.key; });
+    s.read_element(setting.name(), setting.element, static_cast<std::size_t>(size), setting.array_form,
+                   setting.field(c));
+  }
 }
 
-OptimizerConfig parse_optimizer(Section s) {
-  OptimizerConfig c;
-  if (!s.has("type")) fail(s.source(), s.key_path("type"), "is required (\"AdamW\", \"Adam\" or \"Muon\")");
-  s.read("type", c.type);
+// Sets one setting's field from one JSON value (a flag's, or a section default) by the setting's type;
+// errors name `source`.
+void set_setting(const Setting& s, const json& value, const std::string& source, TrainingConfig& c) {
+  std::vector<std::string> unused;
+  const json one = {{s.name(), value}};
+  Section(one, s.section(), source, unused).read(s.name(), s.field(c));
+}
+
+// The "optimizer" section: a DeepSpeed section (`deepspeed`: its type required, the section defaults
+// under its params: Note [Section defaults] in distributed/run/settings.cpp), or the recorded form of a
+// config without one (Note [Optimizer type without a section]).
+void parse_optimizer(Section s, TrainingConfig& c, bool deepspeed) {
+  if (deepspeed) {
+    if (!s.has("type")) fail(s.source(), s.key_path("type"), "is required (\"AdamW\", \"Adam\" or \"Muon\")");
+    s.read("type", c.optimizer->type);
+    c.optimizer_type = c.optimizer->type;
+    c.optimizer.set_present(true);
+    for (const Setting& row : settings())
+      if (std::string_view(row.present_in) == "optimizer") set_setting(row, row.section_default, "", c);
+  } else {
+    s.read("type", c.optimizer_type);
+  }
   if (auto p = s.section("params")) {
-    p->read("lr", c.lr);
-    if (const json* b = p->find("betas")) {
-      if (!b->is_array() || b->size() != 2)
-        fail(s.source(), p->key_path("betas"), "expected [beta1, beta2], got " + describe(*b));
-      c.beta1 = p->as_number((*b)[0], p->key_path("betas"));
-      c.beta2 = p->as_number((*b)[1], p->key_path("betas"));
-    }
-    p->read("eps", c.eps);
-    p->read("weight_decay", c.weight_decay);
-    p->read("momentum", c.momentum);
-    p->read("ns_steps", c.ns_steps);
-    bool adam_w_mode = true;
-    p->read("adam_w_mode", adam_w_mode);
-    if (!adam_w_mode)
-      fail(s.source(), p->key_path("adam_w_mode"),
-           "false (Adam with L2 regularisation) is not supported; only decoupled weight decay (AdamW)");
+    read_settings(*p, "optimizer.params", c);
     p->check_keys();
   }
   s.check_keys();
-  return c;
 }
 
-SchedulerConfig parse_scheduler(Section s) {
-  SchedulerConfig c;
-  if (!s.has("type")) fail(s.source(), s.key_path("type"), "is required (\"WarmupCosineLR\")");
-  s.read("type", c.type);
+// The "scheduler" section: DeepSpeed's (`deepspeed`: its type and total_num_steps required, the section
+// defaults applied), or the recorded form of a config without one, {"type": null, "params":
+// {"warmup_num_steps": N}} (Note [Section defaults] in distributed/run/settings.cpp).
+void parse_scheduler(Section s, TrainingConfig& c, bool deepspeed) {
+  SchedulerConfig& sc = *c.scheduler;
+  if (deepspeed) {
+    if (!s.has("type")) fail(s.source(), s.key_path("type"), "is required (\"WarmupCosineLR\")");
+    s.read("type", sc.type);
+    c.scheduler.set_present(true);
+    for (const Setting& row : settings())
+      if (std::string_view(row.present_in) == "scheduler") set_setting(row, row.section_default, "", c);
+  } else {
+    s.find("type");
+  }
   bool total_given = false;
   if (auto p = s.section("params")) {
-    p->read("warmup_num_steps", c.warmup_num_steps);
-    total_given = p->has("total_num_steps");
-    p->read("total_num_steps", c.total_num_steps);
-    p->read("cos_min_ratio", c.cos_min_ratio);
-    double warmup_min_ratio = 0.0;
-    p->read("warmup_min_ratio", warmup_min_ratio);
-    if (warmup_min_ratio != 0.0)
-      fail(s.source(), p->key_path("warmup_min_ratio"),
-           fmt::format("only 0 is supported (warmup starts from lr / warmup_num_steps), got {}", warmup_min_ratio));
-    std::string warmup_type = "linear";
-    p->read("warmup_type", warmup_type);
-    if (warmup_type != "linear")
-      fail(s.source(), p->key_path("warmup_type"),
-           fmt::format("only \"linear\" is supported, got \"{}\"", warmup_type));
+    read_settings(*p, "scheduler.params", c);
+    if (deepspeed) {
+      total_given = p->has("total_num_steps");
+      p->read("total_num_steps", sc.total_num_steps);
+      p->read("cos_min_ratio", sc.cos_min_ratio);
+      double warmup_min_ratio = 0.0;
+      p->read("warmup_min_ratio", warmup_min_ratio);
+      if (warmup_min_ratio != 0.0)
+        fail(s.source(), p->key_path("warmup_min_ratio"),
+             fmt::format("only 0 is supported (warmup starts from lr / warmup_num_steps), got {}", warmup_min_ratio));
+      std::string warmup_type = "linear";
+      p->read("warmup_type", warmup_type);
+      if (warmup_type != "linear")
+        fail(s.source(), p->key_path("warmup_type"),
+             fmt::format("only \"linear\" is supported, got \"{}\"", warmup_type));
+    }
     p->check_keys();
   }
-  if (!total_given && c.type == "WarmupCosineLR")
+  if (deepspeed && !total_given && sc.type == "WarmupCosineLR")
     fail(s.source(), s.key_path("params.total_num_steps"), "is required for WarmupCosineLR");
   s.check_keys();
-  return c;
 }
 
 // The batch rule's check: train == micro * gas * world, every value >= 1. `how` labels each value
@@ -518,30 +552,31 @@ void validate_schedule(const TrainingConfig& c, const Where& src) {
     fail(src, "optimizer.type",
          "Muon with zero_optimization.zero_quantized_gradients is not supported (int8 gradients are tested with "
          "AdamW only); turn one off");
-  if (const auto& o = c.optimizer) {
-    if (o->momentum && !c.uses_muon())
-      fail(src, "optimizer.params.momentum", "is Muon's; the optimizer is " + c.optimizer_type.value_or(o->type));
-    if (o->ns_steps && !c.uses_muon())
-      fail(src, "optimizer.params.ns_steps", "is Muon's; the optimizer is " + c.optimizer_type.value_or(o->type));
-    if (o->momentum && !(*o->momentum >= 0.0 && *o->momentum < 1.0))
-      fail(src, "optimizer.params.momentum", fmt::format("must be in [0, 1), got {}", *o->momentum));
-    if (o->ns_steps && (*o->ns_steps < 1 || *o->ns_steps > 100))
-      fail(src, "optimizer.params.ns_steps", fmt::format("must be in [1, 100], got {}", *o->ns_steps));
-    if (!(o->lr >= 0.0) || !std::isfinite(o->lr))
-      fail(src, "optimizer.params.lr", fmt::format("must be >= 0, got {}", o->lr));
-    if (!(o->beta1 >= 0.0 && o->beta1 < 1.0) || !(o->beta2 >= 0.0 && o->beta2 < 1.0))
-      fail(src, "optimizer.params.betas", fmt::format("each beta must be in [0, 1), got [{}, {}]", o->beta1, o->beta2));
-    if (!(o->eps >= 0.0) || !std::isfinite(o->eps))
-      fail(src, "optimizer.params.eps", fmt::format("must be >= 0, got {}", o->eps));
-    if (!(o->weight_decay >= 0.0) || !std::isfinite(o->weight_decay))
-      fail(src, "optimizer.params.weight_decay", fmt::format("must be >= 0, got {}", o->weight_decay));
-  }
+  const OptimizerConfig& o = *c.optimizer;  // the run's values, with or without the section
+  if (o.momentum && !c.uses_muon())
+    fail(src, "optimizer.params.momentum", "is Muon's; the optimizer is " + c.optimizer_type.value_or(o.type));
+  if (o.ns_steps && !c.uses_muon())
+    fail(src, "optimizer.params.ns_steps", "is Muon's; the optimizer is " + c.optimizer_type.value_or(o.type));
+  if (o.momentum && !(*o.momentum >= 0.0 && *o.momentum < 1.0))
+    fail(src, "optimizer.params.momentum", fmt::format("must be in [0, 1), got {}", *o.momentum));
+  if (o.ns_steps && (*o.ns_steps < 1 || *o.ns_steps > 100))
+    fail(src, "optimizer.params.ns_steps", fmt::format("must be in [1, 100], got {}", *o.ns_steps));
+  if (!(o.lr >= 0.0) || !std::isfinite(o.lr)) fail(src, "optimizer.params.lr", fmt::format("must be >= 0, got {}", o.lr));
+  if (!(o.beta1 >= 0.0 && o.beta1 < 1.0) || !(o.beta2 >= 0.0 && o.beta2 < 1.0))
+    fail(src, "optimizer.params.betas", fmt::format("each beta must be in [0, 1), got [{}, {}]", o.beta1, o.beta2));
+  if (!(o.eps >= 0.0) || !std::isfinite(o.eps))
+    fail(src, "optimizer.params.eps", fmt::format("must be >= 0, got {}", o.eps));
+  if (!(o.weight_decay >= 0.0) || !std::isfinite(o.weight_decay))
+    fail(src, "optimizer.params.weight_decay", fmt::format("must be >= 0, got {}", o.weight_decay));
+  if (!o.adam_w_mode)
+    fail(src, "optimizer.params.adam_w_mode",
+         "false (Adam with L2 regularisation) is not supported; only decoupled weight decay (AdamW)");
 
+  if (c.scheduler->warmup_num_steps < 0)
+    fail(src, "scheduler.params.warmup_num_steps", fmt::format("must be >= 0, got {}", c.scheduler->warmup_num_steps));
   if (const auto& s = c.scheduler) {
     if (s->type != "WarmupCosineLR")
       fail(src, "scheduler.type", fmt::format("\"{}\" is not supported (WarmupCosineLR)", s->type));
-    if (s->warmup_num_steps < 0)
-      fail(src, "scheduler.params.warmup_num_steps", fmt::format("must be >= 0, got {}", s->warmup_num_steps));
     if (s->total_num_steps < 1)
       fail(src, "scheduler.params.total_num_steps", fmt::format("must be >= 1, got {}", s->total_num_steps));
     if (!(s->cos_min_ratio >= 0.0 && s->cos_min_ratio <= 1.0))
@@ -609,23 +644,19 @@ TrainingConfig parse(const json& j, const std::string& src) {
     read_settings(*s, "zero_optimization", c);
     s->check_keys();
   }
-  // Note [Optimizer type without a section]: {"optimizer": {"type": T, "params": null}} (T may be null) is
-  // what to_json writes when only the table's optimizer.type is set (--optimizer, or nothing): the type
-  // alone, the program's own optimizer settings kept. A section with params absent is DeepSpeed's: its
-  // defaults replace the program's.
+  // Note [Optimizer type without a section]: a config without an "optimizer" section is recorded by
+  // to_json as {"optimizer": {"type": null, "params": {...every param's value}}}; read back, "type": null
+  // means no section: the program's defaults for any param left out. Before the params were rows of the
+  // table (Note [Section defaults] in distributed/run/settings.cpp) it was recorded as {"type": T,
+  // "params": null} (T null, or --optimizer's type), which still reads as the type alone, no section.
+  // Any other "optimizer" object is DeepSpeed's section: its type is required and its defaults apply.
   const json* opt = root.find("optimizer");
-  const bool type_only = opt && opt->is_object() &&
-                         ((opt->contains("params") && opt->at("params").is_null()) ||
-                          (opt->size() == 1 && opt->contains("type") && opt->at("type").is_null()));
-  if (auto s = root.section("optimizer"); s && type_only) {
-    s->read("type", c.optimizer_type);
-    s->find("params");
-    s->check_keys();
-  } else if (s) {
-    c.optimizer = parse_optimizer(*s);
-    c.optimizer_type = c.optimizer->type;
-  }
-  if (auto s = root.section("scheduler")) c.scheduler = parse_scheduler(*s);
+  const auto null_at = [&](const char* key) { return opt->contains(key) && opt->at(key).is_null(); };
+  const bool no_section = opt && opt->is_object() && (null_at("params") || null_at("type"));
+  if (auto s = root.section("optimizer")) parse_optimizer(*s, c, !no_section);
+  const json* sch = root.find("scheduler");
+  const bool no_scheduler = sch && sch->is_object() && sch->contains("type") && sch->at("type").is_null();
+  if (auto s = root.section("scheduler")) parse_scheduler(*s, c, !no_scheduler);
   if (auto s = root.section("activation_checkpointing")) parse_activation_checkpointing(*s, c, src);
   root.check_keys();
   return c;
@@ -719,11 +750,7 @@ TrainingConfig merge_config(const nlohmann::json& base, const std::string& sourc
 }
 
 void TrainingConfig::apply_flag(const Setting& s, const std::string& text) {
-  const json value = flag_json(s, text);
-  std::vector<std::string> unused;
-  const json wrapped = {{s.name(), value}};
-  const std::string flag = s.flag;
-  Section(wrapped, s.section(), flag, unused).read(s.name(), s.field(*this));
+  set_setting(s, flag_json(s, text), s.flag, *this);
   flags_[s.key] = text == "true" && s.type == SettingType::boolean ? std::string(s.flag)
                                                                      : fmt::format("{} {}", s.flag, text);
 }
@@ -732,30 +759,17 @@ nlohmann::json TrainingConfig::to_json() const {
   json j = json::object();
   // The table's fields are read only here; settings() hands out mutable pointers for the parser.
   auto& self = const_cast<TrainingConfig&>(*this);
-  for (const Setting& s : settings()) {
-    std::string pointer = std::string("/") + s.key;
-    std::replace(pointer.begin(), pointer.end(), '.', '/');
-    j[json::json_pointer(pointer)] = field_json(s.field(self));
-  }
-  if (!optimizer) j["optimizer"]["params"] = nullptr;  // Note [Optimizer type without a section]
-  if (optimizer) {
-    j["optimizer"] = {{"type", optimizer_type.value_or(optimizer->type)},
-                      {"params",
-                       {{"lr", optimizer->lr},
-                        {"betas", {optimizer->beta1, optimizer->beta2}},
-                        {"eps", optimizer->eps},
-                        {"weight_decay", optimizer->weight_decay}}}};
-    if (optimizer->momentum) j["optimizer"]["params"]["momentum"] = *optimizer->momentum;
-    if (optimizer->ns_steps) j["optimizer"]["params"]["ns_steps"] = *optimizer->ns_steps;
-  }
+  // Every row, the optimizer's params in full (Note [Section defaults] in distributed/run/settings.cpp);
+  // without a section, "type" is null (Note [Optimizer type without a section]).
+  for (const Setting& s : settings()) j[json::json_pointer(s.pointer())] = field_json(s.field(self));
+  // The scheduler's warmup is a row, written above; without the section "type" is null.
+  j["scheduler"]["type"] = scheduler ? json(scheduler->type) : json(nullptr);
   if (scheduler) {
-    j["scheduler"] = {{"type", scheduler->type},
-                      {"params",
-                       {{"warmup_num_steps", scheduler->warmup_num_steps},
-                        {"total_num_steps", scheduler->total_num_steps},
-                        {"cos_min_ratio", scheduler->cos_min_ratio},
-                        {"warmup_min_ratio", 0.0},
-                        {"warmup_type", "linear"}}}};
+    json& params = j["scheduler"]["params"];
+    params["total_num_steps"] = scheduler->total_num_steps;
+    params["cos_min_ratio"] = scheduler->cos_min_ratio;
+    params["warmup_min_ratio"] = 0.0;
+    params["warmup_type"] = "linear";
   }
   return j;
 }
@@ -844,8 +858,8 @@ ZeroOptions TrainingConfig::zero_options() const {
   zo.nonfinite_grads = nonfinite_grads == "skip" ? NonfiniteGrads::skip : NonfiniteGrads::error;
   zo.nonfinite_skip_limit = nonfinite_skip_limit;
   zo.muon = uses_muon();
-  if (optimizer && optimizer->momentum) zo.muon_momentum = static_cast<float>(*optimizer->momentum);
-  if (optimizer && optimizer->ns_steps) zo.muon_ns_steps = static_cast<int>(*optimizer->ns_steps);
+  if (optimizer->momentum) zo.muon_momentum = static_cast<float>(*optimizer->momentum);
+  if (optimizer->ns_steps) zo.muon_ns_steps = static_cast<int>(*optimizer->ns_steps);
   return zo;
 }
 

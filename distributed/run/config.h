@@ -109,29 +109,55 @@ struct ZeroConfig {
 
 /// "optimizer": {"type": "AdamW" | "Adam" | "Muon", "params": {...}}. The type is matched
 /// case-insensitively, as in DeepSpeed. "Adam" means AdamW too: DeepSpeed's Adam defaults to adam_w_mode =
-/// true (decoupled weight decay); adam_w_mode = false (L2 regularisation) is rejected. Defaults are
-/// DeepSpeed's FusedAdam / torch's Adam defaults (weight_decay 0). "Muon" (optim/muon.h): Muon for the
-/// hidden matrices with lr and weight_decay shared with AdamW for the rest (Note [Muon update scale] in
-/// optim/muon.cpp), plus its own momentum and ns_steps. The type the run uses is
+/// true (decoupled weight decay); adam_w_mode = false (L2 regularisation) is rejected. "Muon" (optim/muon.h):
+/// Muon for the hidden matrices with lr and weight_decay shared with AdamW for the rest (Note [Muon update
+/// scale] in optim/muon.cpp), plus its own momentum and ns_steps. The type the run uses is
 /// TrainingConfig::optimizer_type (the table's optimizer.type, which --optimizer sets).
+///
+/// The params are rows of the settings table (optimizer.params.*) with two defaults (Note [Section
+/// defaults] in distributed/run/settings.cpp): the program's, written here, without the section, and
+/// DeepSpeed's FusedAdam / torch defaults (beta2 0.999, weight_decay 0) when the file has the section.
+/// The values are the run's after the flags (--lr, --beta1, --beta2, --weight-decay).
 struct OptimizerConfig {
   std::string type = "AdamW";  // as written in the file
-  std::optional<double> momentum;        // Muon only: in [0, 1); unset: 0.95
-  std::optional<std::int64_t> ns_steps;  // Muon only: Newton–Schulz iterations, >= 1; unset: 5
   double lr = 1e-3;            // >= 0
   double beta1 = 0.9;          // "betas": [beta1, beta2], each in [0, 1)
-  double beta2 = 0.999;
-  double eps = 1e-8;          // >= 0
-  double weight_decay = 0.0;  // decoupled, >= 0
+  double beta2 = 0.99;         // the section's default: 0.999
+  double eps = 1e-8;           // >= 0
+  double weight_decay = 0.1;   // decoupled, >= 0; the section's default: 0
+  bool adam_w_mode = true;     // only true
+  std::optional<double> momentum;        // Muon only: in [0, 1); unset: 0.95
+  std::optional<std::int64_t> ns_steps;  // Muon only: Newton–Schulz iterations, >= 1; unset: 5
+};
+
+/// A section whose values always exist: read like a std::optional of the section, where "has a value"
+/// means the file has the section (`if (c.optimizer)`), while `*` and `->` give the values the run uses
+/// either way (the program's defaults without the section).
+template <typename T>
+class SectionValues {
+ public:
+  explicit operator bool() const { return present_; }
+  bool has_value() const { return present_; }
+  void set_present(bool present) { present_ = present; }
+  T& operator*() { return value_; }
+  const T& operator*() const { return value_; }
+  T* operator->() { return &value_; }
+  const T* operator->() const { return &value_; }
+
+ private:
+  T value_{};
+  bool present_ = false;
 };
 
 /// "scheduler": only {"type": "WarmupCosineLR", "params": {...}}: linear warmup over warmup_num_steps,
 /// then cosine decay to cos_min_ratio * lr at total_num_steps (optim/lr_schedule.h). DeepSpeed's
 /// default warmup_type is "log"; we warm up linearly only, so "warmup_type" may only be "linear", and
-/// "warmup_min_ratio" only 0.
+/// "warmup_min_ratio" only 0. warmup_num_steps is a row of the settings table (--warmup) with two
+/// defaults (Note [Section defaults] in distributed/run/settings.cpp): the program's 100 without the
+/// section, DeepSpeed's 1000 with it; it is the run's warmup either way.
 struct SchedulerConfig {
   std::string type = "WarmupCosineLR";
-  std::int64_t warmup_num_steps = 1000;  // >= 0
+  std::int64_t warmup_num_steps = 100;   // >= 0; the section's default: 1000
   std::int64_t total_num_steps = 0;      // required, >= 1
   double cos_min_ratio = 1e-4;           // final lr / peak lr, in [0, 1]
 };
@@ -175,11 +201,11 @@ struct TrainingConfig {
   Bf16Config bf16;
   ZeroConfig zero_optimization;
   ActivationCheckpointingConfig activation_checkpointing;
-  std::optional<OptimizerConfig> optimizer;  // absent: the training program's own defaults apply
+  SectionValues<OptimizerConfig> optimizer;  // the file's section, or the program's defaults without it
   // optimizer.type of the settings table: "AdamW", "Adam" or "Muon" (any case), from the file's
   // optimizer section or --optimizer (adamw | muon); unset: AdamW. optimizer->type is what the file said.
   std::optional<std::string> optimizer_type;
-  std::optional<SchedulerConfig> scheduler;
+  SectionValues<SchedulerConfig> scheduler;  // the file's section, or the program's warmup without it
 
   /// One line per ignored DeepSpeed key or deprecated form, "warning: " prefix included, ready to print.
   std::vector<std::string> warnings;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iterator>
@@ -140,9 +141,76 @@ std::vector<Setting> optimizer_settings() {
   };
 }
 
+// Note [Section defaults]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// train_gpt had its optimizer flags, with nanoGPT's defaults (weight decay 0.1, beta2 0.99, warmup 100),
+// before it read DeepSpeed configs; a DeepSpeed "optimizer" section means DeepSpeed's defaults (FusedAdam's,
+// torch's AdamW's: weight decay 0, beta2 0.999) for the params it leaves out, and a "scheduler" section
+// WarmupCosineLR's warmup_num_steps 1000. Both meanings are kept, in the table:
+// such a row has a program default (the file has no section) and a section default (the file has the
+// section Setting::present_in names). The merge is
+//   program defaults -> the section defaults, when the file has the section -> the file -> the flags,
+// and the result is what the run uses. to_json writes every row's value, so a recorded config reads back
+// to the same values whichever defaults would apply: without a section it is written with "type": null,
+// which reads back as no section (Note [Optimizer type without a section] in config.cpp). A config
+// recorded before these rows were in the table (optimizer {"type": T, "params": null}, no scheduler)
+// reads back with the program defaults, which its run used unless a flag replaced them (train_gpt then
+// adds the values from its state.json: examples/resume_settings.h, recorded_config). --min-lr has no row:
+// DeepSpeed has no absolute floor (cos_min_ratio is a fraction of lr); it stays train_gpt's flag.
+std::vector<Setting> optimizer_params_settings() {
+  const auto section = [](Setting s, nlohmann::json value, const char* text) {
+    s.present_in = "optimizer";
+    s.section_default = std::move(value);
+    s.section_default_text = text;
+    return s;
+  };
+  const auto beta = [&](int i, const char* flag, double in_section) {
+    Setting s = section({"optimizer.params.betas", flag, S::number, "`[0.9, 0.99]`", {},
+                         i == 0 ? "AdamW beta1 (config optimizer.params.betas[0])"
+                                : "AdamW beta2 (config optimizer.params.betas[1])",
+                         i == 0 ? +[](T& c) -> SettingField { return &c.optimizer->beta1; }
+                                : +[](T& c) -> SettingField { return &c.optimizer->beta2; }},
+                        in_section, "`[0.9, 0.999]`");
+    s.element = i;
+    s.array_form = "[beta1, beta2]";
+    return s;
+  };
+  return {
+      section({"optimizer.params.lr", "--lr", S::number, "`1e-3`", {}, "peak learning rate (config optimizer.params.lr)",
+               [](T& c) -> SettingField { return &c.optimizer->lr; }},
+              1e-3, "`1e-3`"),
+      beta(0, "--beta1", 0.9),
+      beta(1, "--beta2", 0.999),
+      section({"optimizer.params.eps", "", S::number, "`1e-8`", {}, "added to Adam's denominator",
+               [](T& c) -> SettingField { return &c.optimizer->eps; }},
+              1e-8, "`1e-8`"),
+      section({"optimizer.params.weight_decay", "--weight-decay", S::number, "`0.1`", {},
+               "AdamW decoupled weight decay, matrices only (config optimizer.params.weight_decay)",
+               [](T& c) -> SettingField { return &c.optimizer->weight_decay; }},
+              0.0, "`0`"),
+      {"optimizer.params.adam_w_mode", "", S::boolean, "`true`", {}, "only true: decoupled weight decay",
+       [](T& c) -> SettingField { return &c.optimizer->adam_w_mode; }},
+      {"optimizer.params.momentum", "", S::number, "`0.95`", {}, "Muon only: momentum of the Muon matrices",
+       [](T& c) -> SettingField { return &c.optimizer->momentum; }},
+      {"optimizer.params.ns_steps", "", S::integer, "`5`", {}, "Muon only: Newton–Schulz iterations per step",
+       [](T& c) -> SettingField { return &c.optimizer->ns_steps; }},
+  };
+}
+
+std::vector<Setting> scheduler_params_settings() {
+  Setting warmup = {"scheduler.params.warmup_num_steps", "--warmup", S::integer, "`100`", {},
+                    "linear warm-up steps (config scheduler.params.warmup_num_steps)",
+                    [](T& c) -> SettingField { return &c.scheduler->warmup_num_steps; }};
+  warmup.present_in = "scheduler";  // Note [Section defaults]
+  warmup.section_default = 1000;
+  warmup.section_default_text = "`1000`";
+  return {warmup};
+}
+
 std::vector<Setting> make_table() {
   std::vector<Setting> table = top_level_settings();
-  for (auto section : {precision_settings, zero_settings, activation_checkpointing_settings, optimizer_settings}) {
+  for (auto section : {precision_settings, zero_settings, activation_checkpointing_settings, optimizer_settings,
+                       optimizer_params_settings, scheduler_params_settings}) {
     std::vector<Setting> rows = section();
     table.insert(table.end(), std::make_move_iterator(rows.begin()), std::make_move_iterator(rows.end()));
   }
@@ -163,6 +231,12 @@ std::string Setting::name() const {
   return dot == std::string::npos ? k : k.substr(dot + 1);
 }
 
+std::string Setting::pointer() const {
+  std::string p = std::string("/") + key;
+  std::replace(p.begin(), p.end(), '.', '/');
+  return element < 0 ? p : p + "/" + std::to_string(element);
+}
+
 const std::vector<Setting>& settings() {
   static const std::vector<Setting> table = make_table();
   return table;
@@ -177,6 +251,12 @@ const Setting* find_setting(std::string_view key) {
 const Setting* find_setting_by_flag(std::string_view flag) {
   for (const Setting& s : settings())
     if (*s.flag != '\0' && flag == s.flag) return &s;
+  return nullptr;
+}
+
+const Setting* find_setting_by_pointer(std::string_view pointer) {
+  for (const Setting& s : settings())
+    if (pointer == s.pointer()) return &s;
   return nullptr;
 }
 

@@ -14,6 +14,11 @@
 //             ->  validation of the result.
 // A file is therefore never judged alone: `--zero-stage 2` with a file that only sets
 // zero_quantized_gradients is valid, as is the same file with the flag's stage written into it.
+//
+// A row may carry a second default, its section default (Note [Section defaults] in settings.cpp): the
+// default when the file has the row's DeepSpeed section ("optimizer"), where the first one, the program
+// default, applies without it. So
+//   defaults (the section's when the file has the section)  ->  the file  ->  the flags  ->  validation.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -54,19 +59,35 @@ struct Setting {
   const char* doc;           // one line: the flag's help text
   SettingField (*field)(TrainingConfig&);
   bool shapes_plan = false;  // it changes the ZeRO plan, its wire or the memory: zero_explain offers its flag
+  // The default when the file has the section that `present_in` names ("optimizer"; "" for none): its value
+  // (null: none) and as docs/config.md shows it ("`0`"). Note [Section defaults] in settings.cpp.
+  const char* present_in = "";
+  nlohmann::json section_default = nullptr;
+  const char* section_default_text = "";
+  // >= 0: the row is this element of a JSON array at `key` ("optimizer.params.betas": [beta1, beta2]),
+  // whose form `array_form` ("[beta1, beta2]") names in errors.
+  int element = -1;
+  const char* array_form = "";
 
   /// The section ("zero_optimization", "" for the top level) and the key's own name ("stage").
   std::string section() const;
   std::string name() const;
+  /// Where the value sits in the config's JSON: "/zero_optimization/stage", "/optimizer/params/betas/1".
+  std::string pointer() const;
+  /// Whether the row has a section default.
+  bool has_section_default() const { return *present_in != '\0'; }
 };
 
-/// Every setting, top level first, then fp16, bf16, zero_optimization and optimizer; in docs/config.md's
-/// order.
+/// Every setting, top level first, then fp16, bf16, zero_optimization, activation_checkpointing, optimizer,
+/// optimizer.params and scheduler.params; in docs/config.md's order.
 const std::vector<Setting>& settings();
 
 /// The setting of a key path or a flag; nullptr when there is none.
 const Setting* find_setting(std::string_view key);
 const Setting* find_setting_by_flag(std::string_view flag);
+/// The setting at a JSON pointer (Setting::pointer): "/optimizer/params/betas/1" is --beta2's; nullptr
+/// when there is none.
+const Setting* find_setting_by_pointer(std::string_view pointer);
 
 /// A flag's text as the JSON value its key would hold: "true" for a boolean flag given without a
 /// value, a number for integer/elements/number settings (5e8 is a whole number), the text otherwise.

@@ -319,6 +319,30 @@ TEST_F(LongRunCli, AResumedRunTakesItsSettingsFromTheCheckpoint) {
   EXPECT_NE(init.output.find("model: 2 layers, 3 heads, 24 channels, block 12"), std::string::npos) << init.output;
 }
 
+// A checkpoint whose config was recorded before the optimizer's params and the warmup were keys of it
+// ("optimizer": {"type": null, "params": null}, no "scheduler"; the values only in state.json's
+// lr_schedule and adamw): the resumed run takes the values its run used, not the program's defaults, and
+// continues it bitwise.
+TEST_F(LongRunCli, ACheckpointRecordedBeforeTheOptimizerKeysResumesWithItsValues) {
+  const std::string settings = " --data " + p("text.txt") + " --n-layer 2 --n-head 3 --n-embd 24 --block 12 --lr 3e-3 "
+                               "--min-lr 2e-4 --warmup 3 --beta1 0.8 --beta2 0.95 --weight-decay 0.05 --eval-every 0 "
+                               "--eval-iters 1 --batch 12 --seed 5 --steps 8 --threads 1 --sample 0 ";
+  ASSERT_EQ(zero::testing::run_command(bin("train_gpt") + settings + "--save-every 4 --save-dir " + p("old") +
+                                       " --log-file " + p("a.jsonl")).exit_code, 0);
+  const fs::path state_path = fs::path(p("old/step_00000004")) / "state.json";
+  nlohmann::json state = nlohmann::json::parse(slurp(state_path));
+  state["config"]["optimizer"] = {{"type", nullptr}, {"params", nullptr}};  // as an older train_gpt wrote it
+  state["config"].erase("scheduler");
+  std::ofstream(state_path) << state.dump(1) << "\n";
+  const Result r = zero::testing::run_command(bin("train_gpt") + " --threads 1 --resume " + p("old/step_00000004") +
+                                              " --log-file " + p("b.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+  Log a = read_log(p("a.jsonl")), b = read_log(p("b.jsonl"));
+  for (std::int64_t s = 1; s <= 4; ++s) a.steps.erase(s), a.val.erase(s);
+  expect_same_run(a, b);
+}
+
 // Sets the file-size limit (ulimit -f) of a running process: its next write past `bytes` fails (EFBIG),
 // as a write to a full disk fails (ENOSPC).
 void limit_file_size(pid_t pid, rlim_t bytes) {

@@ -159,11 +159,14 @@ TEST(MuonConfig, TypeAndParamsReachTheZeroOptions) {
   const auto flagged = dist::merge_config(json::object(), "", {{"--optimizer", "muon"}});
   EXPECT_TRUE(flagged.zero_options().muon);
   EXPECT_FALSE(flagged.optimizer.has_value());  // the flag sets the type only: lr and decay stay the program's
-  // The recorded config (a checkpoint's) keeps the type alone: no optimizer section with DeepSpeed's defaults
-  // replacing the program's lr and weight decay on resume.
+  // The recorded config (a checkpoint's) keeps the type and the program's values: DeepSpeed's section
+  // defaults do not replace the program's weight decay and beta2 on resume (it records every param, so it
+  // reads back as a section whose values are all given).
   const auto recorded = dist::TrainingConfig::from_json(flagged.to_json());
   EXPECT_TRUE(recorded.zero_options().muon);
-  EXPECT_FALSE(recorded.optimizer.has_value());
+  EXPECT_EQ(recorded.optimizer->weight_decay, 0.1);
+  EXPECT_EQ(recorded.optimizer->beta2, 0.99);
+  EXPECT_EQ(recorded.optimizer->lr, 1e-3);
   EXPECT_FALSE(dist::TrainingConfig::from_json(json::object()).zero_options().muon);
   EXPECT_FALSE(dist::TrainingConfig::from_json(dist::TrainingConfig::from_json(json::object()).to_json()).optimizer);
 }

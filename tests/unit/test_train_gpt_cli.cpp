@@ -359,6 +359,31 @@ TEST_F(TrainGptCli, ParseErrorsAreOneLineWithExitCode2) {
   EXPECT_NE(help.output.find("--collective-timeout"), std::string::npos);
 }
 
+// Every flag of the settings table shows its default in --help, as README.md and docs/config.md give it
+// (the section default beside it where the row has one), in train_gpt and zero_explain.
+TEST_F(TrainGptCli, TableFlagsShowTheirDefaultInHelp) {
+  const Result train = run_train_gpt("--help");
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  for (const char* shown : {"--zero-stage NUMBER=0", "--clip NUMBER=1.0", "--reduce-bucket-size NUMBER=automatic",
+                            "--overlap-comm=false", "--nonfinite-grads ENUM=error", "--lr NUMBER=0.001",
+                            "--beta1 NUMBER=0.9", "--beta2 NUMBER=0.99", "--weight-decay NUMBER=0.1",
+                            "--warmup NUMBER=100", "--stage3-prefetch-bucket-size NUMBER=50000000"})
+    EXPECT_NE(train.output.find(shown), std::string::npos) << shown << " in:\n" << train.output;
+  // A section default that differs is named in the help line: beta2 0.999, weight decay 0, warmup 1000.
+  for (const char* flag : {"--beta2", "--weight-decay", "--warmup"}) {
+    const auto at = train.output.find(std::string(flag) + " NUMBER=");
+    ASSERT_NE(at, std::string::npos) << flag;
+    const std::string line = train.output.substr(at, train.output.find("\n  --", at + 1) - at);
+    EXPECT_NE(line.find("section in the config: "), std::string::npos) << line;
+  }
+  EXPECT_NE(train.output.find("section in the config: 0.999)"), std::string::npos);
+  EXPECT_NE(train.output.find("section in the config: 1000)"), std::string::npos);
+  const Result explain = run_command(zero::testing::bin_dir() + "/zero_explain --help");
+  ASSERT_EQ(explain.exit_code, 0) << explain.output;
+  for (const char* shown : {"--zero-stage NUMBER=0", "--overlap-comm=false", "--reduce-bucket-size NUMBER=automatic"})
+    EXPECT_NE(explain.output.find(shown), std::string::npos) << shown << " in:\n" << explain.output;
+}
+
 // The other programs report their command-line errors the same way (examples/cli_errors.h), and an
 // unsigned --seed refuses a negative value instead of wrapping it.
 TEST_F(TrainGptCli, EveryProgramsParseErrorsAreOneLineWithExitCode2) {
