@@ -217,8 +217,10 @@ std::vector<std::string> config_warnings(const dist::TrainingConfig& now, const 
   };
   const nlohmann::json a = mine.flatten(), b = saved.flatten();
   for (const auto& [key, value] : a.items()) {
+    // The optimizer's type is not a setting a resume may change: load_checkpoint refuses another one
+    // with its own line (its spelling, "Muon" or "muon", or null for the default AdamW, may differ).
     if (key == "/train_micro_batch_size_per_gpu" || key == "/collective_timeout_s" || key == "/fp16/enabled" ||
-        key == "/bf16/enabled")
+        key == "/bf16/enabled" || key == "/optimizer/type")
       continue;
     if (!b.contains(key)) continue;  // a key newer than the build that wrote the checkpoint
     const nlohmann::json other = b[key];

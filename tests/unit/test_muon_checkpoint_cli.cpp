@@ -46,14 +46,17 @@ class MuonCheckpointCli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string p(const std::string& name) const { return (dir_ / name).string(); }
-  // Batch 12 splits over 1, 2, 3 and 4 ranks; Muon unless `args` names an optimizer.
+  // Batch 12 splits over 1, 2, 3 and 4 ranks; Muon unless `args` names an optimizer or a config.
   Result train(const std::string& args, int np = 1) const {
     const std::string mpirun = np == 1 ? std::string() : fmt::format("{} -np {} ", ZERO_MPIRUN, np);
     return zero::testing::run_command(fmt::format(
         "{}{}/train_gpt --data {} --n-layer 1 --n-head 2 --n-embd 16 --block 16 --batch 12 --eval-every 0 "
         "--eval-iters 1 --log-every 1000 --warmup 2 --threads 1 --sample 0 {}{}",
         mpirun, zero::testing::bin_dir(), p("text.txt"),
-        args.find("--optimizer") == std::string::npos ? "--optimizer muon " : "", args));
+        args.find("--optimizer") == std::string::npos && args.find("--config") == std::string::npos
+            ? "--optimizer muon "
+            : "",
+        args));
   }
   fs::path dir_;
 };
@@ -82,6 +85,25 @@ TEST_F(MuonCheckpointCli, ChangingTheOptimizerOnResumeIsOneLine) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(zero::testing::error_lines(r.output), 1) << r.output;
   EXPECT_NE(r.output.find("holds muon optimizer state and this run uses adamw"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("continuing with \"adamw\""), std::string::npos) << "a warning that it goes on:\n" << r.output;
+}
+
+// The same optimizer spelt another way (the config's "Muon", the flag's muon; AdamW by default, recorded
+// without a type) resumes without a warning about it.
+TEST_F(MuonCheckpointCli, TheSameOptimizerSpeltAnotherWayIsNoWarning) {
+  {
+    std::ofstream(p("muon.json")) << R"({"optimizer": {"type": "Muon"}})";
+  }
+  ASSERT_EQ(train("--steps 2 --save-every 2 --config " + p("muon.json") + " --save-dir " + p("ck_m")).exit_code, 0);
+  ASSERT_EQ(train("--steps 2 --save-every 2 --optimizer adamw --save-dir " + p("ck_a")).exit_code, 0);
+  // The AdamW run was started with the flag; a run recorded without it resumes with it too.
+  for (const auto& [resume, flags] : std::vector<std::pair<std::string, std::string>>{
+           {"ck_m/step_00000002", "--optimizer muon"}, {"ck_a/step_00000002", "--optimizer adamw"}}) {
+    const Result r = train("--steps 3 " + flags + " --resume " + p(resume));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("--optimizer \""), std::string::npos) << resume << ":\n" << r.output;
+    EXPECT_EQ(r.output.find("optimizer.type"), std::string::npos) << resume << ":\n" << r.output;
+  }
 }
 
 // Elements of gaps between parameters (Note [Whole-matrix partitions]) in this model's Muon layout at
