@@ -824,9 +824,10 @@ TrainingRun::Summary TrainingRun::summarize() const {
   s.per_step = ledger.total() / s.steps;
   s.comm_ms_per_step = 1000.0 * ledger.total_seconds() / s.steps;  // communication thread busy
   s.comm_cpu_ms_per_step = 1000.0 * ledger.cpu_seconds / s.steps;  // ... and the CPU it used
-  // int8 gradients: the plan's count of the quantized reduce-scatter (values + block scales).
-  s.expected = zo_.quantized_gradients_block > 0 ? opt_->plan().traffic().total()
-                                                 : expected_traffic_copies(zo_, gas_) * ring * psi_bytes;
+  // int8 gradients, and Muon's layout (stage 3's unit gathers carry only the gaps inside each unit): the
+  // plan's own count of the bytes; otherwise the paper's formula.
+  s.expected = zo_.quantized_gradients_block > 0 || zo_.muon ? opt_->plan().traffic().total()
+                                                             : expected_traffic_copies(zo_, gas_) * ring * psi_bytes;
   s.mem = opt_->memory();
   s.rss = peak_rss_bytes();
   return s;
