@@ -177,6 +177,7 @@ void validate(const Args& a) {
   ZERO_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other (--resume restores "
              "the weights and the optimizer; --init-from only the weights)");
   ZERO_CHECK(!a.save_every || !a.save_dir.empty(), "--save-every needs --save-dir");
+  ZERO_CHECK(!a.keep || !a.save_dir.empty(), "--keep needs --save-dir");
   ZERO_CHECK(!a.allow_non_finite_weights || !a.init_from.empty(), "--allow-non-finite-weights needs --init-from");
   probe_output_paths(a);
 }

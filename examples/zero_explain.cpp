@@ -47,6 +47,14 @@ using namespace zero;
 using dist::Collective;
 using nlohmann::json;
 
+// The largest --world-size: Muon's whole-matrix layout pads every partition to the largest matrix, so
+// its buffer and bucket count grow with N and each bucket holds N reduce-scatter counts; at 4,096 ranks
+// the default model's explanation takes about 1 s and 0.6 GB (docs/zero.md, "zero_explain's limits").
+constexpr int kMaxWorldSize = 4096;
+// The largest --params: the scale table lays each size out at up to 1,024 ranks, in buckets of at most
+// 5e8 elements by default that hold 1,024 counts each; 1e13 parameters take about 1 s and 0.2 GB.
+constexpr double kMaxScaleParams = 1e13;
+
 struct Args {
   std::string data, config, dtype = "fp32", format = "text", svg;
   std::int64_t vocab_size = 0;
@@ -360,11 +368,15 @@ double runtime_overhead_bytes(const Args& a) {
 }
 
 Explained explain(const Args& a, const CLI::App& app) {
-  ZERO_CHECK(a.world_size >= 1, "--world-size must be >= 1, got {}", a.world_size);
+  ZERO_CHECK(a.world_size >= 1 && a.world_size <= kMaxWorldSize, "--world-size must be in [1, {}], got {}",
+             kMaxWorldSize, a.world_size);
   ZERO_CHECK(a.format == "text" || a.format == "json", "--format must be text or json, got '{}'", a.format);
-  ZERO_CHECK(a.bandwidth >= 0, "--bandwidth must be > 0 bytes/s, got {}", a.bandwidth);
+  const CLI::Option* bandwidth = app.get_option_no_throw("--bandwidth");
+  ZERO_CHECK(a.bandwidth > 0 || (a.bandwidth == 0 && (bandwidth == nullptr || bandwidth->count() == 0)),
+             "--bandwidth must be > 0 bytes/s, got {}", a.bandwidth);
   ZERO_CHECK(a.latency >= 0, "--latency must be >= 0 seconds, got {}", a.latency);
-  for (double p : a.params) ZERO_CHECK(p >= 1, "--params must be >= 1 parameter, got {}", p);
+  for (double p : a.params)
+    ZERO_CHECK(p >= 1 && p <= kMaxScaleParams, "--params must be in [1, {:g}] parameters, got {:g}", kMaxScaleParams, p);
   ZERO_CHECK(a.data.empty() || a.vocab_size == 0, "give --data or --vocab-size, not both");
   Explained e;
   e.cfg = a.model;
