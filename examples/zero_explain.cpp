@@ -49,7 +49,7 @@ using nlohmann::json;
 
 // The largest --world-size: Muon's whole-matrix layout pads every partition to the largest matrix, so
 // its buffer and bucket count grow with N and each bucket holds N reduce-scatter counts; at 4,096 ranks
-// the default model's explanation takes about 1 s and 0.6 GB (docs/zero.md, "zero_explain's limits").
+// the default model's explanation takes about 1 s and 0.6 GB.
 constexpr int kMaxWorldSize = 4096;
 // The largest --params: the scale table lays each size out at up to 1,024 ranks, in buckets of at most
 // 5e8 elements by default that hold 1,024 counts each; 1e13 parameters take about 1 s and 0.2 GB.
@@ -738,16 +738,21 @@ void print_layout(const Explained& e) {
   const int N = e.N;
   fmt::print("== flat layout: {} elements + {} padding = {} (a multiple of 2N = {}) ==\n", L.numel(), L.padding(),
              L.padded_numel(), L.alignment());
-  fmt::print("{:>3}  {:<22} {:<12} {:>21}  owners (rank: elements)\n", "#", "parameter", "shape", "flat range");
+  // Stage 0 partitions nothing: every rank holds and steps every parameter whole.
+  const bool stage0 = plan.options.stage == 0;
+  fmt::print("{:>3}  {:<22} {:<12} {:>21}  {}\n", "#", "parameter", "shape", "flat range",
+             stage0 ? "owners (stage 0: every rank holds and steps all)" : "owners (rank: elements)");
   for (std::size_t i = 0; i < L.params().size(); ++i) {
     const auto& p = L.params()[i];
-    std::string owners;
-    for (const auto& s : p.slices) owners += fmt::format("{}{}: {}", owners.empty() ? "" : ", ", s.rank, s.length);
+    std::string owners = stage0 && !p.slices.empty() ? "every rank" : "";
+    for (const auto& s : p.slices)
+      if (!stage0) owners += fmt::format("{}{}: {}", owners.empty() ? "" : ", ", s.rank, s.length);
     fmt::print("{:>3}  {:<22} {:<12} {:>21}  {}\n", i, p.name, shape_str(p.shape),
                fmt::format("[{}, {})", p.offset, p.end()), owners.empty() ? "-" : owners);
   }
 
-  fmt::print("\n== partitions: P = {} elements per rank ==\n", L.partition_size());
+  fmt::print("\n== partitions: P = {} elements per rank{} ==\n", L.partition_size(),
+             stage0 ? " (stage 0 shards nothing: every rank holds every element)" : "");
   // Beyond 16 ranks the first and last 4 (--format json lists every rank).
   const int head = N > 16 ? 4 : N;
   for (int r = 0; r < N; ++r) {
@@ -829,10 +834,20 @@ void print_gather_plan(const Explained& e) {
                "head; {} in the backward: every unit but wte, which the forward's last read left gathered); "
                "recompute adds none (a block's re-run reads the unit its backward gathers)\n",
                stage3_all_gathers_per_step(e), zo.gradient_accumulation_steps, U + 1, U - 1);
-    fmt::print("live bound: stage3_max_live_parameters {} elements (largest unit {}: {} elements; all units: {}); "
-               "prefetch: stage3_prefetch_bucket_size {} elements of the next units in last step's order\n",
-               zo.stage3_max_live_parameters, largest->name, largest->size(), L.numel(),
-               zo.stage3_prefetch_bucket_size);
+    // The bound counts a unit's flat range, Muon's gaps inside it included (dist::GatherUnit::size()).
+    const auto real = [&](const dist::GatherUnit& g) {
+      std::int64_t n = 0;
+      for (std::size_t i = g.first_param; i < g.end_param; ++i) n += L.params()[i].numel;
+      return n;
+    };
+    std::int64_t all = 0;
+    for (const dist::GatherUnit& g : plan.units) all += g.size();
+    const bool gaps = all != L.numel();
+    fmt::print("live bound: stage3_max_live_parameters {} elements (largest unit {}: {} elements{}; all units: {} "
+               "elements{}); prefetch: stage3_prefetch_bucket_size {} elements of the next units in last step's order\n",
+               zo.stage3_max_live_parameters, largest->name, largest->size(),
+               gaps ? fmt::format(" with its gaps, {} real", real(*largest)) : "", all,
+               gaps ? fmt::format(" with their gaps, {} real", L.numel()) : "", zo.stage3_prefetch_bucket_size);
     for (std::size_t u = 0; u < plan.units.size(); ++u) {
       const dist::GatherUnit& g = plan.units[u];
       std::string counts;
