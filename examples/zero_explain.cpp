@@ -1021,7 +1021,7 @@ int main(int argc, char** argv) {
                  "the activation memory; not given and not splitting into the ranks: one sequence per micro-step)")
       ->capture_default_str();
   examples::add_setting_flags(app, a.settings, examples::FlagSet::layout);
-  app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
+  app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N), 1 to 4096")->capture_default_str();
   app.add_option("--memory-budget", a.memory_budget,
                  "per-rank memory budget (2GiB, 1.5GB, 800MiB): list the configurations that fit and choose one");
   app.add_option("--runtime-overhead", a.runtime_overhead,
@@ -1034,7 +1034,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
   app.add_option("--latency", a.latency, "per-message latency in seconds for the time model")->capture_default_str();
-  app.add_option("--params", a.params, "more model sizes (parameters) for the scale table, e.g. 124e6 1.5e9");
+  app.add_option("--params", a.params, "more model sizes (parameters, 1 to 1e13) for the scale table, e.g. 124e6 1.5e9");
   app.add_option("--format", a.format, "text or json")->capture_default_str();
   app.add_option("--svg", a.svg, "draw the flat buffer, partitions and buckets into this SVG file");
   try {
