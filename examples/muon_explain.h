@@ -14,7 +14,8 @@
 namespace zero::examples {
 
 /// Per rank: the Newton–Schulz FLOPs of the Muon matrices it steps (optim::newton_schulz_flops) and the
-/// real (non-padding) parameter elements of its partition. At stage 0 every rank steps every matrix.
+/// real (non-padding) parameter elements it steps: its partition's at stages 1-3; at stage 0 every rank
+/// steps every matrix whole and every element (Ψ).
 struct MuonShare {
   std::vector<double> flops;
   std::vector<double> elements;
@@ -44,7 +45,9 @@ inline MuonShare muon_share(const dist::ZeroPlan& plan) {
     for (int r = 0; r < n; ++r)
       if (plan.options.stage == 0 || p.slices.front().rank == r) s.flops[static_cast<std::size_t>(r)] += f;
   }
-  for (int r = 0; r < n; ++r) s.elements[static_cast<std::size_t>(r)] = static_cast<double>(L.partition_real_numel(r));
+  for (int r = 0; r < n; ++r)
+    s.elements[static_cast<std::size_t>(r)] =
+        static_cast<double>(plan.options.stage == 0 ? L.numel() : L.partition_real_numel(r));
   return s;
 }
 
@@ -52,7 +55,10 @@ inline MuonShare muon_share(const dist::ZeroPlan& plan) {
 inline void print_muon(const dist::ZeroPlan& plan) {
   if (!plan.options.muon) return;
   const dist::FlatLayout& L = plan.layout;
-  fmt::print("\n== Muon: each matrix stepped whole by one rank ({} Newton–Schulz steps) ==\n", plan.options.muon_ns_steps);
+  fmt::print("\n== Muon{} ({} Newton–Schulz steps) ==\n",
+             plan.options.stage == 0 ? " at stage 0: every matrix stepped whole by every rank"
+                                     : ": each matrix stepped whole by one rank",
+             plan.options.muon_ns_steps);
   const std::vector<int> owners = muon_owners(plan);
   std::size_t k = 0;
   for (const dist::ParamRange& p : L.params()) {

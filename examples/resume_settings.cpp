@@ -171,6 +171,7 @@ CheckpointSettings take_checkpoint_settings(Args& a, const Given& given, const s
     throw Error(fmt::format("{}: {}", resume ? "--resume" : "--init-from", e.what()), e.location());
   }
   take(a, given, c, /*shape_only=*/!resume, c.warnings);
+  if (resume) (void)dist::saved_optimizer_type(c.state, c.dir);  // an unknown optimizer fails before any work
   if (!resume) {
     a.init_from = (fs::path(c.dir) / "model.safetensors").string();
     return c;

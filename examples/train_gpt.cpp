@@ -385,7 +385,7 @@ TrainingRun::TrainingRun(const Setup& setup, dist::Communicator& comm)
 
 // The merged config, the collective timeout, and the lock on --save-dir.
 void TrainingRun::configure() {
-  tc_ = examples::make_config(a_, given_, world_, saved_config_.is_null() ? nullptr : &saved_config_);
+  tc_ = examples::make_config(a_, given_, world_, saved_config_.is_null() ? nullptr : &saved_config_, setup_.from.dir);
   a_.batch = *tc_.train_batch_size;
   micro_ = *tc_.train_micro_batch_size_per_gpu;
   check_attention_memory(a_, micro_);
@@ -420,11 +420,17 @@ void TrainingRun::open_resume() {
   ZERO_CHECK(resume_->state == setup_.from.state, "checkpoint '{}' changed between reading its settings and loading "
              "it: it was rewritten while this job started; is another job saving there?", resume_->dir);
   verify_seconds_ = std::chrono::duration<double>(Clock::now() - t_verify).count();
-  const auto& vocab = resume_->state.at("vocab");
-  ZERO_CHECK(vocab.get<std::vector<unsigned char>>() == data_->itos,
+  const auto vocab = dist::state_value<std::vector<unsigned char>>(resume_->state, "vocab", resume_->dir);
+  ZERO_CHECK(vocab == data_->itos,
              "checkpoint '{}' was trained on a different character set: {} characters there, {} in '{}'",
              resume_->dir, vocab.size(), data_->itos.size(), a_.data);
-  const auto step = resume_->state.at("step").get<std::int64_t>();
+  const auto step = dist::state_value<std::int64_t>(resume_->state, "step", resume_->dir);
+  // What restore() reads after loading, checked now: a wrong type fails before any work.
+  const auto rng = dist::state_value<nlohmann::json>(resume_->state, "rng", resume_->dir);
+  for (const char* key : {"init_and_dropout", "batches", "sampling"})
+    (void)dist::state_value<std::string>(rng, key, resume_->dir);
+  for (const char* key : {"world_size", "zero_stage"}) (void)dist::state_value<int>(resume_->state, key, resume_->dir);
+  (void)dist::state_value<std::string>(resume_->state, "dtype", resume_->dir);
   ZERO_CHECK(step <= a_.steps, "checkpoint '{}' is at step {}, beyond --steps {}", resume_->dir, step, a_.steps);
   ZERO_CHECK(a_.trace.empty() || examples::trace_range(a_).second > step, "--trace-steps {}: this run resumes after "
              "step {}, past them", a_.trace_steps, step);
@@ -498,16 +504,18 @@ void TrainingRun::restore() {
   const auto t_load = Clock::now();
   const dist::LoadResult loaded = dist::load_checkpoint(*resume_, *opt_, comm_);
   if (lead_ && !loaded.warning.empty()) fmt::print(stderr, "{}\n", loaded.warning);
-  const auto& rng = resume_->state.at("rng");
-  dist::set_generator_state(init_gen_, rng.at("init_and_dropout").get<std::string>());
-  dist::set_generator_state(data_gen_, rng.at("batches").get<std::string>());
-  dist::set_generator_state(sample_gen_, rng.at("sampling").get<std::string>());
-  first_step_ = resume_->state.at("step").get<std::int64_t>();
+  const std::string& dir = resume_->dir;
+  const auto rng = dist::state_value<nlohmann::json>(resume_->state, "rng", dir);
+  dist::set_generator_state(init_gen_, dist::state_value<std::string>(rng, "init_and_dropout", dir));
+  dist::set_generator_state(data_gen_, dist::state_value<std::string>(rng, "batches", dir));
+  dist::set_generator_state(sample_gen_, dist::state_value<std::string>(rng, "sampling", dir));
+  first_step_ = dist::state_value<std::int64_t>(resume_->state, "step", dir);
   const double load_seconds = std::chrono::duration<double>(Clock::now() - t_load).count();
   if (lead_)
     fmt::print("resumed from {} at step {} (saved by {} rank(s), stage {}, {}) in {:.1f} ms (verify {:.1f} + load "
-               "{:.1f})\n", resume_->dir, first_step_, resume_->state.at("world_size").get<int>(),
-               resume_->state.at("zero_stage").get<int>(), resume_->state.at("dtype").get<std::string>(),
+               "{:.1f})\n", dir, first_step_, dist::state_value<int>(resume_->state, "world_size", dir),
+               dist::state_value<int>(resume_->state, "zero_stage", dir),
+               dist::state_value<std::string>(resume_->state, "dtype", dir),
                1000.0 * (verify_seconds_ + load_seconds), 1000.0 * verify_seconds_, 1000.0 * load_seconds);
 }
 
@@ -572,9 +580,10 @@ void TrainingRun::print_zero_setup() const {
     const auto owners = examples::muon_owners(opt_->plan());
     const examples::MuonShare share = examples::muon_share(opt_->plan());
     fmt::print("optimizer: Muon for {} hidden matrices (Newton–Schulz {:.1f} MFLOP/step on rank 0, imbalance {:.3f}), "
-               "AdamW for the other {} parameters; each matrix in one partition: {:.3f}x Ψ padded\n",
+               "AdamW for the other {} parameters; {}: {:.3f}x Ψ padded\n",
                owners.size(), share.flops[0] / 1e6, examples::MuonShare::imbalance(share.flops),
                layout.params().size() - owners.size(),
+               zo_.stage == 0 ? "every matrix stepped whole by every rank (stage 0)" : "each matrix in one partition",
                static_cast<double>(layout.padded_numel()) / static_cast<double>(layout.numel()));
   }
   const auto have = opt_->memory();

@@ -167,6 +167,7 @@ void validate(const Args& a) {
   ZERO_CHECK(a.resume.empty() || a.init_from.empty(), "--resume and --init-from exclude each other (--resume restores "
              "the weights and the optimizer; --init-from only the weights)");
   ZERO_CHECK(!a.save_every || !a.save_dir.empty(), "--save-every needs --save-dir");
+  ZERO_CHECK(!a.keep || !a.save_dir.empty(), "--keep needs --save-dir");
   ZERO_CHECK(!a.allow_non_finite_weights || !a.init_from.empty(), "--allow-non-finite-weights needs --init-from");
   probe_output_paths(a);
 }
@@ -187,9 +188,13 @@ void overlay(nlohmann::json& base, const nlohmann::json& top) {
 
 // The layer below the flags: the checkpoint's config when resuming, with the --config file's keys on
 // top, or the file alone, or nothing (the defaults). Returns the JSON and the file it came from.
-std::pair<nlohmann::json, std::string> config_base(const Args& a, const nlohmann::json* resumed) {
+std::pair<nlohmann::json, std::string> config_base(const Args& a, const nlohmann::json* resumed,
+                                                   const std::string& resumed_dir) {
   nlohmann::json file = a.config.empty() ? nlohmann::json::object() : dist::read_config_file(a.config);
   if (resumed == nullptr) return {file, a.config};
+  // An invalid key names where it came from: the checkpoint's recorded config, with the file over it.
+  const std::string saved = fmt::format("checkpoint '{}' (state.json \"config\")", resumed_dir);
+  const std::string source = a.config.empty() ? saved : fmt::format("{} over {}", a.config, saved);
   nlohmann::json base = *resumed;
   base["train_micro_batch_size_per_gpu"] = nullptr;  // derived again: the world size may differ
   // The file's batch keys replace the checkpoint's as a whole (the ones it leaves out are derived).
@@ -197,7 +202,7 @@ std::pair<nlohmann::json, std::string> config_base(const Args& a, const nlohmann
   if (given("train_batch_size") || given("train_micro_batch_size_per_gpu") || given("gradient_accumulation_steps"))
     for (const char* k : {"train_batch_size", "gradient_accumulation_steps"}) base[k] = nullptr;
   if (file.is_object()) overlay(base, file);
-  return {base, a.config};
+  return {base, source};
 }
 
 // The rules between keys, worded for the flags that broke them (validate() words them for the keys).
@@ -221,8 +226,9 @@ void check_flag_rules(const dist::TrainingConfig& cfg, const Given& given) {
 
 }  // namespace
 
-dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed) {
-  const auto [base, source] = config_base(a, resumed);
+dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed,
+                                 const std::string& resumed_dir) {
+  const auto [base, source] = config_base(a, resumed, resumed_dir);
   // The flags that are not one key of the table: the dtype (two keys), the batch (three), the fp16 limit (two).
   const auto program_flags = [&](dist::TrainingConfig& cfg) {
     if (given.has("--dtype")) cfg.set_model_dtype(parse_float_dtype(a.dtype));

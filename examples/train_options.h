@@ -88,8 +88,10 @@ void probe_output_paths(const Args& a);
 /// config of the checkpoint the run resumes from (`resumed`, state.json's "config"; nullptr when not
 /// resuming) with the --config file's keys on top, then the command-line flags; resolved for
 /// `world_size` (a resumed config's micro-batch is derived again, so the world size may change); then
-/// validated once. Throws zero::Error naming the flag or key (and the file).
-dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed);
+/// validated once. Throws zero::Error naming the flag or key (and the file, or the checkpoint
+/// `resumed_dir` whose recorded config holds it).
+dist::TrainingConfig make_config(const Args& a, const Given& given, int world_size, const nlohmann::json* resumed,
+                                 const std::string& resumed_dir);
 
 /// The optimizer and learning-rate schedule of a run.
 struct OptimizerSettings {

@@ -47,6 +47,14 @@ using namespace zero;
 using dist::Collective;
 using nlohmann::json;
 
+// The largest --world-size: Muon's whole-matrix layout pads every partition to the largest matrix, so
+// its buffer and bucket count grow with N and each bucket holds N reduce-scatter counts; at 4,096 ranks
+// the default model's explanation takes about 1 s and 0.6 GB.
+constexpr int kMaxWorldSize = 4096;
+// The largest --params: the scale table lays each size out at up to 1,024 ranks, in buckets of at most
+// 5e8 elements by default that hold 1,024 counts each; 1e13 parameters take about 1 s and 0.2 GB.
+constexpr double kMaxScaleParams = 1e13;
+
 struct Args {
   std::string data, config, dtype = "fp32", format = "text", svg;
   std::int64_t vocab_size = 0;
@@ -360,11 +368,15 @@ double runtime_overhead_bytes(const Args& a) {
 }
 
 Explained explain(const Args& a, const CLI::App& app) {
-  ZERO_CHECK(a.world_size >= 1, "--world-size must be >= 1, got {}", a.world_size);
+  ZERO_CHECK(a.world_size >= 1 && a.world_size <= kMaxWorldSize, "--world-size must be in [1, {}], got {}",
+             kMaxWorldSize, a.world_size);
   ZERO_CHECK(a.format == "text" || a.format == "json", "--format must be text or json, got '{}'", a.format);
-  ZERO_CHECK(a.bandwidth >= 0, "--bandwidth must be > 0 bytes/s, got {}", a.bandwidth);
+  const CLI::Option* bandwidth = app.get_option_no_throw("--bandwidth");
+  ZERO_CHECK(a.bandwidth > 0 || (a.bandwidth == 0 && (bandwidth == nullptr || bandwidth->count() == 0)),
+             "--bandwidth must be > 0 bytes/s, got {}", a.bandwidth);
   ZERO_CHECK(a.latency >= 0, "--latency must be >= 0 seconds, got {}", a.latency);
-  for (double p : a.params) ZERO_CHECK(p >= 1, "--params must be >= 1 parameter, got {}", p);
+  for (double p : a.params)
+    ZERO_CHECK(p >= 1 && p <= kMaxScaleParams, "--params must be in [1, {:g}] parameters, got {:g}", kMaxScaleParams, p);
   ZERO_CHECK(a.data.empty() || a.vocab_size == 0, "give --data or --vocab-size, not both");
   Explained e;
   e.cfg = a.model;
@@ -726,16 +738,21 @@ void print_layout(const Explained& e) {
   const int N = e.N;
   fmt::print("== flat layout: {} elements + {} padding = {} (a multiple of 2N = {}) ==\n", L.numel(), L.padding(),
              L.padded_numel(), L.alignment());
-  fmt::print("{:>3}  {:<22} {:<12} {:>21}  owners (rank: elements)\n", "#", "parameter", "shape", "flat range");
+  // Stage 0 partitions nothing: every rank holds and steps every parameter whole.
+  const bool stage0 = plan.options.stage == 0;
+  fmt::print("{:>3}  {:<22} {:<12} {:>21}  {}\n", "#", "parameter", "shape", "flat range",
+             stage0 ? "owners (stage 0: every rank holds and steps all)" : "owners (rank: elements)");
   for (std::size_t i = 0; i < L.params().size(); ++i) {
     const auto& p = L.params()[i];
-    std::string owners;
-    for (const auto& s : p.slices) owners += fmt::format("{}{}: {}", owners.empty() ? "" : ", ", s.rank, s.length);
+    std::string owners = stage0 && !p.slices.empty() ? "every rank" : "";
+    for (const auto& s : p.slices)
+      if (!stage0) owners += fmt::format("{}{}: {}", owners.empty() ? "" : ", ", s.rank, s.length);
     fmt::print("{:>3}  {:<22} {:<12} {:>21}  {}\n", i, p.name, shape_str(p.shape),
                fmt::format("[{}, {})", p.offset, p.end()), owners.empty() ? "-" : owners);
   }
 
-  fmt::print("\n== partitions: P = {} elements per rank ==\n", L.partition_size());
+  fmt::print("\n== partitions: P = {} elements per rank{} ==\n", L.partition_size(),
+             stage0 ? " (stage 0 shards nothing: every rank holds every element)" : "");
   // Beyond 16 ranks the first and last 4 (--format json lists every rank).
   const int head = N > 16 ? 4 : N;
   for (int r = 0; r < N; ++r) {
@@ -817,10 +834,20 @@ void print_gather_plan(const Explained& e) {
                "head; {} in the backward: every unit but wte, which the forward's last read left gathered); "
                "recompute adds none (a block's re-run reads the unit its backward gathers)\n",
                stage3_all_gathers_per_step(e), zo.gradient_accumulation_steps, U + 1, U - 1);
-    fmt::print("live bound: stage3_max_live_parameters {} elements (largest unit {}: {} elements; all units: {}); "
-               "prefetch: stage3_prefetch_bucket_size {} elements of the next units in last step's order\n",
-               zo.stage3_max_live_parameters, largest->name, largest->size(), L.numel(),
-               zo.stage3_prefetch_bucket_size);
+    // The bound counts a unit's flat range, Muon's gaps inside it included (dist::GatherUnit::size()).
+    const auto real = [&](const dist::GatherUnit& g) {
+      std::int64_t n = 0;
+      for (std::size_t i = g.first_param; i < g.end_param; ++i) n += L.params()[i].numel;
+      return n;
+    };
+    std::int64_t all = 0;
+    for (const dist::GatherUnit& g : plan.units) all += g.size();
+    const bool gaps = all != L.numel();
+    fmt::print("live bound: stage3_max_live_parameters {} elements (largest unit {}: {} elements{}; all units: {} "
+               "elements{}); prefetch: stage3_prefetch_bucket_size {} elements of the next units in last step's order\n",
+               zo.stage3_max_live_parameters, largest->name, largest->size(),
+               gaps ? fmt::format(" with its gaps, {} real", real(*largest)) : "", all,
+               gaps ? fmt::format(" with their gaps, {} real", L.numel()) : "", zo.stage3_prefetch_bucket_size);
     for (std::size_t u = 0; u < plan.units.size(); ++u) {
       const dist::GatherUnit& g = plan.units[u];
       std::string counts;
@@ -994,7 +1021,7 @@ int main(int argc, char** argv) {
                  "the activation memory; not given and not splitting into the ranks: one sequence per micro-step)")
       ->capture_default_str();
   examples::add_setting_flags(app, a.settings, examples::FlagSet::layout);
-  app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N)")->capture_default_str();
+  app.add_option("--world-size", a.world_size, "number of data-parallel ranks (N), 1 to 4096")->capture_default_str();
   app.add_option("--memory-budget", a.memory_budget,
                  "per-rank memory budget (2GiB, 1.5GB, 800MiB): list the configurations that fit and choose one");
   app.add_option("--runtime-overhead", a.runtime_overhead,
@@ -1007,7 +1034,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--bandwidth", a.bandwidth, "link bandwidth in bytes/s for the alpha-beta time model");
   app.add_option("--latency", a.latency, "per-message latency in seconds for the time model")->capture_default_str();
-  app.add_option("--params", a.params, "more model sizes (parameters) for the scale table, e.g. 124e6 1.5e9");
+  app.add_option("--params", a.params, "more model sizes (parameters, 1 to 1e13) for the scale table, e.g. 124e6 1.5e9");
   app.add_option("--format", a.format, "text or json")->capture_default_str();
   app.add_option("--svg", a.svg, "draw the flat buffer, partitions and buckets into this SVG file");
   try {

@@ -140,16 +140,10 @@ void remove_dir(const fs::path& dir) {
   fs::remove_all(trash);
 }
 
-std::string json_str(const nlohmann::json& j) { return j.dump(); }
 
 template <typename T>
 T get(const nlohmann::json& j, const char* key, const std::string& dir) {
-  ZERO_CHECK(j.is_object() && j.contains(key), "checkpoint '{}': state.json lacks \"{}\"", dir, key);
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error(fmt::format("checkpoint '{}': state.json \"{}\" has the wrong type ({})", dir, key, json_str(j.at(key))));
-  }
+  return state_value<T>(j, key, dir);
 }
 
 // One shard as state.json records it.
@@ -738,6 +732,14 @@ nlohmann::json read_state(const std::string& dir) {
   return state;
 }
 
+std::string saved_optimizer_type(const nlohmann::json& state, const std::string& dir) {
+  if (!state.contains("optimizer_type")) return "adamw";  // written before Muon
+  const auto type = get<std::string>(state, "optimizer_type", dir);
+  ZERO_CHECK(type == "adamw" || type == "muon", "checkpoint '{}': state.json \"optimizer_type\" is \"{}\", not an "
+             "optimizer this program knows (adamw or muon)", dir, type);
+  return type;
+}
+
 Checkpoint open_checkpoint(const std::string& dir, Communicator* comm) {
   Checkpoint c;
   c.dir = dir;
@@ -971,7 +973,7 @@ LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator
   ZERO_CHECK(get<std::int64_t>(c.state, "numel", c.dir) == numel, "checkpoint '{}' holds {} parameter elements, "
              "this model {}", c.dir, get<std::int64_t>(c.state, "numel", c.dir), numel);
   // exp_avg is Muon's momentum for Muon's matrices, Adam's m otherwise: the optimizer cannot change.
-  const std::string saved_optimizer = c.state.value("optimizer_type", "adamw"), mine = opt.options().muon ? "muon" : "adamw";
+  const std::string saved_optimizer = saved_optimizer_type(c.state, c.dir), mine = opt.options().muon ? "muon" : "adamw";
   ZERO_CHECK(saved_optimizer == mine, "checkpoint '{}' holds {} optimizer state and this run uses {}; resume with "
              "--optimizer {} (or start a new run with --init-from)", c.dir, saved_optimizer, mine, saved_optimizer);
   const DType saved = parse_float_dtype(get<std::string>(c.state, "dtype", c.dir));

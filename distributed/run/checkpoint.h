@@ -25,8 +25,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/check.h"
 #include "distributed/comm/communicator.h"
 #include "distributed/zero/zero_optimizer.h"
 #include "nn/module.h"
@@ -107,6 +109,23 @@ std::string resolve_checkpoint(const std::string& path, Communicator& comm);
 /// checkpoint's settings before it can start. Throws zero::Error naming the checkpoint: state.json
 /// missing, unreadable or not JSON, or an unknown format version.
 nlohmann::json read_state(const std::string& dir);
+
+/// state.json's `key` in `j` (state.json itself or an object inside it) as a T. Throws zero::Error naming
+/// the checkpoint `dir`, state.json and the key when `j` lacks the key or holds it with another type.
+template <typename T>
+T state_value(const nlohmann::json& j, const char* key, const std::string& dir) {
+  ZERO_CHECK(j.is_object() && j.contains(key), "checkpoint '{}': state.json lacks \"{}\"", dir, key);
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw Error(fmt::format("checkpoint '{}': state.json \"{}\" has the wrong type ({})", dir, key, j.at(key).dump()));
+  }
+}
+
+/// The optimizer whose state the checkpoint holds (state.json "optimizer_type"): "adamw" or "muon";
+/// "adamw" when the key is absent (checkpoints written before Muon). Throws zero::Error naming `dir`,
+/// state.json and the key for a value that is not a string or not an optimizer this program knows.
+std::string saved_optimizer_type(const nlohmann::json& state, const std::string& dir);
 
 /// Reads state.json and verifies every file it lists: present, of the recorded size (else
 /// "truncated"), with the recorded CRC-32 (else "corrupt"); the CRC work is split over the ranks of

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <random>
@@ -378,6 +379,33 @@ TEST_F(CheckpointCli, BadCheckpointsGiveOneLine) {
     s = std::regex_replace(s, std::regex("\"version\": 1"), "\"version\": 99");
     std::ofstream(d / "state.json") << s;
     expect_refused(d, "", {"format version 99", "version 1"});
+  }
+  // A state.json value of the wrong type, or not one this program knows, names the checkpoint, state.json
+  // and the key.
+  const auto edited = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    const fs::path d = copy(name);
+    nlohmann::json state = nlohmann::json::parse(slurp(d / "state.json"));
+    edit(state);
+    std::ofstream(d / "state.json") << state.dump();
+    return d;
+  };
+  {
+    const fs::path d = edited("optnull", [](nlohmann::json& s) { s["optimizer_type"] = nullptr; });
+    expect_refused(d, "", {d.string(), "state.json \"optimizer_type\"", "wrong type (null)"});
+  }
+  {
+    const fs::path d = edited("optsgd", [](nlohmann::json& s) { s["optimizer_type"] = "sgd"; });
+    expect_refused(d, "", {d.string(), "state.json \"optimizer_type\" is \"sgd\"", "not an optimizer this program knows"});
+  }
+  {
+    const fs::path d = edited("badconfig", [](nlohmann::json& s) {
+      s["config"]["optimizer"] = {{"type", "muon"}, {"params", {{"momentum", "x"}}}};
+    });
+    expect_refused(d, "", {"'optimizer.params.momentum'", d.string(), "state.json \"config\""});
+  }
+  {
+    const fs::path d = edited("badstep", [](nlohmann::json& s) { s["zero_stage"] = "two"; });
+    expect_refused(d, "", {d.string(), "state.json \"zero_stage\"", "wrong type"});
   }
   // Mismatched model or data, on the intact checkpoint.
   expect_refused(good, "--n-embd 32", {"--n-embd 32", "the checkpoint's 16", "model shape"});

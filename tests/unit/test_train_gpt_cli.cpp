@@ -323,6 +323,8 @@ TEST_F(TrainGptCli, EveryFlagsBadValueIsOneLineNamingTheFlag) {
       {"--min-scale-skip-limit", "-1", "--min-scale-skip-limit", 1},
       {"--nonfinite-skip-limit", "-1", "--nonfinite-skip-limit", 1},
       {"--allow-non-finite-weights", "", "--allow-non-finite-weights needs --init-from", 1},
+      {"--keep", "2", "--keep needs --save-dir", 1},
+      {"--save-every", "1", "--save-every needs --save-dir", 1},
       {"--verbose=x", "", "--verbose", 2},
   };
   for (const Case& c : cases) {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -100,6 +101,86 @@ TEST_F(ZeroExplainCli, BadInputIsOneLine) {
     EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << args << ": " << r.output;
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << ": " << r.output;
   }
+}
+
+// Out-of-range sizes stop before any output with one line naming the flag and its range; the bounds
+// themselves are accepted (AdamW: no gaps, so N = 4096 is quick).
+TEST_F(ZeroExplainCli, OutOfRangeSizesNameTheFlagAndRange) {
+  const std::string bin = zero::testing::bin_dir() + "/zero_explain";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"--world-size 4097", {"--world-size", "[1, 4096]", "4097"}},
+      {"--optimizer muon --world-size 20000 --zero-stage 2", {"--world-size", "[1, 4096]", "20000"}},
+      {"--world-size 10000000", {"--world-size", "10000000"}},
+      {"--bandwidth 1e9 --params 1e19", {"--params", "1e+13", "1e+19"}},
+      {"--bandwidth 1e9 --params 1e30", {"--params", "1e+30"}},
+      {"--bandwidth 1e9 --params 0.5", {"--params", "0.5"}},
+      {"--bandwidth 0", {"--bandwidth", "> 0"}},
+      {"--bandwidth -5", {"--bandwidth", "> 0"}},
+  };
+  for (const auto& [args, culprits] : cases) {
+    const CommandResult r = run_command(bin + " " + args);
+    EXPECT_EQ(r.exit_code, 1) << args << ": " << r.output;
+    EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << args << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << ": " << r.output;
+    for (const std::string& c : culprits) EXPECT_NE(r.output.find(c), std::string::npos) << c << ": " << r.output;
+  }
+  for (const std::string args : {"--world-size 4096 --format json", "--bandwidth 1e9 --params 1e13 --format json"})
+    EXPECT_EQ(run_command(bin + " " + args + " > /dev/null").exit_code, 0) << args;
+}
+
+// Muon at stage 0: every rank steps every matrix whole, and the layout, Muon rows and per-rank shares say
+// so (Ψ of the default model in closed form: V·C + T·C + L·(12C² + 13C) + 2C).
+TEST_F(ZeroExplainCli, MuonAtStageZeroIsSteppedWholeByEveryRank) {
+  const CommandResult r =
+      run_command(zero::testing::bin_dir() + "/zero_explain --optimizer muon --world-size 2 --zero-stage 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::int64_t C = 128, psi = 65 * C + 64 * C + 4 * (12 * C * C + 13 * C) + 2 * C;
+  EXPECT_NE(r.output.find("== Muon at stage 0: every matrix stepped whole by every rank"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("by one rank"), std::string::npos) << r.output;
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_NE(r.output.find("rank " + std::to_string(rank) + ": Newton–Schulz 2348.8 MFLOP/step, " +
+                            std::to_string(psi) + " real parameter elements"),
+              std::string::npos)
+        << r.output;
+  std::istringstream in(r.output);
+  int matrices = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(".weight") == std::string::npos || line.find("[") == std::string::npos) continue;
+    if (line.find("MFLOP") != std::string::npos) {  // a Muon row
+      EXPECT_NE(line.find("every rank"), std::string::npos) << line;
+      ++matrices;
+    } else if (std::regex_search(line, std::regex("^ *[0-9]+  "))) {  // a layout row: "  4  blocks.0.attn..."
+      EXPECT_NE(line.find("every rank"), std::string::npos) << "no element split at stage 0: " << line;
+    }
+  }
+  EXPECT_EQ(matrices, 16);  // four per block
+}
+
+// With Muon's gaps the live bound's line says which numbers count the gaps: the largest unit's flat range
+// (what stage3_max_live_parameters must hold) against its real elements, 12C² + 13C for a block.
+TEST_F(ZeroExplainCli, LiveBoundLineSaysWhatCountsTheGaps) {
+  const std::string cmd = zero::testing::bin_dir() +
+                          "/zero_explain --optimizer muon --n-layer 1 --n-embd 256 --n-head 4 --world-size 8 "
+                          "--zero-stage 3";
+  const CommandResult j = run_command(cmd + " --format json");
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  std::int64_t largest = 0, all = 0;
+  const nlohmann::json plan = nlohmann::json::parse(j.output);
+  for (const auto& u : plan["gather_units"]) {
+    const std::int64_t size = u["end"].get<std::int64_t>() - u["begin"].get<std::int64_t>();
+    all += size;
+    if (u["name"] == "blocks.0") largest = size;
+  }
+  const std::int64_t C = 256, block = 12 * C * C + 13 * C, psi = 65 * C + 64 * C + block + 2 * C;
+  ASSERT_GT(largest, block) << "the layout should leave gaps inside blocks.0";
+  const CommandResult t = run_command(cmd + " | grep '^live bound'");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("largest unit blocks.0: " + std::to_string(largest) + " elements with its gaps, " +
+                          std::to_string(block) + " real; all units: " + std::to_string(all) +
+                          " elements with their gaps, " + std::to_string(psi) + " real)"),
+            std::string::npos)
+      << t.output;
 }
 
 // The default model (4 layers, 128 channels, block 64, vocabulary 65) at stage 3 on 4 ranks, bf16.
