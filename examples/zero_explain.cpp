@@ -745,8 +745,8 @@ void print_layout(const Explained& e) {
   for (std::size_t i = 0; i < L.params().size(); ++i) {
     const auto& p = L.params()[i];
     std::string owners = stage0 && !p.slices.empty() ? "every rank" : "";
-    for (const auto& s : p.slices)
-      if (!stage0) owners += fmt::format("{}{}: {}", owners.empty() ? "" : ", ", s.rank, s.length);
+    if (!stage0)
+      for (const auto& s : p.slices) owners += fmt::format("{}{}: {}", owners.empty() ? "" : ", ", s.rank, s.length);
     fmt::print("{:>3}  {:<22} {:<12} {:>21}  {}\n", i, p.name, shape_str(p.shape),
                fmt::format("[{}, {})", p.offset, p.end()), owners.empty() ? "-" : owners);
   }

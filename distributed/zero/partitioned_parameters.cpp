@@ -173,6 +173,11 @@ void PartitionedParameters::on_use(std::size_t u) {
     need(u, true);  // evicted by a gather the bound did not leave room for
 }
 
+bool PartitionedParameters::all_gradients_taken(std::size_t u) const {
+  const GatherUnit& g = plan_.units[u];
+  return units_[u].final_grads == static_cast<int>(g.end_param - g.first_param);
+}
+
 std::size_t PartitionedParameters::live_compute_copy_bytes() const {
   std::size_t bytes = 0;
   for (const Tensor& p : params_)
@@ -183,10 +188,9 @@ std::size_t PartitionedParameters::live_compute_copy_bytes() const {
 void PartitionedParameters::before_node(std::uint32_t context) {
   if (held_ || context == 0 || context > units_.size()) return;
   const std::size_t u = context - 1;
-  // Every gradient of the unit taken: on_gradient freed it, and what is left of its backward needs no
-  // parameter (Note [Nodes after the last gradient]).
-  const GatherUnit& g = plan_.units[u];
-  if (in_backward_ && units_[u].final_grads == static_cast<int>(g.end_param - g.first_param)) return;
+  // on_gradient freed it, and what is left of its backward needs no parameter (Note [Nodes after the
+  // last gradient]).
+  if (in_backward_ && all_gradients_taken(u)) return;
   if (u != current_)
     switch_to(u);
   else if (units_[u].state != State::gathered)
@@ -195,9 +199,8 @@ void PartitionedParameters::before_node(std::uint32_t context) {
 
 void PartitionedParameters::on_gradient(std::size_t u) {
   if (!in_backward_) return;  // the reducer refuses a gradient outside ZeroOptimizer::backward
-  Unit& unit = units_[u];
-  const GatherUnit& g = plan_.units[u];
-  if (++unit.final_grads == static_cast<int>(g.end_param - g.first_param) && !held_) free_unit(u);
+  ++units_[u].final_grads;
+  if (all_gradients_taken(u) && !held_) free_unit(u);
 }
 
 void PartitionedParameters::switch_to(std::size_t u) {

@@ -123,6 +123,8 @@ class PartitionedParameters {
   void on_use(std::size_t u);
   void on_gradient(std::size_t u);
   void switch_to(std::size_t u);
+  /// Backward: the reducer has taken every gradient of unit u (its final_grads count them).
+  bool all_gradients_taken(std::size_t u) const;
   // Note [One schedule]: makes unit u valid through the agreed schedule (walk, rounds) and waits for it.
   void need(std::size_t u, bool may_evict);
   void start_round(bool settling);

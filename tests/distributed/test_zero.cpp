@@ -196,6 +196,23 @@ double hash01(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
   return static_cast<double>(h >> 11) / static_cast<double>(1ull << 53);
 }
 
+// Rows [row0, row0 + rows) of step `step`'s data: inputs x [rows, d], each hash01(step, row, column)
+// mapped to [-1, 1), and labels y [rows] in [0, classes), hash01(step, row, label_column).
+struct HashedBatch {
+  Tensor x, y;
+};
+HashedBatch hashed_batch(int step, std::int64_t row0, std::int64_t rows, std::int64_t d, std::int64_t classes,
+                         std::uint64_t label_column) {
+  std::vector<float> x(static_cast<std::size_t>(rows * d));
+  std::vector<std::int64_t> y(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t i = 0; i < d; ++i)
+      x[static_cast<std::size_t>(r * d + i)] = static_cast<float>(2.0 * hash01(step, row0 + r, i) - 1.0);
+    y[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(hash01(step, row0 + r, label_column) * classes);
+  }
+  return {Tensor::from_vector(x, {rows, d}), Tensor::from_indices(y, {rows})};
+}
+
 // Holds a tensor owned elsewhere: registering it a second time ties it (named_parameters lists it once).
 class Holder : public nn::Module {
  public:
@@ -282,15 +299,8 @@ Task toy_task() {
     return std::static_pointer_cast<nn::Module>(std::make_shared<Toy>(gen));
   };
   t.loss = [](nn::Module& m, int step, std::int64_t row0, std::int64_t rows) {
-    std::vector<float> x(static_cast<std::size_t>(rows * Toy::D));
-    std::vector<std::int64_t> y(static_cast<std::size_t>(rows));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      for (std::int64_t i = 0; i < Toy::D; ++i)
-        x[static_cast<std::size_t>(r * Toy::D + i)] = static_cast<float>(2.0 * hash01(step, row0 + r, i) - 1.0);
-      y[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(hash01(step, row0 + r, 99) * Toy::K);
-    }
-    return static_cast<Toy&>(m).loss(Tensor::from_vector(x, {rows, Toy::D}), Tensor::from_indices(y, {rows}),
-                                     step % 2 == 0);
+    const HashedBatch b = hashed_batch(step, row0, rows, Toy::D, Toy::K, 99);
+    return static_cast<Toy&>(m).loss(b.x, b.y, step % 2 == 0);
   };
   return t;
 }
@@ -305,15 +315,8 @@ Task toy_uneven_task(std::int64_t chunk) {
   t.loss = [chunk](nn::Module& m, int step, std::int64_t row0, std::int64_t rows) {
     Tensor total;
     for (std::int64_t c = row0; c < row0 + rows; c += chunk) {
-      std::vector<float> x(static_cast<std::size_t>(chunk * Toy::D));
-      std::vector<std::int64_t> y(static_cast<std::size_t>(chunk));
-      for (std::int64_t r = 0; r < chunk; ++r) {
-        for (std::int64_t i = 0; i < Toy::D; ++i)
-          x[static_cast<std::size_t>(r * Toy::D + i)] = static_cast<float>(2.0 * hash01(step, c + r, i) - 1.0);
-        y[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(hash01(step, c + r, 99) * Toy::K);
-      }
-      Tensor l = static_cast<Toy&>(m).loss(Tensor::from_vector(x, {chunk, Toy::D}), Tensor::from_indices(y, {chunk}),
-                                           (c / chunk) % 2 == 0);
+      const HashedBatch b = hashed_batch(step, c, chunk, Toy::D, Toy::K, 99);
+      Tensor l = static_cast<Toy&>(m).loss(b.x, b.y, (c / chunk) % 2 == 0);
       total = total.defined() ? add(total, l) : l;
     }
     return mul(total, static_cast<float>(chunk) / static_cast<float>(rows));
@@ -1250,14 +1253,8 @@ Task routed_task(Use use) {
     auto& r = static_cast<Routed&>(m);
     const std::uint64_t who = static_cast<std::uint64_t>(row0 / rows);  // micro-step · N + rank
     const bool all = use == Use::all;
-    std::vector<float> xv(static_cast<std::size_t>(rows * Routed::D));
-    std::vector<std::int64_t> y(static_cast<std::size_t>(rows));
-    for (std::int64_t i = 0; i < rows; ++i) {
-      for (std::int64_t j = 0; j < Routed::D; ++j)
-        xv[static_cast<std::size_t>(i * Routed::D + j)] = static_cast<float>(2 * hash01(step, row0 + i, j) - 1);
-      y[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(hash01(step, row0 + i, 77) * Routed::C);
-    }
-    Tensor x = Tensor::from_vector(xv, {rows, Routed::D});
+    const HashedBatch b = hashed_batch(step, row0, rows, Routed::D, Routed::C, 77);
+    const Tensor& x = b.x;
     float outside = 0;
     const bool reads = use == Use::outside_reads || all;
     if (reads) outside += outside_sum(r.embed->weight);  // freed here at stage 3
@@ -1283,9 +1280,9 @@ Task routed_task(Use use) {
     Tensor logits = add(r.head->forward(h), r.blank->total());
     if (reads) logits = add(logits, Tensor::full({1}, 1e-3f * outside, logits.dtype()));
     if (reads && r.embed->weight.dtype() == DType::f32)  // an op on a parameter outside its layer
-      return add(cross_entropy(logits, Tensor::from_indices(y, {rows})),
+      return add(cross_entropy(logits, b.y),
                  mul(sum(mul(r.embed->weight, r.embed->weight)), 1e-3f));
-    return cross_entropy(logits, Tensor::from_indices(y, {rows}));
+    return cross_entropy(logits, b.y);
   };
   return t;
 }
@@ -1398,15 +1395,8 @@ Task composed_task() {
   };
   t.loss = [](nn::Module& m, int step, std::int64_t row0, std::int64_t rows) {
     auto& c = static_cast<Composed&>(m);
-    std::vector<float> xv(static_cast<std::size_t>(rows * ComposedScale::D));
-    std::vector<std::int64_t> y(static_cast<std::size_t>(rows));
-    for (std::int64_t i = 0; i < rows; ++i) {
-      for (std::int64_t j = 0; j < ComposedScale::D; ++j)
-        xv[static_cast<std::size_t>(i * ComposedScale::D + j)] = static_cast<float>(2 * hash01(step, row0 + i, j) - 1);
-      y[static_cast<std::size_t>(i)] = static_cast<std::int64_t>(hash01(step, row0 + i, 31) * ComposedScale::D);
-    }
-    const Tensor h = c.second->forward(c.first->forward(Tensor::from_vector(xv, {rows, ComposedScale::D})));
-    return cross_entropy(h, Tensor::from_indices(y, {rows}));
+    const HashedBatch b = hashed_batch(step, row0, rows, ComposedScale::D, ComposedScale::D, 31);
+    return cross_entropy(c.second->forward(c.first->forward(b.x)), b.y);
   };
   return t;
 }

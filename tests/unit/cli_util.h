@@ -86,4 +86,19 @@ inline std::map<std::int64_t, nlohmann::json> read_step_log(const std::filesyste
   return out;
 }
 
+// The JSON header of safetensors file `path`, read independently of core/safetensors.h (the format: an
+// 8-byte little-endian header length, the header, then the data section); `data_start` gets the byte
+// offset of the data section when not null.
+inline nlohmann::json safetensors_header(const std::filesystem::path& path, std::uint64_t* data_start = nullptr) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char len_bytes[8] = {};
+  in.read(reinterpret_cast<char*>(len_bytes), 8);
+  std::uint64_t len = 0;
+  for (int i = 7; i >= 0; --i) len = (len << 8) | len_bytes[i];
+  std::string header(len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(len));
+  if (data_start != nullptr) *data_start = 8 + len;
+  return nlohmann::json::parse(header);
+}
+
 }  // namespace zero::testing

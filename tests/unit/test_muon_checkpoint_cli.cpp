@@ -117,18 +117,6 @@ std::int64_t gaps(const std::string& text, int stage, int np) {
   return nlohmann::json::parse(r.output)["muon"]["interior_padding"].get<std::int64_t>();
 }
 
-// The safetensors header of `file` (8-byte little-endian length, then JSON).
-nlohmann::json safetensors_header(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  unsigned char b[8] = {};
-  in.read(reinterpret_cast<char*>(b), 8);
-  std::uint64_t len = 0;
-  for (int i = 7; i >= 0; --i) len = (len << 8) | b[i];
-  std::string text(len, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(len));
-  return nlohmann::json::parse(text);
-}
-
 // Stages 1-3 on layouts with gaps: saved at N, resumed at N (bitwise) and at other world sizes (1e-5),
 // each of which but one rank has gaps too. state.json's offsets are where model.safetensors puts each
 // tensor (back to back: the logical offsets), and the shards tile [0, Ψ).
@@ -152,7 +140,7 @@ TEST_F(MuonCheckpointCli, StagesOneToThreeWithGapsResumeBitwiseAndAtOtherWorldSi
     const fs::path ckpt = p(tag + "/step_00000006");
     std::ifstream state_in(ckpt / "state.json");
     const nlohmann::json state = nlohmann::json::parse(state_in);
-    const nlohmann::json model = safetensors_header(ckpt / "model.safetensors");
+    const nlohmann::json model = zero::testing::safetensors_header(ckpt / "model.safetensors");
     for (const auto& param : state["params"])
       EXPECT_EQ(4 * param["offset"].get<std::int64_t>(),
                 model[param["name"].get<std::string>()]["data_offsets"][0].get<std::int64_t>())

@@ -32,17 +32,10 @@ namespace fs = std::filesystem;
 // Byte range [first, end) in the file of each tensor's data, from the file's header (the safetensors
 // format: 8-byte little-endian header length, the JSON header, then the data section).
 std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> payloads(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  unsigned char len_bytes[8] = {};
-  in.read(reinterpret_cast<char*>(len_bytes), 8);
-  std::uint64_t len = 0;
-  for (int i = 7; i >= 0; --i) len = (len << 8) | len_bytes[i];
-  std::string header(len, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(len));
-  const std::uint64_t start = 8 + len;
+  std::uint64_t start = 0;
+  const nlohmann::json h = zero::testing::safetensors_header(file, &start);
   std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> out;
   std::uint64_t data_end = start;
-  const nlohmann::json h = nlohmann::json::parse(header);
   for (auto it = h.begin(); it != h.end(); ++it) {
     const std::string& name = it.key();
     const nlohmann::json& t = it.value();
