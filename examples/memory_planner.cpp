@@ -87,7 +87,7 @@ PlanChoice evaluate(const PlannerInput& in, int stage, autograd::Recompute mode,
   c.activation_bytes = nn::activation_bytes(in.cfg, c.micro_batch, mode).total();
   c.memory_bytes = c.persistent_bytes + c.activation_bytes;
   c.transient_bytes =
-      transient_bytes(in.cfg, c.micro_batch, stage == 0 ? plan.layout.padded_numel() : plan.layout.partition_size());
+      transient_bytes(in.cfg, c.micro_batch, stage == 0 ? plan.layout.padded_numel() : plan.layout.largest_partition_size());
   c.rss_bytes = c.memory_bytes + c.transient_bytes + in.runtime_overhead_bytes;
   const double psi = static_cast<double>(plan.layout.numel());
   const double tokens = static_cast<double>(in.batch / in.world_size * in.cfg.block_size);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "distributed/zero/zero_plan.h"
@@ -26,6 +27,15 @@ struct MuonShare {
     return sum > 0 ? top * static_cast<double>(v.size()) / sum : 0.0;
   }
 };
+
+/// Elements per partition for a message: "P" when the partitions are equal, else "smallest to largest"
+/// (Muon's layouts move the boundaries to the edges of its matrices; Note [Whole-matrix partitions]).
+inline std::string partition_sizes(const dist::FlatLayout& L) {
+  std::int64_t smallest = L.largest_partition_size();
+  for (int r = 0; r < L.world_size(); ++r) smallest = std::min(smallest, L.partition_size(r));
+  return smallest == L.largest_partition_size() ? fmt::format("{}", smallest)
+                                                : fmt::format("{} to {}", smallest, L.largest_partition_size());
+}
 
 /// The owner (rank) of each Muon matrix of `plan`, in layout order; -1 for one with no elements.
 inline std::vector<int> muon_owners(const dist::ZeroPlan& plan) {
@@ -72,8 +82,8 @@ inline void print_muon(const dist::ZeroPlan& plan) {
   for (int r = 0; r < L.world_size(); ++r)
     fmt::print("rank {}: Newton–Schulz {:.1f} MFLOP/step, {} real parameter elements\n", r,
                s.flops[static_cast<std::size_t>(r)] / 1e6, static_cast<std::int64_t>(s.elements[static_cast<std::size_t>(r)]));
-  fmt::print("imbalance (max / mean): Newton–Schulz {:.3f}, parameter elements {:.3f}; gaps keeping matrices "
-             "whole: {} elements ({:.2f}% of the flat buffer)\n",
+  fmt::print("imbalance (max / mean): Newton–Schulz {:.3f}, parameter elements {:.3f}; gaps starting matrices "
+             "on even positions: {} elements ({:.2f}% of the flat buffer)\n",
              MuonShare::imbalance(s.flops), MuonShare::imbalance(s.elements), L.interior_padding(),
              100.0 * static_cast<double>(L.interior_padding()) / static_cast<double>(std::max<std::int64_t>(1, L.padded_numel())));
 }

@@ -575,7 +575,7 @@ void TrainingRun::print_zero_setup() const {
                "it unset for the automatic size ({})\n",
                used.reduce_bucket_size, layout.padded_numel(), dist::default_bucket_size(layout.numel()));
   fmt::print("flat layout: {} parameters + {} padding = {} elements; partition {} elements per rank\n",
-             layout.numel(), layout.padding(), layout.padded_numel(), layout.partition_size());
+             layout.numel(), layout.padding(), layout.padded_numel(), examples::partition_sizes(layout));
   if (zo_.muon) {
     const auto owners = examples::muon_owners(opt_->plan());
     const examples::MuonShare share = examples::muon_share(opt_->plan());
@@ -822,8 +822,8 @@ TrainingRun::Summary TrainingRun::summarize() const {
   s.steps = static_cast<double>(std::max<std::int64_t>(1, steps_run_));
   s.traffic = ledger.to_json();
   for (auto& [k, v] : s.traffic.items()) v = v.get<double>() / s.steps;
-  // The layout's padded Ψ (with Muon's gaps, if any) for this scheme's formula; the baseline is a stage-0
-  // run's, whose layout has no gaps, so Muon's gaps show as the ratio above 1.
+  // The layout's padded Ψ (with the gaps of Muon's layout, if any) for this scheme's formula; the baseline
+  // is a stage-0 run's, whose layout has no gaps, so any gaps show as the ratio above 1.
   const dist::FlatLayout& layout = opt_->layout();
   const double psi_bytes = static_cast<double>(layout.padded_numel()) * dtype_size(zo_.dtype);
   const double gapless_bytes = static_cast<double>((layout.numel() + layout.alignment() - 1) / layout.alignment() *

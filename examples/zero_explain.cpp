@@ -240,7 +240,7 @@ void write_svg(const std::string& path, const dist::ZeroPlan& plan) {
   s += fmt::format(
       "<text x=\"{}\" y=\"20\" font-size=\"14\">flat buffer: {} elements ({} parameters + {} padding), {} ranks x "
       "partition {}; stage {}, {} bucket(s) of &lt;= {} elements</text>\n",
-      left, L.padded_numel(), L.numel(), L.padding(), n, L.partition_size(), plan.options.stage, plan.buckets.size(),
+      left, L.padded_numel(), L.numel(), L.padding(), n, examples::partition_sizes(L), plan.options.stage, plan.buckets.size(),
       plan.options.reduce_bucket_size);
   // Partitions as a band above the bar.
   for (int r = 0; r < n; ++r) {
@@ -354,7 +354,7 @@ std::vector<RankReads> resume_reads(const Explained& e, const dist::Checkpoint& 
   for (int r = 0; r < e.N; ++r) {
     RankReads rr;
     rr.begin = e.plan.layout.to_logical(e.plan.region_begin(r));  // Note [Checkpoint ranges]
-    rr.end = e.plan.layout.to_logical(e.plan.region_begin(r) + e.plan.region_size());
+    rr.end = e.plan.layout.to_logical(e.plan.region_begin(r) + e.plan.region_size(r));
     rr.reads = dist::read_plan(c, rr.begin, rr.end);
     out.push_back(std::move(rr));
   }
@@ -448,7 +448,7 @@ void json_settings(const Explained& e, json& j) {
   j["numel"] = L.numel();
   j["padded_numel"] = L.padded_numel();
   j["padding"] = L.padding();
-  j["partition_size"] = L.partition_size();
+  j["partition_size"] = L.largest_partition_size();  // the largest; "partitions" lists each
 }
 
 // --format json: every parameter with its owners, and every rank's partition.
@@ -479,7 +479,7 @@ void json_layout(const Explained& e, json& j) {
                      {"begin", L.partition_begin(r)},
                      {"end", L.partition_end(r)},
                      {"real", L.partition_real_numel(r)},
-                     {"padding", L.partition_size() - L.partition_real_numel(r)},
+                     {"padding", L.partition_size(r) - L.partition_real_numel(r)},
                      {"slices", slices}});
   }
   j["partitions"] = parts;
@@ -751,14 +751,17 @@ void print_layout(const Explained& e) {
                fmt::format("[{}, {})", p.offset, p.end()), owners.empty() ? "-" : owners);
   }
 
-  fmt::print("\n== partitions: P = {} elements per rank{} ==\n", L.partition_size(),
-             stage0 ? " (stage 0 shards nothing: every rank holds every element)" : "");
+  const bool uneven = L.largest_partition_size() * N != L.padded_numel();
+  fmt::print("\n== partitions: {}{} elements per rank{} ==\n", uneven ? "" : "P = ", examples::partition_sizes(L),
+             stage0   ? " (stage 0 shards nothing: every rank holds every element)"
+             : uneven ? " (the boundaries moved to the edges of Muon's matrices)"
+                      : "");
   // Beyond 16 ranks the first and last 4 (--format json lists every rank).
   const int head = N > 16 ? 4 : N;
   for (int r = 0; r < N; ++r) {
     if (r >= head && r < N - head) {
       if (r == head) fmt::print("... ranks {} to {}: {} more partitions of {} elements (--format json lists every one)\n",
-                                head, N - head - 1, N - 2 * head, L.partition_size());
+                                head, N - head - 1, N - 2 * head, examples::partition_sizes(L));
       continue;
     }
     const auto& owned = L.owned(r);
@@ -768,10 +771,10 @@ void print_layout(const Explained& e) {
       const auto& l = L.params()[owned.back().param];
       names = fmt::format("{} slice(s): {} .. {}", owned.size(), f.name, l.name);
     } else {
-      names = "no slices (padding only)";
+      names = L.partition_size(r) == 0 ? "no slices (empty)" : "no slices (padding only)";
     }
     fmt::print("rank {}: [{}, {}), {} real + {} padding; {}\n", r, L.partition_begin(r), L.partition_end(r),
-               L.partition_real_numel(r), L.partition_size() - L.partition_real_numel(r), names);
+               L.partition_real_numel(r), L.partition_size(r) - L.partition_real_numel(r), names);
   }
 }
 
@@ -828,7 +831,7 @@ void print_gather_plan(const Explained& e) {
     fmt::print("\n== gather plan (stage 3): {} units; each rank keeps only its partition of the parameters "
                "({} elements) and all-gathers a unit before its forward and again before its backward, freeing it "
                "after ==\n",
-               plan.units.size(), L.partition_size());
+               plan.units.size(), examples::partition_sizes(L));
     const std::size_t U = plan.units.size();
     fmt::print("all-gathers per step: {} = GAS {} x ({} in the forward: every unit, and wte again for the tied LM "
                "head; {} in the backward: every unit but wte, which the forward's last read left gathered); "

@@ -115,7 +115,7 @@ void train_rank(const Args& a, const Vocab& vocab, const std::shared_ptr<dist::C
     log.push_back(fmt::format("rank {}: owns [{}, {}) of the {} flat elements ({} real, {} padding):", rank,
                               layout.partition_begin(rank), layout.partition_end(rank), layout.padded_numel(),
                               layout.partition_real_numel(rank),
-                              layout.partition_size() - layout.partition_real_numel(rank)));
+                              layout.partition_size(rank) - layout.partition_real_numel(rank)));
     for (const dist::ParamSlice& s : layout.owned(rank)) {
       const dist::ParamRange& p = layout.params()[s.param];
       log.push_back(fmt::format("  {} [{}, {}) of {}", p.name, s.param_offset, s.param_offset + s.length, p.numel));
@@ -125,7 +125,7 @@ void train_rank(const Args& a, const Vocab& vocab, const std::shared_ptr<dist::C
       for (const dist::GatherUnit& u : opt.plan().units) units += fmt::format(" {} ({})", u.name, u.size());
       log.push_back(fmt::format("rank {}: keeps only these parameter values ({} elements); the rest is all-gathered a "
                                 "unit at a time, before its forward and its backward, and freed after:{}",
-                                rank, layout.partition_size(), units));
+                                rank, layout.partition_size(rank), units));
     }
   }
 

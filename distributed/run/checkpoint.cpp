@@ -31,11 +31,11 @@ namespace zero::dist {
 // A checkpoint is a set of ranges of the logical range [0, Ψ): the parameters back to back in
 // named_parameters() order, parameter i at the sum of the sizes before it, whatever the world size
 // (Note [Logical positions] in distributed/zero/flat_layout.cpp). Without gaps between parameters it is
-// the flat buffer cut at Ψ (only the trailing padding depends on the world size); with Muon's gaps at
-// stages 1-3 (Note [Whole-matrix partitions]) the flat positions move with N and the logical ones do not.
-// The real elements of any partition are one logical range, held in the flat buffer as runs split by
-// the gaps (FlatLayout::logical_runs). So:
-//   - saving rank r of N (partition size P) writes the logical range of [r·P, (r+1)·P), its runs
+// the flat buffer cut at Ψ (only the trailing padding depends on the world size); with the gaps of Muon's
+// layout at stages 1-3 (single elements that start a matrix on an even position, Note [Whole-matrix
+// partitions]) the flat positions need not be the logical ones. The real elements of any partition are
+// one logical range, held in the flat buffer as runs split by the gaps (FlatLayout::logical_runs). So:
+//   - saving rank r of N writes the logical range of its partition [partition_begin, partition_end), its runs
 //     compacted back to back — at stage 0 too, where every rank holds everything: the ranks then split
 //     the writing instead of repeating it;
 //   - a loading rank needs the logical range [b, e) of its region (stage 0: [0, Ψ); stages 1-3: its
@@ -402,7 +402,6 @@ void CheckpointWriter::write_model_range(const std::vector<FlatRun>& runs) {
 // and every file's size and CRC-32. Adds the files' bytes to `total`.
 nlohmann::json CheckpointWriter::state_json(const nlohmann::json& extra, const std::vector<std::uint32_t>& crcs,
                                             std::uint64_t& total) const {
-  const std::int64_t P = layout_.partition_size();
   nlohmann::json files = nlohmann::json::object();
   const auto [model_crc, model_bytes] = st::file_crc32(model_path_);
   files[kModelFile] = {{"bytes", model_bytes}, {"crc32", model_crc}};
@@ -415,8 +414,8 @@ nlohmann::json CheckpointWriter::state_json(const nlohmann::json& extra, const s
     total += bytes;
     shards.push_back({{"file", f},  // logical ranges (Note [Checkpoint ranges])
                       {"rank", r},
-                      {"flat_begin", layout_.to_logical(r * P)},
-                      {"flat_end", layout_.to_logical((r + 1) * P)}});
+                      {"flat_begin", layout_.to_logical(layout_.partition_begin(r))},
+                      {"flat_end", layout_.to_logical(layout_.partition_end(r))}});
   }
   nlohmann::json params = nlohmann::json::array();
   for (const ParamRange& p : layout_.params())

@@ -11,11 +11,11 @@
 //                                                    caller's extra state, CRC-32 of every other file
 //   DIR/latest                                       the newest complete checkpoint's name
 //
-// Saving never gathers anything: rank r writes the real elements of its partition [r·P, (r+1)·P) of
-// the master, m and v (P = partition size of the saving run) into its own shard and into
-// model.safetensors at their byte offset. Both are in logical positions [0, Ψ) (Ψ the unpadded
-// parameter count): the parameters back to back in named_parameters() order, without the padding and
-// the gaps Muon's whole matrices leave at stages 1-3 (Note [Checkpoint ranges] in checkpoint.cpp), which
+// Saving never gathers anything: rank r writes the real elements of its partition of the master, m and
+// v (FlatLayout::partition_begin/end of the saving run) into its own shard and into model.safetensors at
+// their byte offset. Both are in logical positions [0, Ψ) (Ψ the unpadded parameter count): the
+// parameters back to back in named_parameters() order, without the padding and the gaps Muon's whole
+// matrices may leave at stages 1-3 (Note [Checkpoint ranges] in checkpoint.cpp), which
 // is exactly the data section of a safetensors file written in that order. Loading: each rank reads,
 // from every old shard, only the part overlapping the region it now steps.
 #pragma once

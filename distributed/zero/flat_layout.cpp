@@ -18,25 +18,32 @@ Tensor flat_range(const Tensor& t, std::int64_t begin, std::int64_t n) {
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // An element partition cuts a parameter wherever a partition boundary falls, which is all an
 // elementwise optimizer (AdamW) needs. A matrix optimizer (Muon's Newton–Schulz iteration) needs the
-// whole matrix's gradient in one place. Entries marked `whole` are therefore kept inside one partition:
-// laid out in the given order, an entry that would cross a boundary starts at the next one instead,
-// leaving a gap of padding (zeros that are reduced, gathered and never stepped, like the padding at the
-// end). The equal partition size P is the smallest even size, from the usual ceil(Ψ / N), at which
-// everything then fits into N·P; the reduce-scatter therefore brings each rank's matrices whole, and
-// every collective stays the same equal-partition collective. The cost is the gaps: bytes on the wire
-// and in every per-partition buffer grow by padded / Ψ (zero_explain prints it). The order is kept so
-// that stage 3's gather units stay contiguous and buckets still fill in backward order; the owner of a
-// matrix follows from where it falls, so per-rank Newton–Schulz work is not balanced (zero_explain
-// reports the imbalance).
+// whole matrix's gradient in one place. Entries marked `whole` are therefore kept inside one partition by
+// moving the boundaries, not the entries:
+//   - the layout stays back to back in the given order, except that a whole entry starts on an even
+//     position (one element of padding before it when the parameters before it end on an odd one);
+//   - a boundary r·P that falls inside a whole entry moves to the entry's start or its end (rounded up
+//     to even), whichever is nearer. Boundaries stay even and in order, and a boundary between entries
+//     stays where it was.
+// Each boundary moves by at most half a matrix, so a partition differs from P by at most the largest
+// matrix. The buffer holds AdamW's padding plus at most one element per matrix, and every
+// reduce-scatter and all-gather already takes per-rank counts (a bucket's or a gather unit's overlap with
+// each partition, FlatLayout::range_counts), so a step moves AdamW's bytes. Equal partitions would
+// instead have to push each cut matrix to the next partition and fill the hole with padding, which every
+// collective would carry. What uneven partitions cost is memory: each per-partition buffer is as large as
+// its rank's partition, so the largest sets the peak (largest_partition_size; zero_explain prints the
+// imbalance). The order is kept so that stage 3's gather units stay contiguous and buckets still fill in
+// backward order; the owner of a matrix follows from where it falls, so per-rank Newton–Schulz work is
+// not balanced (zero_explain reports the imbalance).
 
 // Note [Logical positions]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
-// The flat buffer's positions depend on the world size once a layout has gaps (Note [Whole-matrix
-// partitions]): where a matrix moves to the next partition depends on P. The logical range [0, Ψ) does
+// The flat buffer's positions can differ from the parameters' back-to-back positions once a layout has
+// gaps (the single elements that start whole entries on even positions, Note [Whole-matrix partitions]). The logical range [0, Ψ) does
 // not: the parameters back to back in the given order, parameter i at the sum of the sizes before it
 // (ParamRange::logical_offset). Since the layout keeps the order and only inserts padding, flat and
 // logical positions of real elements increase together, so
-//   - the real elements of any flat range, rank r's partition [r·P, (r+1)·P) in particular, are ONE
+//   - the real elements of any flat range, rank r's partition in particular, are ONE
 //     contiguous logical range [to_logical(begin), to_logical(end)), held in the flat buffer as a few runs
 //     split by the gaps (logical_runs; a layout without gaps has one run);
 //   - the partitions' logical ranges tile [0, Ψ) in rank order, at every world size.
@@ -44,24 +51,35 @@ Tensor flat_range(const Tensor& t, std::int64_t begin, std::int64_t n) {
 // one without (Note [Checkpoint ranges] in distributed/run/checkpoint.cpp): a saving rank compacts its
 // runs into its logical range, a loading rank scatters the logical range it needs into its runs, and
 // the gaps, padding like the end's, are never stored. Without gaps to_logical(x) = min(x, Ψ), so every
-// logical range equals the flat range cut at Ψ. (As the layout places matrices, a gap always ends at a
-// partition boundary, so a partition's real elements are a prefix of it, one run; logical_runs does not
-// rely on that, and a range across partitions has several runs.)
+// logical range equals the flat range cut at Ψ.
 
 namespace {
 
-// Offsets of `numels` laid out in order with partition size P; `whole[i]` entries never straddle a
-// boundary. Returns the end of the last entry.
-std::int64_t place(const std::vector<std::int64_t>& numels, const std::vector<char>& whole, std::int64_t P,
+// Offsets of `numels` laid out in order, back to back except that `whole[i]` entries start on even
+// positions. Returns the end of the last entry.
+std::int64_t place(const std::vector<std::int64_t>& numels, const std::vector<char>& whole,
                    std::vector<std::int64_t>& offsets) {
   std::int64_t offset = 0;
   offsets.resize(numels.size());
   for (std::size_t i = 0; i < numels.size(); ++i) {
-    if (whole[i] && numels[i] > 0 && offset / P != (offset + numels[i] - 1) / P) offset = (offset / P + 1) * P;
+    if (whole[i] && numels[i] > 0) offset += offset % 2;
     offsets[i] = offset;
     offset += numels[i];
   }
   return offset;
+}
+
+// `boundary` moved out of any whole entry that holds it strictly inside: to the entry's start or its end
+// rounded up to even, whichever is nearer (the start on a tie). Note [Whole-matrix partitions].
+std::int64_t outside_whole(std::int64_t boundary, const std::vector<std::int64_t>& numels,
+                           const std::vector<char>& whole, const std::vector<std::int64_t>& offsets) {
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    const std::int64_t start = offsets[i], end = offsets[i] + numels[i];
+    if (!whole[i] || boundary <= start || boundary >= end) continue;
+    const std::int64_t after = end + end % 2;
+    return boundary - start <= after - boundary ? start : after;
+  }
+  return boundary;
 }
 
 }  // namespace
@@ -70,24 +88,22 @@ FlatLayout::FlatLayout(const std::vector<Entry>& entries, int world_size) : worl
   ZERO_CHECK(world_size >= 1, "FlatLayout: world_size must be >= 1, got {}", world_size);
   std::vector<std::int64_t> numels;
   std::vector<char> whole;
-  std::int64_t largest_whole = 0;
   for (const Entry& e : entries) {
     for (auto d : e.shape)
       ZERO_CHECK(d >= 0, "FlatLayout: parameter '{}' has a negative dimension in shape {}", e.name, shape_str(e.shape));
     numels.push_back(shape_numel(e.shape));
     whole.push_back(e.whole && world_size > 1);
-    if (whole.back()) largest_whole = std::max(largest_whole, numels.back());
   }
   for (std::int64_t n : numels) numel_ += n;
-  const std::int64_t align = alignment();
-  std::int64_t P = (numel_ + align - 1) / align * align / world_size_;
-  P = std::max(P, (largest_whole + 1) / 2 * 2);  // P stays even (see the header comment)
   std::vector<std::int64_t> offsets;
-  while (place(numels, whole, std::max<std::int64_t>(P, 2), offsets) > P * world_size_) P += 2;
-  partition_size_ = P;
-  padded_ = P * world_size_;
-  const std::int64_t end = place(numels, whole, std::max<std::int64_t>(P, 2), offsets);
+  const std::int64_t end = place(numels, whole, offsets);
   interior_padding_ = end - numel_;
+  const std::int64_t align = alignment();
+  padded_ = (end + align - 1) / align * align;
+  const std::int64_t P = padded_ / world_size_;
+  bounds_.resize(static_cast<std::size_t>(world_size_) + 1);
+  for (int r = 0; r <= world_size_; ++r)
+    bounds_[static_cast<std::size_t>(r)] = outside_whole(r * P, numels, whole, offsets);
   params_.reserve(entries.size());
   std::int64_t logical = 0;
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -119,6 +135,22 @@ FlatLayout::FlatLayout(const std::vector<Entry>& entries, int world_size) : worl
   }
 }
 
+std::int64_t FlatLayout::partition_begin(int rank) const {
+  ZERO_CHECK(rank >= 0 && rank < world_size_, "FlatLayout: rank {} out of range [0, {})", rank, world_size_);
+  return bounds_[static_cast<std::size_t>(rank)];
+}
+
+std::int64_t FlatLayout::partition_end(int rank) const {
+  ZERO_CHECK(rank >= 0 && rank < world_size_, "FlatLayout: rank {} out of range [0, {})", rank, world_size_);
+  return bounds_[static_cast<std::size_t>(rank) + 1];
+}
+
+std::int64_t FlatLayout::largest_partition_size() const {
+  std::int64_t largest = 0;
+  for (int r = 0; r < world_size_; ++r) largest = std::max(largest, partition_size(r));
+  return largest;
+}
+
 std::int64_t FlatLayout::partition_real_numel(int rank) const {
   ZERO_CHECK(rank >= 0 && rank < world_size_, "FlatLayout: rank {} out of range [0, {})", rank, world_size_);
   std::int64_t real = 0;
@@ -134,7 +166,9 @@ const std::vector<ParamSlice>& FlatLayout::owned(int rank) const {
 int FlatLayout::owner_of(std::int64_t flat_offset) const {
   ZERO_CHECK(flat_offset >= 0 && flat_offset < padded_, "FlatLayout: flat offset {} outside [0, {})", flat_offset,
              padded_);
-  return static_cast<int>(flat_offset / partition_size_);
+  // The rank whose [begin, end) holds it: the first whose end lies beyond it (empty partitions hold nothing).
+  const auto end = std::upper_bound(bounds_.begin() + 1, bounds_.end(), flat_offset);
+  return static_cast<int>(end - (bounds_.begin() + 1));
 }
 
 std::int64_t FlatLayout::to_logical(std::int64_t flat) const {

@@ -6,18 +6,20 @@
 //   | p0 | p1      | p2 |  p3                  |pad|
 //   |<- partition 0 ->|<- partition 1 ->|<- partition 2 ->|     partition_size P = padded_numel / N
 //
-// Parameters are laid out back to back in the order given (named_parameters() order), with no gaps
-// unless an entry must stay whole in one partition (Muon's matrices: Note [Whole-matrix partitions] in
-// flat_layout.cpp); zero-element parameters occupy no space. The total is padded with zeros up to a multiple of
-// 2·world_size (DeepSpeed's nccl_start_alignment_factor × dp), for two reasons:
-//   - the N partitions are equal, so a reduce-scatter / all-gather moves the same count per rank and
-//     rank r's partition is simply [r·P, (r+1)·P);
+// Parameters are laid out back to back in the order given (named_parameters() order); zero-element
+// parameters occupy no space. The total is padded with zeros up to a multiple of 2·world_size
+// (DeepSpeed's nccl_start_alignment_factor × dp), and rank r's partition is [r·P, (r+1)·P):
+//   - the N partitions are equal, so a reduce-scatter / all-gather of the whole buffer moves the same
+//     count per rank;
 //   - P is even, so for 16-bit dtypes every partition starts on a 4-byte boundary (what NCCL and
 //     vectorised kernels want for the pointer they are handed).
+// Entries that must stay whole in one partition (Muon's matrices) move the boundaries that would cut
+// them to the matrix's edge instead, so partitions then differ in size (Note [Whole-matrix partitions]
+// in flat_layout.cpp); every boundary stays even.
 // A parameter may straddle partitions (even span several); the map lists, per parameter, the slice
 // each rank owns, and per rank, its owned slices in flat order with their weight-decay flag. A model
-// smaller than world_size leaves some partitions holding only padding; they own no slices and
-// everything still works (they reduce and gather zeros).
+// smaller than world_size leaves some partitions holding only padding (or nothing); they own no slices
+// and everything still works (they reduce and gather zeros).
 #pragma once
 
 #include <cstddef>
@@ -87,28 +89,35 @@ class FlatLayout {
   };
 
   FlatLayout() = default;
-  /// Lays out `entries` in order for `world_size` ranks. An entry marked `whole` never straddles a
-  /// partition boundary: it is moved to the next partition, leaving a gap of padding, and P grows until
-  /// everything fits (Note [Whole-matrix partitions] in flat_layout.cpp). Throws zero::Error if
-  /// world_size < 1 or a shape has a negative dimension.
+  /// Lays out `entries` in order for `world_size` ranks. A boundary r·P that would cut an entry marked
+  /// `whole` moves to that entry's start or end, whichever is nearer, and a whole entry starts on an even
+  /// position (at most one element of padding before it) so that every boundary stays even (Note
+  /// [Whole-matrix partitions] in flat_layout.cpp). Throws zero::Error if world_size < 1 or a shape has a
+  /// negative dimension.
   FlatLayout(const std::vector<Entry>& entries, int world_size);
 
   int world_size() const { return world_size_; }
   /// Ψ: real (unpadded) elements.
   std::int64_t numel() const { return numel_; }
-  /// N·P: Ψ rounded up to a multiple of alignment(), and with whole entries (Muon matrices) the gaps that
-  /// keep each inside one partition (Note [Whole-matrix partitions] in flat_layout.cpp).
+  /// Ψ plus the padding: the end's, up to a multiple of alignment(), and with whole entries (Muon
+  /// matrices) the single elements that start each on an even position. Elements.
   std::int64_t padded_numel() const { return padded_; }
   std::int64_t padding() const { return padded_ - numel_; }
-  /// Padding between parameters (the gaps that keep `whole` entries inside one partition); 0 without
+  /// Padding between parameters (the elements that start `whole` entries on even positions); 0 without
   /// such entries. Elements.
   std::int64_t interior_padding() const { return interior_padding_; }
   /// 2·world_size: the total is a multiple of it (see the header comment).
   std::int64_t alignment() const { return 2 * static_cast<std::int64_t>(world_size_); }
-  /// P = padded_numel / world_size, elements per partition (even).
-  std::int64_t partition_size() const { return partition_size_; }
-  std::int64_t partition_begin(int rank) const { return rank * partition_size_; }
-  std::int64_t partition_end(int rank) const { return (rank + 1) * partition_size_; }
+  /// Rank `rank`'s partition [partition_begin, partition_end) of the flat buffer, in elements: [r·P,
+  /// (r+1)·P) with P = padded_numel / world_size, unless whole entries moved its boundaries. Both ends
+  /// are even; the partitions tile [0, padded_numel) in rank order. Throws zero::Error for a rank
+  /// outside [0, world_size).
+  std::int64_t partition_begin(int rank) const;
+  std::int64_t partition_end(int rank) const;
+  std::int64_t partition_size(int rank) const { return partition_end(rank) - partition_begin(rank); }
+  /// The largest partition_size over the ranks: what a per-partition buffer costs on the rank that holds
+  /// the most. padded_numel / world_size without whole entries. Elements.
+  std::int64_t largest_partition_size() const;
   /// Real (non-padding) elements inside rank's partition.
   std::int64_t partition_real_numel(int rank) const;
 
@@ -143,8 +152,8 @@ class FlatLayout {
   int world_size_ = 1;
   std::int64_t numel_ = 0;
   std::int64_t padded_ = 0;
-  std::int64_t partition_size_ = 0;
   std::int64_t interior_padding_ = 0;
+  std::vector<std::int64_t> bounds_;  // world_size + 1 partition boundaries: rank r's is [bounds_[r], bounds_[r + 1])
   std::vector<ParamRange> params_;
   std::vector<std::vector<ParamSlice>> owned_;  // per rank
 };

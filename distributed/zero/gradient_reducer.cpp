@@ -157,7 +157,7 @@ GradientReducer::GradientReducer(const ZeroPlan& plan, int rank, std::shared_ptr
   if (plan_.options.stage < 2)
     accumulated_ = Tensor::zeros({plan_.layout.padded_numel()}, dt, device);
   else
-    accumulated_ = Tensor::zeros({plan_.layout.partition_size()}, dt, device);
+    accumulated_ = Tensor::zeros({plan_.layout.partition_size(rank_)}, dt, device);
   for (int b = 0; b < plan_.pool_buffers; ++b) {
     pool_.push_back(Tensor::empty({plan_.pool_buffer_numel}, dt, device));
     free_buffers_.push_back(b);
@@ -254,7 +254,7 @@ void GradientReducer::set_residual(const std::vector<std::int8_t>& values, const
 
 Tensor GradientReducer::gradient() const {
   if (plan_.options.stage >= 2) return accumulated_;
-  return flat_range(accumulated_, plan_.region_begin(rank_), plan_.region_size());
+  return flat_range(accumulated_, plan_.region_begin(rank_), plan_.region_size(rank_));
 }
 
 void GradientReducer::zero_grad() {

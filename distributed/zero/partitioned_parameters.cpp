@@ -114,8 +114,9 @@ char* unguarded_ptr(const Tensor& t) {
 PartitionedParameters::PartitionedParameters(const ZeroPlan& plan, int rank, std::shared_ptr<Communicator> channel,
                                              Tensor shard, std::vector<Tensor> params)
     : plan_(plan), rank_(rank), channel_(std::move(channel)), shard_(std::move(shard)), params_(std::move(params)) {
-  ZERO_CHECK(shard_.numel() == plan_.layout.partition_size(), "ZeRO stage 3: the shard has {} elements, a partition {}",
-             shard_.numel(), plan_.layout.partition_size());
+  ZERO_CHECK(shard_.numel() == plan_.layout.partition_size(rank_),
+             "ZeRO stage 3: the shard has {} elements, rank {}'s partition {}", shard_.numel(), rank_,
+             plan_.layout.partition_size(rank_));
   ZERO_CHECK(channel_ != nullptr, "ZeRO stage 3: null gather channel");
   unit_of_.assign(params_.size(), kNone);
   units_.resize(plan_.units.size());

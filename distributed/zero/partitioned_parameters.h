@@ -1,5 +1,5 @@
 // PartitionedParameters: stage 3's parameters (the ZeRO paper's P_os+g+p). Each rank keeps only its
-// shard, the model-dtype values of its partition [r·P, (r+1)·P) of the flat buffer, which the optimizer
+// shard, the model-dtype values of its partition (FlatLayout::partition_begin/end), which the optimizer
 // updates in place. A layer's parameters exist in full only while it runs:
 //
 //   forward   a layer reads a parameter (the parameter-use hook in nn::Module::compute)

@@ -10,7 +10,7 @@ ShardedOptimizer::ShardedOptimizer(const ZeroPlan& plan, int rank, Tensor region
     : plan_(plan),
       region_params_(std::move(region_params)),
       region_begin_(plan.region_begin(rank)),
-      region_size_(plan.region_size()),
+      region_size_(plan.region_size(rank)),
       slices_(plan.region_slices(rank)),
       param_steps_(plan.layout.params().size(), 0) {
   ZERO_CHECK(region_params_.numel() == region_size_ && region_params_.is_contiguous(),

@@ -1,6 +1,6 @@
 // ShardedOptimizer: AdamW (and, with Muon, optim::muon_update for the hidden matrices whole) with fp32
 // master weights over one contiguous range of the flat parameter
-// buffer: the whole buffer at stage 0, this rank's partition [r·P, (r+1)·P) at stages 1-3 (the ZeRO
+// buffer: the whole buffer at stage 0, this rank's partition (FlatLayout::partition_begin/end) at stages 1-3 (the ZeRO
 // paper's P_os: each rank keeps optimizer state for 1/N of the parameters). It knows nothing of ranks
 // or communication: it is handed this rank's averaged gradient of the range and updates the range.
 //

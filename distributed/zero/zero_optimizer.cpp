@@ -193,7 +193,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<nn::NamedParameter> params, std::shared
 
   reducer_ = std::make_unique<GradientReducer>(plan_, rank_, comm_, params_, device);
   optimizer_ = std::make_unique<ShardedOptimizer>(plan_, rank_,
-                                                  flat_range(flat_params_, plan_.region_begin(rank_), plan_.region_size()));
+                                                  flat_range(flat_params_, plan_.region_begin(rank_), plan_.region_size(rank_)));
   gather_ = std::make_unique<ParameterGather>(plan_, rank_, comm_, flat_params_, params_);
 }
 
@@ -203,7 +203,7 @@ Tensor ZeroOptimizer::shard_of_rank0_weights(Device device) {
   const FlatLayout& layout = plan_.layout;
   const DType dt = plan_.options.dtype;
   const std::int64_t begin = layout.partition_begin(rank_), end = layout.partition_end(rank_);
-  Tensor shard = Tensor::zeros({layout.partition_size()}, dt, device);
+  Tensor shard = Tensor::zeros({layout.partition_size(rank_)}, dt, device);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const ParamRange& r = layout.params()[i];
     const std::int64_t lo = std::max(r.offset, begin), hi = std::min(r.end(), end);

@@ -157,7 +157,7 @@ class ZeroOptimizer {
 
   // ---- what a checkpoint reads and restores (distributed/run/checkpoint.h) ----
   /// The flat range this rank steps and keeps fp32 state for: [0, padded_numel) at stage 0, its
-  /// partition [r·P, (r+1)·P) at stages 1-3. Elements.
+  /// partition (FlatLayout::partition_begin/end) at stages 1-3. Elements.
   std::int64_t region_begin() const { return optimizer_->region_begin(); }
   std::int64_t region_size() const { return optimizer_->region_size(); }
   /// fp32 [region_size] buffers on the parameters' device: the master weights (for f32 the flat

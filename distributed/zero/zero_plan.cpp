@@ -91,18 +91,25 @@ void check_zero_options(const ZeroOptions& o) {
              "ZeRO: zero_quantized_gradients_error_feedback needs zero_quantized_gradients");
 }
 
+namespace {
+// The paper's per-rank model states for a buffer of `whole` elements of which this rank's partition holds
+// `partition` (whole / N in the paper).
+MemoryBreakdown model_states(int stage, DType dtype, double whole, double partition) {
+  const double b = static_cast<double>(dtype_size(dtype));
+  const double k = dtype == DType::f32 ? 8.0 : 12.0;  // (fp32 master) + m + v, bytes per parameter
+  MemoryBreakdown m;
+  m.params = stage == 3 ? b * partition : b * whole;
+  m.grads = stage >= 2 ? b * partition : b * whole;
+  m.optimizer_states = stage == 0 ? k * whole : k * partition;
+  return m;
+}
+}  // namespace
+
 MemoryBreakdown expected_memory(int stage, DType dtype, double psi, int world_size) {
   ZERO_CHECK(stage >= 0 && stage <= 3, "expected_memory: stage must be 0, 1, 2 or 3, got {}", stage);
   ZERO_CHECK(is_floating(dtype), "expected_memory: dtype must be f32, f16 or bf16, got {}", dtype_name(dtype));
   ZERO_CHECK(world_size >= 1, "expected_memory: world_size must be >= 1, got {}", world_size);
-  const double b = static_cast<double>(dtype_size(dtype));
-  const double k = dtype == DType::f32 ? 8.0 : 12.0;  // (fp32 master) + m + v, bytes per parameter
-  const double n = world_size;
-  MemoryBreakdown m;
-  m.params = stage == 3 ? b * psi / n : b * psi;
-  m.grads = stage >= 2 ? b * psi / n : b * psi;
-  m.optimizer_states = stage == 0 ? k * psi : k * psi / n;
-  return m;
+  return model_states(stage, dtype, psi, psi / world_size);
 }
 
 double StepTraffic::total() const {
@@ -198,8 +205,8 @@ ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size
 
 std::int64_t ZeroPlan::region_begin(int rank) const { return options.stage == 0 ? 0 : layout.partition_begin(rank); }
 
-std::int64_t ZeroPlan::region_size() const {
-  return options.stage == 0 ? layout.padded_numel() : layout.partition_size();
+std::int64_t ZeroPlan::region_size(int rank) const {
+  return options.stage == 0 ? layout.padded_numel() : layout.partition_size(rank);
 }
 
 std::vector<ParamSlice> ZeroPlan::region_slices(int rank) const {
@@ -221,8 +228,15 @@ double residual_bytes(const ZeroPlan& plan) {
 }  // namespace
 
 MemoryBreakdown ZeroPlan::memory() const {
-  MemoryBreakdown m =
-      expected_memory(options.stage, options.dtype, static_cast<double>(layout.padded_numel()), layout.world_size());
+  int largest = 0;
+  for (int r = 1; r < layout.world_size(); ++r)
+    if (layout.partition_size(r) > layout.partition_size(largest)) largest = r;
+  return memory(largest);
+}
+
+MemoryBreakdown ZeroPlan::memory(int rank) const {
+  MemoryBreakdown m = model_states(options.stage, options.dtype, static_cast<double>(layout.padded_numel()),
+                                   static_cast<double>(layout.partition_size(rank)));
   const double b = static_cast<double>(dtype_size(options.dtype));
   m.buckets = b * static_cast<double>(pool_buffers) * static_cast<double>(pool_buffer_numel);
   if (options.stage == 3) {

@@ -1,7 +1,7 @@
 // ZeroPlan: the one source of sizes of a ZeRO configuration. From the options and the parameter list
 // alone (no tensors, no ranks talking, no training) it validates the options, lays out the flat buffer,
 // cuts the buckets, and works out what each rank keeps and sends:
-//   - the region a rank steps: everything at stage 0, its partition [r·P, (r+1)·P) at stages 1/2/3;
+//   - the region a rank steps: everything at stage 0, its partition at stages 1/2/3;
 //   - stage 3: the gather units, the groups of parameters gathered together (Note [Gather units]);
 //   - memory per rank: the flat parameter buffer, the gradient storage (the whole flat gradient at
 //     stages 0/1, the partition at stage 2), fp32 master (16-bit models only) + Adam m + v over the
@@ -15,8 +15,9 @@
 // parameters on N ranks with mixed-precision Adam (b = 2 bytes per 16-bit element, K = 12):
 //   stage 0  (b + b + K)Ψ = 16Ψ,   stage 1  2bΨ + KΨ/N = 4Ψ + 12Ψ/N,   stage 2  bΨ + (b + K)Ψ/N = 2Ψ + 14Ψ/N,
 //   stage 3  (b + b + K)Ψ/N = 16Ψ/N.
-// expected_memory() is that formula; ZeroPlan::memory() is the same formula over the padded buffer plus
-// the bucket pool, so the two differ only by padding and buckets.
+// expected_memory() is that formula; ZeroPlan::memory() is the same formula over the padded buffer, with
+// the largest partition for what is partitioned, plus the bucket pool, so the two differ only by padding,
+// uneven partitions (Muon; Note [Whole-matrix partitions] in flat_layout.cpp) and buckets.
 #pragma once
 
 #include <cstdint>
@@ -204,16 +205,21 @@ struct ZeroPlan {
   std::vector<GatherUnit> units;
 
   /// Where the flat range rank `rank` steps (and keeps fp32 state for) begins: 0 at stage 0, its
-  /// partition's start r·P at stages 1-3. Elements.
+  /// partition's start (FlatLayout::partition_begin) at stages 1-3. Elements.
   std::int64_t region_begin(int rank) const;
-  /// Elements of that range: padded_numel at stage 0, P at stages 1-3.
-  std::int64_t region_size() const;
+  /// Elements of that range: padded_numel at stage 0, the partition's size at stages 1-3 (P, unless Muon's
+  /// whole matrices made the partitions uneven). Throws zero::Error for a rank outside [0, world_size).
+  std::int64_t region_size(int rank) const;
   /// The parameter slices inside that range, in flat order (each with its weight-decay flag).
   std::vector<ParamSlice> region_slices(int rank) const;
 
-  /// Persistent bytes of one rank (the same on every rank), as ZeroOptimizer::memory() reports them:
-  /// expected_memory() over the padded buffer, plus the bucket pool; at stage 3 also the most gathered
-  /// parameter bytes alive at once (min(stage3_max_live_parameters, every unit) elements).
+  /// Persistent bytes of rank `rank`, as its ZeroOptimizer::memory() reports them: expected_memory()
+  /// over the padded buffer, with the rank's partition for what is partitioned, plus the bucket pool; at
+  /// stage 3 also the most gathered parameter bytes alive at once (min(stage3_max_live_parameters, every
+  /// unit) elements). The same on every rank unless Muon's matrices made the partitions uneven. Throws
+  /// zero::Error for a rank outside [0, world_size).
+  MemoryBreakdown memory(int rank) const;
+  /// The peak over the ranks: memory(rank) of the rank with the largest partition.
   MemoryBreakdown memory() const;
   /// Bytes per optimizer step of one rank, as its communicator's ledger counts them (control scalars
   /// excluded), for a step that is not skipped (an fp16 overflow skips the all-gather). Stage 3: two

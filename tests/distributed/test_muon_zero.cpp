@@ -2,8 +2,10 @@
 // (an independent path: its own gradients from one backward, clip_grad_norm, Muon::step). Runs under
 // mpirun with 1-4 ranks and in the in-process runner (tests/distributed/world.h).
 #include <dlfcn.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -143,10 +145,13 @@ ZERO_DIST_TEST(MuonZero, EveryStageTrainsLikeOneProcessMuon) {
 }
 
 // Stages 1, 2 and 3 share the layout and its reduce-scatter, so they agree bitwise with each other in
-// every dtype, on any number of ranks; stage 0 (an all-reduce of a layout without gaps) within rounding
-// of the model dtype (fp32: 1e-4 of the largest element; 16-bit: 3e-2 of the largest element, at least
-// 3e-3: a few units in the last place, which for the norm weights near 1 is as large as three steps'
-// updates, so in 16-bit this check holds the matrices, and the bitwise checks and fp32 hold the rest).
+// every dtype, on any number of ranks; stage 0 (an all-reduce, whose sums run in another order: Note
+// [The ring's order] in inprocess_communicator.cpp) within rounding of the model dtype. fp32: 1e-4 of the
+// largest element. 16-bit: 5e-2 of the largest element, at least 5e-3, which is some ten units in the
+// last place of these matrices (about 0.03): Newton–Schulz brings every singular value of the momentum
+// near 1, so the gradient's smallest directions, where a 16-bit sum's rounding lives, reach the update
+// at full size. For the norm weights near 1 the bound is as large as three steps' updates, so in 16-bit
+// this check holds the matrices, and the bitwise checks and fp32 hold the rest.
 ZERO_DIST_TEST(MuonZero, StagesOneToThreeAgreeBitwiseInEveryDtype) {
   for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
     std::vector<std::vector<std::vector<float>>> runs;
@@ -158,35 +163,52 @@ ZERO_DIST_TEST(MuonZero, StagesOneToThreeAgreeBitwiseInEveryDtype) {
     EXPECT_EQ(runs[2], runs[1]) << dtype_name(dt) << ": stage 2 vs 1";
     EXPECT_EQ(runs[3], runs[1]) << dtype_name(dt) << ": stage 3 vs 1";
     const bool f32 = dt == DType::f32;
-    expect_close(runs[1], runs[0], f32 ? 1e-4 : 3e-2, std::string(dtype_name(dt)) + " stage 1 vs 0", f32 ? 1e-3 : 0.1);
+    expect_close(runs[1], runs[0], f32 ? 1e-4 : 5e-2, std::string(dtype_name(dt)) + " stage 1 vs 0", f32 ? 1e-3 : 0.1);
   }
 }
 
 // The plan keeps every Muon matrix inside one partition at stages 1-3, whatever the world size, and the
-// matrices of a partition are the ones its rank steps.
+// matrices of a partition are the ones its rank steps. The partitions tile the buffer in rank order with
+// even boundaries, each within half the largest matrix (plus one) of AdamW's r·P, and the buffer holds at
+// most one element of padding per matrix more than AdamW's layout of the same parameters.
 ZERO_DIST_TEST(MuonZero, EveryMatrixIsOwnedWholeByOneRank) {
   auto model = make_model();
   std::vector<FlatLayout::Entry> entries;
   for (const auto& p : model->named_parameters()) entries.push_back({p.name, p.tensor.shape(), p.decay});
   for (int world : {1, 2, 3, 4, 7}) {
     const ZeroPlan plan = plan_zero(entries, world, muon_options(2));
-    const std::int64_t P = plan.layout.partition_size();
-    std::int64_t matrices = 0, psi = 0, previous_end = 0;
-    for (const ParamRange& p : plan.layout.params()) {
+    const FlatLayout& L = plan.layout;
+    const FlatLayout adamw(entries, world);
+    std::int64_t matrices = 0, largest = 0, psi = 0, previous_end = 0;
+    for (const ParamRange& p : L.params()) {
       EXPECT_GE(p.offset, previous_end) << p.name << ": parameters in order, none overlapping";
       previous_end = p.end();
       psi += p.numel;
       if (!optim::is_muon_matrix(p.name, p.shape)) continue;
       ++matrices;
-      // Its first and last element in one partition of P elements; the slices the optimizer steps agree.
-      EXPECT_EQ(p.offset / P, (p.end() - 1) / P) << p.name << " on " << world << " ranks";
+      largest = std::max(largest, p.numel);
+      // Its first and last element in one rank's [begin, end); the slices the optimizer steps agree.
+      int holders = 0;
+      for (int r = 0; r < world; ++r)
+        holders += L.partition_begin(r) <= p.offset && p.end() <= L.partition_end(r) && p.numel > 0 ? 1 : 0;
+      EXPECT_EQ(holders, 1) << p.name << " on " << world << " ranks";
       ASSERT_EQ(p.slices.size(), 1u) << p.name << " on " << world << " ranks";
     }
     EXPECT_EQ(matrices, 8);  // 2 layers x qkv, proj, fc, fc2
-    EXPECT_LE(previous_end, P * world) << "everything fits into N partitions";
-    EXPECT_EQ(P % 2, 0);
+    EXPECT_LE(L.padded_numel(), adamw.padded_numel() + (world > 1 ? matrices : 0)) << world << " ranks";
+    EXPECT_EQ(L.partition_begin(0), 0);
+    EXPECT_EQ(L.partition_end(world - 1), L.padded_numel());
+    const std::int64_t P = adamw.padded_numel() / world;
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(L.partition_begin(r) % 2, 0) << "rank " << r << " of " << world;
+      if (r > 0) {
+        EXPECT_EQ(L.partition_begin(r), L.partition_end(r - 1)) << "rank " << r << " of " << world;
+      }
+      EXPECT_LE(std::abs(L.partition_begin(r) - r * P), largest / 2 + 1 + L.interior_padding())
+          << "rank " << r << " of " << world;
+    }
     std::int64_t owned = 0;  // the ranks' real elements cover Ψ exactly once
-    for (int r = 0; r < world; ++r) owned += plan.layout.partition_real_numel(r);
+    for (int r = 0; r < world; ++r) owned += L.partition_real_numel(r);
     EXPECT_EQ(owned, psi);
   }
 }
@@ -201,6 +223,31 @@ ZERO_DIST_TEST(MuonZero, GradientAccumulationOrthogonalisesOncePerStep) {
     const auto four = run_zero(o, 3, 1);
     expect_close(four, one, 1e-4, "GAS 4 x 1 against GAS 1 x 4, stage " + std::to_string(stage));
   }
+}
+
+// Muon's partitions differ in size, so each rank's memory is its own: the plan's memory(rank) equals what
+// that rank allocated after a step, its optimizer state is (fp32 master +) m + v over the rank's
+// partition, counted here from the partition's bounds, and memory() is the largest rank's.
+ZERO_DIST_TEST(MuonZero, PlannedMemoryIsEachRanksOwnAllocation) {
+  auto comm = test_world();
+  const int rank = comm->rank();
+  for (int stage : {1, 2, 3})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      ZeroOptions o = muon_options(stage);
+      o.dtype = dt;
+      auto model = make_model();
+      ZeroOptimizer opt(model->named_parameters(), comm, o);
+      opt.backward(batch_loss(*model, 0, rank, 1));
+      EXPECT_TRUE(opt.step());
+      const std::string what = fmt::format("stage {} {} rank {}", stage, dtype_name(dt), rank);
+      const MemoryBreakdown have = opt.memory(), want = opt.plan().memory(rank);
+      EXPECT_EQ(have.params, want.params) << what;
+      EXPECT_EQ(have.grads, want.grads) << what;
+      EXPECT_EQ(have.optimizer_states, want.optimizer_states) << what;
+      const double partition = static_cast<double>(opt.layout().partition_end(rank) - opt.layout().partition_begin(rank));
+      EXPECT_EQ(have.optimizer_states, (dt == DType::f32 ? 8.0 : 12.0) * partition) << what;
+      EXPECT_EQ(comm->all_reduce_max(have.optimizer_states), opt.plan().memory().optimizer_states) << what;
+    }
 }
 
 // A step skipped for a non-finite gradient leaves the momentum (held in exp_avg) and the weights bitwise
@@ -229,10 +276,9 @@ ZERO_DIST_TEST(MuonZero, SkippedStepLeavesMomentumUntouched) {
 #ifndef ZERO_INPROCESS_TESTS  // MPI only: the bytes handed to MPI, counted by tests/pmpi's interposer
 
 // Wire bytes per step of Muon against AdamW at the same stage: the ledger against the bytes MPI was handed
-// (summed over ranks), and Muon's ledger against AdamW's scaled by the two layouts' padded sizes (the
-// gaps that keep matrices whole move like any padding; Note [Whole-matrix partitions]). This tiny model's
-// matrices are large against its partitions, so its gaps are a large share (the ratio is printed).
-TEST(MuonWireBytes, LedgerMatchesMpiAndGrowsOnlyByTheGaps) {
+// (summed over ranks), and Muon's bytes against AdamW's (at most 2% more, the goal; its layout differs
+// only by the single elements that start matrices on even positions, Note [Whole-matrix partitions]).
+TEST(MuonWireBytes, LedgerMatchesMpiAndStaysWithinTwoPercentOfAdamW) {
   using CounterFn = std::int64_t (*)();
   const auto sent = reinterpret_cast<CounterFn>(dlsym(RTLD_DEFAULT, "zero_pmpi_sent_bytes"));
   if (std::getenv("ZERO_EXPECT_PMPI") != nullptr) {
@@ -265,8 +311,9 @@ TEST(MuonWireBytes, LedgerMatchesMpiAndGrowsOnlyByTheGaps) {
     if (comm->rank() == 0)
       std::printf("[ wire     ] stage %d, %d ranks: Muon / AdamW bytes %.4f (padded %.0f / %.0f)\n", stage, n,
                   ledger[1] / ledger[0], padded[1], padded[0]);
+    EXPECT_LE(ledger[1], 1.02 * ledger[0]) << "stage " << stage;
     // Stages 1, 2 move every collective over the padded buffer; stage 3 all-gathers gather units, which
-    // hold only the gaps inside them, so it grows by less.
+    // hold only the gaps inside them, so it grows by no more.
     if (stage < 3) {
       EXPECT_NEAR(ledger[1] / ledger[0], padded[1] / padded[0], 1e-9) << "stage " << stage;
     } else {

@@ -63,7 +63,7 @@ TEST(FlatLayout, NotDivisibleStraddlingAndPaddingOnlyPartition) {
   EXPECT_EQ(l.padded_numel(), 12);
   EXPECT_EQ(l.padding(), 4);
   EXPECT_EQ(l.alignment(), 6);
-  EXPECT_EQ(l.partition_size(), 4);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(l.partition_size(r), 4);
   ASSERT_EQ(l.params()[0].slices.size(), 2u);  // p0 = [0,5) straddles partitions 0 and 1
   expect_slice(l.params()[0].slices[0], 0, 0, 0, 0, 4);
   expect_slice(l.params()[0].slices[1], 1, 0, 4, 4, 1);
@@ -82,11 +82,60 @@ TEST(FlatLayout, NotDivisibleStraddlingAndPaddingOnlyPartition) {
   EXPECT_EQ(l.owner_of(11), 2);
 }
 
+TEST(FlatLayout, WholeEntriesMoveTheBoundariesToTheirNearerEdge) {
+  // p0 = 5 elements, p1 = [3, 5] kept whole, p2 = 6, on 3 ranks. p1 starts on an even position: 6, one
+  // element of padding after p0; it ends at 21, p2 = [21, 27); padded to a multiple of 6: 30, P = 10.
+  // Boundary 10 lies in p1 = [6, 21): 4 from its start, 12 from its end rounded up to even (22) -> 6.
+  // Boundary 20: 14 from the start, 2 from 22 -> 22. Partitions [0, 6) [6, 22) [22, 30).
+  auto entries = entries_of({{5}, {3, 5}, {6}});
+  entries[1].whole = true;
+  FlatLayout l(entries, 3);
+  EXPECT_EQ(l.numel(), 26);
+  EXPECT_EQ(l.interior_padding(), 1);
+  EXPECT_EQ(l.padded_numel(), 30);
+  EXPECT_EQ(l.params()[1].offset, 6);
+  EXPECT_EQ(l.params()[2].offset, 21);
+  const std::int64_t begins[] = {0, 6, 22}, ends[] = {6, 22, 30};
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(l.partition_begin(r), begins[r]) << r;
+    EXPECT_EQ(l.partition_end(r), ends[r]) << r;
+  }
+  EXPECT_EQ(l.largest_partition_size(), 16);
+  ASSERT_EQ(l.params()[1].slices.size(), 1u);
+  expect_slice(l.params()[1].slices[0], 1, 1, 6, 0, 15);
+  ASSERT_EQ(l.params()[2].slices.size(), 2u);  // p2 straddles ranks 1 and 2 like any AdamW parameter
+  expect_slice(l.params()[2].slices[0], 1, 2, 21, 0, 1);
+  expect_slice(l.params()[2].slices[1], 2, 2, 22, 1, 5);
+  EXPECT_EQ(l.owner_of(5), 0);
+  EXPECT_EQ(l.owner_of(6), 1);
+  EXPECT_EQ(l.owner_of(29), 2);
+  EXPECT_EQ(l.range_counts(0, 30), (std::vector<std::size_t>{6, 16, 8}));
+  // On one rank nothing is kept whole: no gap.
+  EXPECT_EQ(FlatLayout(entries, 1).interior_padding(), 0);
+}
+
+TEST(FlatLayout, AMatrixLargerThanAPartitionLeavesEmptyPartitions) {
+  // p0 = 2, p1 = 40 whole, p2 = 2 on 4 ranks: padded 48, P = 12, p1 = [2, 42). Boundary 12 -> 2 (10 from
+  // p1's start against 30 from its end), 24 -> 42 (22 against 18), 36 -> 42 (34 against 6). Rank 2's
+  // partition [42, 42) is empty; rank 3 holds p2 and the padding, [42, 48).
+  auto entries = entries_of({{2}, {4, 10}, {2}});
+  entries[1].whole = true;
+  FlatLayout l(entries, 4);
+  const std::int64_t begins[] = {0, 2, 42, 42}, ends[] = {2, 42, 42, 48};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(l.partition_begin(r), begins[r]) << r;
+    EXPECT_EQ(l.partition_end(r), ends[r]) << r;
+  }
+  EXPECT_TRUE(l.owned(2).empty());
+  EXPECT_EQ(l.owner_of(42), 3);
+  EXPECT_EQ(l.partition_real_numel(3), 2);
+}
+
 TEST(FlatLayout, ParameterSpanningManyPartitions) {
   // Ψ = 2 + 20 + 1 = 23 on 4 ranks: padded 24, P = 6. p1 = [2,22) touches all four partitions.
   FlatLayout l(entries_of({{2}, {4, 5}, {1}}), 4);
   EXPECT_EQ(l.padded_numel(), 24);
-  EXPECT_EQ(l.partition_size(), 6);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(l.partition_size(r), 6);
   const auto& s = l.params()[1].slices;
   ASSERT_EQ(s.size(), 4u);
   expect_slice(s[0], 0, 1, 2, 0, 4);
@@ -128,7 +177,7 @@ TEST(FlatLayout, SlicesTileParametersAndPartitions) {
     SCOPED_TRACE("world_size " + std::to_string(n));
     EXPECT_EQ(l.padded_numel() % (2 * n), 0);
     EXPECT_LT(l.padding(), 2 * n);
-    EXPECT_EQ(l.partition_size() % 2, 0);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(l.partition_size(r), l.padded_numel() / n);
     std::int64_t offset = 0;
     for (const ParamRange& p : l.params()) {
       EXPECT_EQ(p.offset, offset);

@@ -1,8 +1,8 @@
 // Muon end to end through build/bin/train_gpt (mpirun for several ranks), on a tiny model. Checkpoints: the
 // reference is an uninterrupted run: a resume at the same world size (and stage) must reproduce its per-step
 // log bit for bit; at another world size within 1e-5 relative (the gradient sums run in another order).
-// At stage 0 the flat layout has no gaps; at stages 1-3 on these world sizes it does (zero_explain says
-// so, checked first), and the checkpoint's state.json records each parameter at its logical offset,
+// At stage 0 the flat layout has no gaps; at stages 1-3 a model of odd widths has them, and uneven
+// partitions (zero_explain says so, checked first), and the checkpoint's state.json records each parameter at its logical offset,
 // where model.safetensors' own header puts it. A resume that changes the optimizer gets one line. The
 // trace: each matrix's Newton–Schulz runs once per optimizer step, on one rank only, with gradient
 // accumulation.
@@ -50,15 +50,16 @@ class MuonCheckpointCli : public ::testing::Test {
   Result train(const std::string& args, int np = 1) const {
     const std::string mpirun = np == 1 ? std::string() : fmt::format("{} -np {} ", ZERO_MPIRUN, np);
     return zero::testing::run_command(fmt::format(
-        "{}{}/train_gpt --data {} --n-layer 1 --n-head 2 --n-embd 16 --block 16 --batch 12 --eval-every 0 "
+        "{}{}/train_gpt --data {} {} --batch 12 --eval-every 0 "
         "--eval-iters 1 --log-every 1000 --warmup 2 --threads 1 --sample 0 {}{}",
-        mpirun, zero::testing::bin_dir(), p("text.txt"),
+        mpirun, zero::testing::bin_dir(), p("text.txt"), model_,
         args.find("--optimizer") == std::string::npos && args.find("--config") == std::string::npos
             ? "--optimizer muon "
             : "",
         args));
   }
   fs::path dir_;
+  std::string model_ = "--n-layer 1 --n-head 2 --n-embd 16 --block 16";
 };
 
 TEST_F(MuonCheckpointCli, ResumesBitwiseAtTheSameWorldSizeAndClosePastIt) {
@@ -106,13 +107,16 @@ TEST_F(MuonCheckpointCli, TheSameOptimizerSpeltAnotherWayIsNoWarning) {
   }
 }
 
-// Elements of gaps between parameters (Note [Whole-matrix partitions]) in this model's Muon layout at
-// `stage` on `np` ranks, as zero_explain reports them.
-std::int64_t gaps(const std::string& text, int stage, int np) {
+// Odd widths: a Muon matrix after an odd number of elements starts one later, a gap between parameters
+// (Note [Whole-matrix partitions]), and the partitions are uneven.
+const std::string kModelWithGaps = "--n-layer 1 --n-head 3 --n-embd 9 --block 9";
+
+// Elements of gaps between parameters in the Muon layout of `model` at `stage` on `np` ranks, as
+// zero_explain reports them.
+std::int64_t gaps(const std::string& text, const std::string& model, int stage, int np) {
   const Result r = zero::testing::run_command(fmt::format(
-      "{}/zero_explain --data {} --n-layer 1 --n-head 2 --n-embd 16 --block 16 --batch 12 --optimizer muon "
-      "--zero-stage {} --world-size {} --format json",
-      zero::testing::bin_dir(), text, stage, np));
+      "{}/zero_explain --data {} {} --batch 12 --optimizer muon --zero-stage {} --world-size {} --format json",
+      zero::testing::bin_dir(), text, model, stage, np));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   return nlohmann::json::parse(r.output)["muon"]["interior_padding"].get<std::int64_t>();
 }
@@ -125,12 +129,13 @@ TEST_F(MuonCheckpointCli, StagesOneToThreeWithGapsResumeBitwiseAndAtOtherWorldSi
     int stage, np;
     std::vector<int> others;
   };
+  model_ = kModelWithGaps;
   for (const Case& c : {Case{1, 3, {2, 1}}, Case{2, 2, {3}}, Case{3, 4, {3}}}) {
     const std::string tag = fmt::format("s{}n{}", c.stage, c.np), stage = fmt::format("--zero-stage {} ", c.stage);
-    ASSERT_GT(gaps(p("text.txt"), c.stage, c.np), 0) << tag << ": the test needs a layout with gaps";
+    ASSERT_GT(gaps(p("text.txt"), model_, c.stage, c.np), 0) << tag << ": the test needs a layout with gaps";
     for (int np : c.others) {
       if (np > 1) {
-        ASSERT_GT(gaps(p("text.txt"), c.stage, np), 0) << tag << " resumed on " << np;
+        ASSERT_GT(gaps(p("text.txt"), model_, c.stage, np), 0) << tag << " resumed on " << np;
       }
     }
     const Result saved = train(stage + "--steps 12 --save-every 6 --save-dir " + p(tag) + " --log-file " +

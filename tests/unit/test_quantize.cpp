@@ -194,7 +194,7 @@ std::vector<FeedbackRun> run_feedback(int n, int stage, bool feedback, int steps
     p.set_requires_grad(true);
     GradientReducer reducer(plan, rank, comm, {p}, Device::cpu);
     EXPECT_EQ(reducer.residual_bytes(), feedback ? plan.memory().residual : 0.0);
-    const std::int64_t begin = plan.region_begin(rank), size = plan.region_size();
+    const std::int64_t begin = plan.region_begin(rank), size = plan.region_size(rank);
     FeedbackRun& mine = out[rank];
     mine.applied.assign(std::size_t(size), 0.0);
     mine.exact.assign(std::size_t(size), 0.0);

@@ -5,8 +5,8 @@
 // of [0, Ψ)) times 4 bytes times the three f32 tensors a load restores (exp_avg, exp_avg_sq, and the
 // master: from the shards for bf16, model.safetensors for fp32); and at stages 1-3 the ranks' ranges
 // together cover each tensor's payload, as the test reads it from the files' own safetensors headers,
-// exactly once. A Muon checkpoint saved with gaps between parameters (stage 2 on 4 ranks, Note
-// [Whole-matrix partitions]) and planned for layouts with and without: at stages 1-3 each rank's region
+// exactly once. A Muon checkpoint of a model of odd widths, saved with uneven partitions and gaps between
+// parameters (stage 2 on 4 ranks, Note [Whole-matrix partitions]), and planned for other layouts: at stages 1-3 each rank's region
 // is then the logical range of the real elements in its partition (zero_explain's per-partition "real",
 // counted from the slices each rank owns, summed over the partitions before it), and the payloads are
 // still covered exactly once.
@@ -62,21 +62,23 @@ class ReadPlanCli : public ::testing::Test {
 };
 
 const std::string kModel = " --n-layer 2 --n-head 2 --n-embd 16 --block 16";
+// Odd widths: Muon's layout starts a matrix after an odd number of elements one element later, a gap.
+const std::string kModelWithGaps = " --n-layer 2 --n-head 3 --n-embd 9 --block 9";
 
-// Checks the plan for loading `ckpt` at `world` ranks and `stage`; `master_in_shards`: a 16-bit checkpoint;
-// `muon`: planned with --optimizer muon, whose layout at stages 1-3 keeps matrices whole (gaps on 3, 4 ranks
-// here).
+// Checks the plan for loading `ckpt` of `model` at `world` ranks and `stage`; `master_in_shards`: a 16-bit
+// checkpoint; `muon`: planned with --optimizer muon, whose layout at stages 1-3 keeps matrices whole
+// (uneven partitions, and gaps in kModelWithGaps).
 void check_plan(const std::string& data, const fs::path& ckpt, int world, int stage, bool master_in_shards,
-                bool muon = false) {
+                bool muon = false, const std::string& model = kModel) {
   const std::string what = "N " + std::to_string(world) + " stage " + std::to_string(stage) + (muon ? " muon" : "");
   const auto explain = zero::testing::run_command(
-      zero::testing::bin_dir() + "/zero_explain" + data + kModel + " --world-size " + std::to_string(world) +
+      zero::testing::bin_dir() + "/zero_explain" + data + model + " --world-size " + std::to_string(world) +
       " --zero-stage " + std::to_string(stage) + (muon ? " --optimizer muon" : "") + " --format json --read-plan " +
       ckpt.string());
   ASSERT_EQ(explain.exit_code, 0) << what << "\n" << explain.output;
   const nlohmann::json explained = nlohmann::json::parse(explain.output);
   const nlohmann::json plan = explained["read_plan"];
-  // Muon's layout at stages 1-3 (P grown so that matrices fit whole, gaps or not): regions from its partitions.
+  // Muon's layout at stages 1-3 (uneven partitions, gaps or not): regions from its partitions.
   const bool whole_matrices = muon && stage > 0;
   const fs::path step = plan["checkpoint"].get<std::string>();
   std::ifstream state_in(step / "state.json");
@@ -160,20 +162,20 @@ TEST_F(ReadPlanCli, MuonCheckpointsWithGapsAreReadAsLogicalRanges) {
   const std::string bin = zero::testing::bin_dir(), data = " --data " + (dir_ / "text.txt").string();
   const fs::path ckpt = dir_ / "ck_muon";
   const auto train = zero::testing::run_command(
-      std::string(ZERO_MPIRUN) + " -np 4 " + bin + "/train_gpt" + data + kModel + " --batch 8 --dtype bf16 " +
+      std::string(ZERO_MPIRUN) + " -np 4 " + bin + "/train_gpt" + data + kModelWithGaps + " --batch 8 --dtype bf16 " +
       "--optimizer muon --zero-stage 2 --steps 2 --save-every 2 --save-dir " + ckpt.string() +
       " --eval-iters 1 --sample 0 --threads 1");
   ASSERT_EQ(train.exit_code, 0) << train.output;
   // The saving layout and the first planned one have gaps (zero_explain --optimizer muon says how many).
   for (const auto& [world, stage] : std::vector<std::pair<int, int>>{{4, 2}, {3, 1}}) {
-    const auto explain = zero::testing::run_command(bin + "/zero_explain" + data + kModel + " --optimizer muon " +
+    const auto explain = zero::testing::run_command(bin + "/zero_explain" + data + kModelWithGaps + " --optimizer muon " +
                                                     "--format json --world-size " + std::to_string(world) +
                                                     " --zero-stage " + std::to_string(stage));
     ASSERT_EQ(explain.exit_code, 0) << explain.output;
     ASSERT_GT(nlohmann::json::parse(explain.output)["muon"]["interior_padding"].get<std::int64_t>(), 0) << world;
   }
   for (const auto& [world, stage] : std::vector<std::pair<int, int>>{{3, 1}, {1, 0}, {4, 3}, {2, 2}})
-    check_plan(data, ckpt, world, stage, true, true);
+    check_plan(data, ckpt, world, stage, true, true, kModelWithGaps);
 }
 
 TEST_F(ReadPlanCli, AnotherModelIsOneLine) {
