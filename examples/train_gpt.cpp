@@ -580,11 +580,13 @@ void TrainingRun::print_zero_setup() const {
     const auto owners = examples::muon_owners(opt_->plan());
     const examples::MuonShare share = examples::muon_share(opt_->plan());
     fmt::print("optimizer: Muon for {} hidden matrices (Newton–Schulz {:.1f} MFLOP/step on rank 0, imbalance {:.3f}), "
-               "AdamW for the other {} parameters; {}: {:.3f}x Ψ padded\n",
+               "AdamW for the other {} parameters; {}\n",
                owners.size(), share.flops[0] / 1e6, examples::MuonShare::imbalance(share.flops),
                layout.params().size() - owners.size(),
-               zo_.stage == 0 ? "every matrix stepped whole by every rank (stage 0)" : "each matrix in one partition",
-               static_cast<double>(layout.padded_numel()) / static_cast<double>(layout.numel()));
+               zo_.stage == 0 ? std::string("every matrix stepped whole by every rank (stage 0)")
+                              : fmt::format("each matrix in one partition, the largest {:.3f}x the mean",
+                                            static_cast<double>(layout.largest_partition_size() * world_) /
+                                                static_cast<double>(layout.padded_numel())));
   }
   const auto have = opt_->memory();
   const auto want = dist::expected_memory(zo_.stage, zo_.dtype, static_cast<double>(num_params_), world_);
