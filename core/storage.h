@@ -51,6 +51,8 @@ class Storage {
 
   /// Returns the memory to the allocator; nbytes() keeps its value. A no-op when already freed.
   void free_memory();
+  /// Made under a MetaTensorScope: no memory was ever allocated, and reading throws (Note [Meta tensors]).
+  bool meta() const { return meta_; }
   /// Allocates nbytes() again (the contents are undefined until written). A no-op unless freed.
   void allocate_memory();
   bool freed() const { return freed_; }
@@ -77,13 +79,34 @@ class Storage {
 
  private:
   void guarded_access() const;
-  [[noreturn]] static void throw_freed();
+  [[noreturn]] static void throw_freed(bool meta);
   Guard* guard_ = nullptr;
   bool freed_ = false;
+  bool meta_ = false;
   std::uint64_t version_ = 0;
   void* data_ = nullptr;
   std::size_t nbytes_ = 0;
   Device device_ = Device::cpu;
+};
+
+// Note [Meta tensors]
+// While a MetaTensorScope is alive on a thread, the storages it creates hold no memory: a tensor made
+// then has its shape, dtype, device and byte size, and no data, like a tensor on PyTorch's meta device
+// (torch.device("meta"); accelerate's init_empty_weights builds models that way). Tensor's factories
+// skip filling them (randn draws nothing from its generator), so constructing an nn::Module of any size
+// costs only its bookkeeping: zero_explain lists the parameters of a 175-billion-parameter model this
+// way. Reading such a tensor's data throws zero::Error; allocate_memory() would give it memory, but
+// nothing here does. Scopes nest; a thread's count is its own.
+
+/// While alive, storages created on this thread hold no memory (Note [Meta tensors]). Not copyable.
+class MetaTensorScope {
+ public:
+  MetaTensorScope();
+  ~MetaTensorScope();
+  MetaTensorScope(const MetaTensorScope&) = delete;
+  MetaTensorScope& operator=(const MetaTensorScope&) = delete;
+  /// Whether a scope is alive on this thread.
+  static bool active();
 };
 
 /// Counters of a caching allocator, in bytes (CPU here; cuda::allocator_stats() for the device).

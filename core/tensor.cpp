@@ -131,13 +131,14 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
+  if (t.storage()->meta()) return t;  // shape only (Note [Meta tensors])
   backend(device).fill(t.raw_data(), dtype, 0.0f, t.numel());
   return t;
 }
 
 Tensor Tensor::full(const Shape& shape, float value, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  t.fill_(value);
+  if (!t.storage()->meta()) t.fill_(value);
   return t;
 }
 
@@ -159,6 +160,7 @@ Tensor Tensor::from_indices(const std::vector<std::int64_t>& values, const Shape
 
 Tensor Tensor::randn(const Shape& shape, Generator& gen, float mean, float std) {
   Tensor t = empty(shape);
+  if (t.storage()->meta()) return t;
   float* p = t.data<float>();
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = gen.normal(mean, std);
   return t;

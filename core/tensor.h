@@ -64,7 +64,8 @@ class Tensor {
   Tensor() = default;  // undefined tensor (like an empty optional)
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
-  // ---- factories (new contiguous storage) ----
+  // ---- factories (new contiguous storage; under a MetaTensorScope shape only, never filled: Note [Meta
+  // tensors] in core/storage.h) ----
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu);
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu);
   static Tensor full(const Shape& shape, float value, DType dtype = DType::f32, Device device = Device::cpu);

@@ -15,7 +15,8 @@
 // Model and ZeRO flags have train_gpt's names and defaults (--config, then the flags over it). The
 // numbers come from distributed/zero/zero_plan.h: layout arithmetic, checked by the tests against what a
 // real ZeroOptimizer allocates and its ledger counts. The bucket order and the stage-2 pool follow the
-// real hook order, recorded from one backward of the model on a dummy batch (no optimizer step).
+// real hook order, recorded from one backward of a narrow twin of the model on a dummy batch (no
+// optimizer step). The model itself is built shape only (Note [Meta tensors]), so any size can be explained.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -147,16 +148,41 @@ BucketTime bucket_time(const dist::ZeroPlan& plan, const dist::Bucket& b, double
   return t;
 }
 
+// The model's trainable parameters (name, shape, weight-decay flag) in named_parameters() order, from a
+// model built under a MetaTensorScope: no memory for its weights, whatever its size (Note [Meta tensors]).
+std::vector<dist::FlatLayout::Entry> parameter_entries(const nn::GPTConfig& cfg) {
+  MetaTensorScope meta;
+  Generator gen(1337);
+  nn::GPT model(cfg, gen);
+  std::vector<dist::FlatLayout::Entry> entries;
+  for (const auto& p : model.named_parameters())
+    if (p.tensor.requires_grad()) entries.push_back({p.name, p.tensor.shape(), p.decay});
+  return entries;
+}
+
 // Parameter indices in the order backward makes their gradients final (Note [Hook order]): one
-// forward + backward of the model on a [1, T] batch of token 0, hooks recording the order.
-std::vector<std::size_t> record_hook_order(nn::GPT& model) {
+// forward + backward on a [1, T] batch of token 0 of a narrow twin of the model (one channel per head, a
+// vocabulary and a block of at most 8), which has the same modules in the same order, so the same order
+// of gradients, at a few kilobytes whatever the model's size. Throws zero::Error if the twin's
+// parameters are not `entries`' names in order.
+std::vector<std::size_t> record_hook_order(const nn::GPTConfig& cfg, const std::vector<dist::FlatLayout::Entry>& entries) {
+  nn::GPTConfig narrow = cfg;
+  narrow.n_embd = cfg.n_head;
+  narrow.vocab_size = std::min<std::int64_t>(cfg.vocab_size, 8);
+  narrow.block_size = std::min<std::int64_t>(cfg.block_size, 8);
+  Generator gen(1337);
+  nn::GPT model(narrow, gen);
   std::vector<nn::NamedParameter> params = model.named_parameters();
+  bool same = params.size() == entries.size();
+  for (std::size_t i = 0; same && i < params.size(); ++i) same = params[i].name == entries[i].name;
+  ZERO_CHECK(same, "zero_explain: the narrow twin of the model has other parameters than the model ({} against {})",
+             params.size(), entries.size());
   std::vector<std::size_t> order;
   std::vector<int> ids;
   for (std::size_t i = 0; i < params.size(); ++i)
     ids.push_back(
         autograd::register_post_accumulate_grad_hook(params[i].tensor, [&order, i](Tensor&) { order.push_back(i); }));
-  const std::int64_t T = std::min<std::int64_t>(model.config().block_size, 8);
+  const std::int64_t T = narrow.block_size;
   const Tensor x = Tensor::from_indices(std::vector<std::int64_t>(static_cast<std::size_t>(T), 0), {1, T});
   model.loss(x, x).backward();
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -322,6 +348,7 @@ struct Explained {
   double psi = 0.0;
   dist::StepTraffic traffic;
   double baseline = 0.0;  // stage 0's traffic, bytes per step
+  std::int64_t largest_unit = 0;  // elements of the largest stage-3 gather unit of this layout
   bool timed = false;     // --bandwidth given: the alpha-beta time model is on
   std::int64_t micro_batch = 1;  // sequences per forward on one rank (train_gpt's rule from --batch)
   autograd::Recompute recompute = autograd::Recompute::none;
@@ -331,6 +358,17 @@ struct Explained {
   dist::Checkpoint resume;          // --read-plan's checkpoint (dir empty without it)
   std::vector<RankReads> reads;     // ... and what each rank reads from it
 };
+
+// The options of a comparison row (another stage or scheme than the one explained). When the explained
+// plan is not stage 3, its stage3_max_live_parameters was no choice for stage 3, so the stage-3 rows
+// use at least the largest gather unit, the least bound that runs; print_memory says so when it raised it.
+dist::ZeroOptions row_options(const Explained& e, int stage, bool reduce_scatter) {
+  dist::ZeroOptions o = e.zo;
+  o.stage = stage;
+  o.reduce_scatter = reduce_scatter;
+  if (stage == 3 && e.zo.stage != 3) o.stage3_max_live_parameters = std::max(o.stage3_max_live_parameters, e.largest_unit);
+  return o;
+}
 
 // When each bucket can leave: after the hook of the last of its parameters to deliver.
 std::vector<std::size_t> ready_after_hooks(const dist::ZeroPlan& plan, const std::vector<std::size_t>& order) {
@@ -393,16 +431,16 @@ Explained explain(const Args& a, const CLI::App& app) {
   if (!a.memory_budget.empty()) e.budget_bytes = examples::parse_size(a.memory_budget, "--memory-budget");
   if (!a.runtime_overhead.empty()) (void)runtime_overhead_bytes(a);  // a bad size fails before any work
   ZERO_CHECK(a.compute_flops > 0, "--compute-flops must be > 0 FLOP/s, got {}", a.compute_flops);
-  Generator gen(1337);
-  nn::GPT model(e.cfg, gen);
-  for (const auto& p : model.named_parameters())
-    if (p.tensor.requires_grad()) e.entries.push_back({p.name, p.tensor.shape(), p.decay});
-  e.order = record_hook_order(model);
+  e.entries = parameter_entries(e.cfg);
+  e.order = record_hook_order(e.cfg, e.entries);
   e.N = a.world_size;
   e.plan = dist::plan_zero(e.entries, e.N, e.zo);
   e.psi = static_cast<double>(e.plan.layout.numel());
   e.traffic = e.plan.traffic();
   e.baseline = dist::plan_zero(e.entries, e.N, with_scheme(e.zo, kSchemes[0])).traffic().total();
+  // Stage 3's units lie in the same layout as stages 1 and 2 (which check no live bound).
+  for (const dist::GatherUnit& u : dist::make_gather_units(dist::plan_zero(e.entries, e.N, row_options(e, 1, true)).layout))
+    e.largest_unit = std::max(e.largest_unit, u.size());
   e.timed = a.bandwidth > 0;
   e.ready_after = ready_after_hooks(e.plan, e.order);
   if (!a.read_plan.empty()) {
@@ -559,15 +597,15 @@ void json_costs(const Explained& e, const Args& a, json& j) {
   j["baseline_bytes_per_step"] = baseline;
   json schemes = json::array();
   for (const Scheme& s : kSchemes) {
-    const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s));
-    json e = {{"scheme", s.name},
-              {"zero_stage", s.stage},
-              {"reduce_scatter", s.reduce_scatter},
-              {"memory_bytes", memory_json(p.memory())},
-              {"memory_formula_bytes", memory_json(dist::expected_memory(s.stage, zo.dtype, psi, N))},
-              {"traffic_bytes_per_step", traffic_json(p.traffic())}};
-    if (timed) e["comm_time_s_per_step"] = dist::step_comm_time_s(p, a.bandwidth, a.latency);
-    schemes.push_back(e);
+    const dist::ZeroPlan p = dist::plan_zero(entries, N, row_options(e, s.stage, s.reduce_scatter));
+    json row = {{"scheme", s.name},
+                {"zero_stage", s.stage},
+                {"reduce_scatter", s.reduce_scatter},
+                {"memory_bytes", memory_json(p.memory())},
+                {"memory_formula_bytes", memory_json(dist::expected_memory(s.stage, zo.dtype, psi, N))},
+                {"traffic_bytes_per_step", traffic_json(p.traffic())}};
+    if (timed) row["comm_time_s_per_step"] = dist::step_comm_time_s(p, a.bandwidth, a.latency);
+    schemes.push_back(row);
   }
   j["schemes"] = schemes;
   json paper = {{"params", kPaperPsi}, {"world_size", kPaperN}, {"dtype", "f16"}};
@@ -891,9 +929,7 @@ void print_memory(const Explained& e) {
              "example, Psi = 7.5e9 with 16-bit Adam on N = 64, in GB of 1e9 bytes) ==\n",
              L.numel(), N);
   for (int stage = 0; stage <= 3; ++stage) {
-    dist::ZeroOptions o = zo;
-    o.stage = stage;
-    const auto have = dist::plan_zero(entries, N, o).memory();
+    const auto have = dist::plan_zero(entries, N, row_options(e, stage, zo.reduce_scatter)).memory();
     const auto want = dist::expected_memory(stage, zo.dtype, psi, N);
     fmt::print("{} stage {}: params {} | {}, grads {} | {}, optimizer {} | {}, model states {} | {}, buckets {}, "
                "gathered {}{}; paper {:.3g} GB\n",
@@ -903,9 +939,13 @@ void print_memory(const Explained& e) {
                have.residual > 0 ? fmt::format(", error-feedback residual {}", mib(have.residual)) : "",
                paper_example_bytes(stage) / 1e9);
   }
+  const bool raised = zo.stage != 3 && e.largest_unit > zo.stage3_max_live_parameters;
   fmt::print("(gathered: stage 3's working memory, the most gathered parameters alive at once, at most "
-             "stage3_max_live_parameters = {} elements; not a model state)\n",
-             zo.stage3_max_live_parameters);
+             "stage3_max_live_parameters = {} elements{}; not a model state)\n",
+             zo.stage3_max_live_parameters,
+             raised ? fmt::format(", which is less than the largest gather unit: the stage-3 row uses {}, the least "
+                                  "that runs", e.largest_unit)
+                    : "");
   print_activations(e);
 }
 
@@ -919,7 +959,7 @@ void print_traffic(const Explained& e, const Args& a) {
   fmt::print("\n== traffic per optimizer step per rank (bus bytes; baseline = stage 0 = {:.0f} bytes) ==\n",
              baseline);
   for (const Scheme& s : kSchemes) {
-    const dist::ZeroPlan p = dist::plan_zero(entries, N, with_scheme(zo, s));
+    const dist::ZeroPlan p = dist::plan_zero(entries, N, row_options(e, s.stage, s.reduce_scatter));
     const auto t = p.traffic();
     const bool chosen = s.stage == zo.stage && (s.stage == 0 || s.reduce_scatter == zo.reduce_scatter);
     fmt::print(
