@@ -295,8 +295,9 @@ class TrainingRun {
   void make_activation_meter();
   void restore();
   void open_log();
-  void print_setup() const;
-  void print_zero_setup() const;
+  void print_setup(const dist::MemoryBreakdown& have) const;
+  dist::MemoryBreakdown largest_memory() const;
+  void print_zero_setup(const dist::MemoryBreakdown& have) const;
 
   StepResult train_step(std::int64_t step);
   void log_progress(std::int64_t step, const StepResult& r);
@@ -380,7 +381,8 @@ TrainingRun::TrainingRun(const Setup& setup, dist::Communicator& comm)
     trace::enable();
     trace::set_active(false);  // the loop turns it on for the traced steps
   }
-  if (lead_) print_setup();
+  const dist::MemoryBreakdown have = largest_memory();  // a collective: every rank
+  if (lead_) print_setup(have);
 }
 
 // The merged config, the collective timeout, and the lock on --save-dir.
@@ -538,7 +540,17 @@ void TrainingRun::log_line(const nlohmann::json& j) {
 }
 
 // The run's shape: data, model, ranks and batch, device, ZeRO layout, memory.
-void TrainingRun::print_setup() const {
+// What the rank holding the most holds of each part, over all ranks (a collective). Ranks differ only
+// where their partitions do, with Muon's uneven ones (Note [Whole-matrix partitions]); "per rank" in the
+// output means this.
+dist::MemoryBreakdown TrainingRun::largest_memory() const {
+  dist::MemoryBreakdown m = opt_->memory();
+  for (double* part : {&m.params, &m.grads, &m.optimizer_states, &m.buckets, &m.recovery, &m.gathered, &m.residual})
+    *part = comm_.all_reduce_max(*part);
+  return m;
+}
+
+void TrainingRun::print_setup(const dist::MemoryBreakdown& have) const {
   fmt::print("train_gpt: {} ({} train / {} val tokens, vocab {})\n", a_.data, data_->train.size(), data_->val.size(),
              cfg_.vocab_size);
   fmt::print("model: {} layers, {} heads, {} channels, block {}: {} parameters; {} step{}, {} thread{}/rank\n",
@@ -548,12 +560,12 @@ void TrainingRun::print_setup() const {
              micro_, gas_, a_.batch);
   fmt::print("device: {}{}\n", device_name(device_),
              matmul_note(device_, matmul_precision(device_, zo_.dtype, a_.tf32)));
-  print_zero_setup();
+  print_zero_setup(have);
   std::fflush(stdout);
 }
 
 // The ZeRO lines of the setup: stage, buckets, wire, flat layout, model states (measured and formula).
-void TrainingRun::print_zero_setup() const {
+void TrainingRun::print_zero_setup(const dist::MemoryBreakdown& have) const {
   const auto& layout = opt_->layout();
   const dist::ZeroOptions& used = opt_->options();  // bucket sizes resolved
   const auto buckets = layout.make_buckets(used.reduce_bucket_size).size();
@@ -579,16 +591,16 @@ void TrainingRun::print_zero_setup() const {
   if (zo_.muon) {
     const auto owners = examples::muon_owners(opt_->plan());
     const examples::MuonShare share = examples::muon_share(opt_->plan());
-    fmt::print("optimizer: Muon for {} hidden matrices (Newton–Schulz {:.1f} MFLOP/step on rank 0, imbalance {:.3f}), "
-               "AdamW for the other {} parameters; {}\n",
-               owners.size(), share.flops[0] / 1e6, examples::MuonShare::imbalance(share.flops),
+    const auto busiest = std::max_element(share.flops.begin(), share.flops.end());
+    fmt::print("optimizer: Muon for {} hidden matrices (Newton–Schulz {:.1f} MFLOP/step on rank {}, the most, "
+               "imbalance {:.3f}), AdamW for the other {} parameters; {}\n",
+               owners.size(), *busiest / 1e6, busiest - share.flops.begin(), examples::MuonShare::imbalance(share.flops),
                layout.params().size() - owners.size(),
                zo_.stage == 0 ? std::string("every matrix stepped whole by every rank (stage 0)")
                               : fmt::format("each matrix in one partition, the largest {:.3f}x the mean",
                                             static_cast<double>(layout.largest_partition_size() * world_) /
                                                 static_cast<double>(layout.padded_numel())));
   }
-  const auto have = opt_->memory();
   const auto want = dist::expected_memory(zo_.stage, zo_.dtype, static_cast<double>(num_params_), world_);
   fmt::print("model states per rank (measured | ZeRO formula): params {} | {}, grads {} | {}, optimizer {} | {}, "
              "total {} | {}\n",
@@ -839,7 +851,7 @@ TrainingRun::Summary TrainingRun::summarize() const {
   // plan's own count of the bytes; otherwise the paper's formula.
   s.expected = zo_.quantized_gradients_block > 0 || zo_.muon ? opt_->plan().traffic().total()
                                                              : expected_traffic_copies(zo_, gas_) * ring * psi_bytes;
-  s.mem = opt_->memory();
+  s.mem = largest_memory();
   s.rss = peak_rss_bytes();
   return s;
 }

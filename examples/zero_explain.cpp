@@ -388,6 +388,10 @@ std::vector<RankReads> resume_reads(const Explained& e, const dist::Checkpoint& 
   const std::int64_t numel = c.state.value("numel", std::int64_t{-1});
   ZERO_CHECK(numel == e.plan.layout.numel(), "--read-plan: checkpoint '{}' holds {} parameter elements, the model "
              "given here {}; pass the model flags it was trained with", c.dir, numel, e.plan.layout.numel());
+  // A resume keeps the optimizer, and Muon's layout differs from AdamW's (Note [Whole-matrix partitions]).
+  const std::string saved = dist::saved_optimizer_type(c.state, c.dir), mine = e.zo.muon ? "muon" : "adamw";
+  ZERO_CHECK(saved == mine, "--read-plan: checkpoint '{}' holds {} optimizer state, and a resume keeps its optimizer; "
+             "pass --optimizer {}", c.dir, saved, saved);
   std::vector<RankReads> out;
   for (int r = 0; r < e.N; ++r) {
     RankReads rr;
@@ -986,8 +990,11 @@ void print_at_scale(const Explained& e, const Args& a) {
   for (double P : sizes) {
     // A model of P parameters as one tensor: padding and bucket edges matter little at scale.
     const std::vector<dist::FlatLayout::Entry> one{{"params", {static_cast<std::int64_t>(P)}, true}};
-    fmt::print("Psi = {:.4g} ({} = {:.2f} GB of {} weights; memory below in GiB of 2^30 bytes = 1.074 GB):\n", P,
-               human_bytes(b * P), b * P / 1e9, dtype_name(zo.dtype));
+    fmt::print("Psi = {:.4g} ({} = {:.2f} GB of {} weights; memory below in GiB of 2^30 bytes = 1.074 GB, the ZeRO "
+               "paper's formula{}):\n",
+               P, human_bytes(b * P), b * P / 1e9, dtype_name(zo.dtype),
+               zo.muon && zo.stage > 0 ? ", equal partitions: Muon's largest one holds more (the memory table above)"
+                                       : "");
     fmt::print("  {:>5}  {:>12} {:>12} {:>12} {:>12}   {:>10} {:>10} {:>10} {:>10} {:>13} {:>12}\n", "N",
                "mem stage 0", "stage 1", "stage 2", "stage 3", "comm s0", "s1", "s2", "s3", "s1/2 no-rs",
                "s2 Psi/8 bk");

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <iterator>
@@ -281,11 +282,14 @@ nlohmann::json flag_json(const Setting& s, const std::string& text) {
     case S::number: return number("a number");
     case S::text: break;
   }
-  if (!s.allowed.empty()) {
-    bool ok = false;
-    for (const std::string& a : s.allowed) ok = ok || a == text;
-    ZERO_CHECK(ok, "{} must be {}, got '{}'", s.flag, fmt::join(s.allowed, " or "), text);
-  }
+  // An allowed value in any case ("AdamW" for adamw, as --help shows the default), stored as the table spells it.
+  const auto lower = [](std::string v) {
+    for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return v;
+  };
+  for (const std::string& a : s.allowed)
+    if (lower(a) == lower(text)) return a;
+  ZERO_CHECK(s.allowed.empty(), "{} must be {}, got '{}'", s.flag, fmt::join(s.allowed, " or "), text);
   return text;
 }
 

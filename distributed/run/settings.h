@@ -90,7 +90,8 @@ const Setting* find_setting_by_flag(std::string_view flag);
 const Setting* find_setting_by_pointer(std::string_view pointer);
 
 /// A flag's text as the JSON value its key would hold: "true" for a boolean flag given without a
-/// value, a number for integer/elements/number settings (5e8 is a whole number), the text otherwise.
+/// value, a number for integer/elements/number settings (5e8 is a whole number), the text otherwise (an
+/// allowed value matches in any case and comes back as the table spells it: "AdamW" gives "adamw").
 /// Throws zero::Error naming the flag when the text is not of the setting's type or not one of its
 /// allowed values: "--zero-stage must be an integer, got 'two'".
 nlohmann::json flag_json(const Setting& s, const std::string& text);

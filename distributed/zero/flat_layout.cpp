@@ -26,9 +26,10 @@ Tensor flat_range(const Tensor& t, std::int64_t begin, std::int64_t n) {
 //     to even), whichever is nearer. Boundaries stay even and in order, and a boundary between entries
 //     stays where it was.
 // Each boundary moves by at most half a matrix, so a partition differs from P by at most the largest
-// matrix. The buffer holds AdamW's padding plus at most one element per matrix, and every
-// reduce-scatter and all-gather already takes per-rank counts (a bucket's or a gather unit's overlap with
-// each partition, FlatLayout::range_counts), so a step moves AdamW's bytes. Equal partitions would
+// matrix. Every reduce-scatter and all-gather already takes per-rank counts (a bucket's or a gather
+// unit's overlap with each partition, FlatLayout::range_counts), so a step moves the bytes of AdamW's
+// layout plus those of the gaps: at most one element per matrix, and the rounding of the total up to a
+// multiple of 2N that they may tip over (none with even widths, as in the default model). Equal partitions would
 // instead have to push each cut matrix to the next partition and fill the hole with padding, which every
 // collective would carry. What uneven partitions cost is memory: each per-partition buffer is as large as
 // its rank's partition, so the largest sets the peak (largest_partition_size; zero_explain prints the

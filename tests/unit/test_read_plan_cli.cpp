@@ -176,6 +176,12 @@ TEST_F(ReadPlanCli, MuonCheckpointsWithGapsAreReadAsLogicalRanges) {
   }
   for (const auto& [world, stage] : std::vector<std::pair<int, int>>{{3, 1}, {1, 0}, {4, 3}, {2, 2}})
     check_plan(data, ckpt, world, stage, true, true, kModelWithGaps);
+  // Planned without --optimizer muon: a resume keeps the checkpoint's optimizer, so that is one line.
+  const auto adamw = zero::testing::run_command(bin + "/zero_explain" + data + kModelWithGaps +
+                                                " --world-size 3 --zero-stage 1 --read-plan " + ckpt.string());
+  EXPECT_NE(adamw.exit_code, 0) << adamw.output;
+  EXPECT_EQ(zero::testing::error_lines(adamw.output), 1) << adamw.output;
+  EXPECT_NE(adamw.output.find("pass --optimizer muon"), std::string::npos) << adamw.output;
 }
 
 TEST_F(ReadPlanCli, AnotherModelIsOneLine) {

@@ -161,6 +161,10 @@ TEST(SettingsFlags, TextIsReadByTheSettingsType) {
   EXPECT_EQ(flag_json(*find_setting_by_flag("--reduce-bucket-size"), "5e8"), json(500000000));
   EXPECT_EQ(flag_json(*find_setting_by_flag("--overlap-comm"), "true"), json(true));
   EXPECT_EQ(flag_json(*find_setting_by_flag("--communication-data-type"), "fp32"), json("fp32"));
+  // An allowed value in any case, as the table spells it (--help shows the optimizer's default as AdamW).
+  EXPECT_EQ(flag_json(*find_setting_by_flag("--optimizer"), "AdamW"), json("adamw"));
+  EXPECT_EQ(flag_json(*find_setting_by_flag("--optimizer"), "MUON"), json("muon"));
+  EXPECT_EQ(flag_json(*find_setting_by_flag("--recompute"), "Full"), json("full"));
   EXPECT_THAT(error_of([] { flag_json(*find_setting_by_flag("--reduce-bucket-size"), "1.5"); }),
               HasSubstr("--reduce-bucket-size must be a whole number of elements, got 1.5"));
   EXPECT_THAT(error_of([] { flag_json(*find_setting_by_flag("--zero-stage"), "two"); }),
