@@ -223,13 +223,17 @@ double paper_example_bytes(int stage) {
   return dist::expected_memory(stage, DType::f16, kPaperPsi, kPaperN).model_states();
 }
 
-// The per-rank element counts of a flat range [begin, end): how much of it falls in each partition
-// (what rank r contributes to the unit's all-gather).
-std::vector<std::int64_t> per_rank_counts(const dist::FlatLayout& L, std::int64_t begin, std::int64_t end) {
-  std::vector<std::int64_t> counts;
-  for (int r = 0; r < L.world_size(); ++r)
-    counts.push_back(std::max<std::int64_t>(0, std::min(end, L.partition_end(r)) - std::max(begin, L.partition_begin(r))));
-  return counts;
+// A collective's per-rank counts for the text output: all of them up to 16 ranks ("[8320, 0, 0, 0]"),
+// beyond that only the ranks with elements ("[rank 3: 107328; the other 4095 ranks 0]").
+std::string counts_text(const std::vector<std::size_t>& counts) {
+  if (counts.size() <= 16) return fmt::format("[{}]", fmt::join(counts, ", "));
+  std::string text;
+  std::size_t zero = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] == 0) ++zero;
+    else text += fmt::format("{}rank {}: {}", text.empty() ? "" : ", ", r, counts[r]);
+  }
+  return fmt::format("[{}; the other {} ranks 0]", text, zero);
 }
 
 // The schemes compared side by side: every stage, and the reduce_scatter = false variant of 1 and 2.
@@ -436,6 +440,16 @@ Explained explain(const Args& a, const CLI::App& app) {
   if (!a.runtime_overhead.empty()) (void)runtime_overhead_bytes(a);  // a bad size fails before any work
   ZERO_CHECK(a.compute_flops > 0, "--compute-flops must be > 0 FLOP/s, got {}", a.compute_flops);
   e.entries = parameter_entries(e.cfg);
+  // Every bucket keeps a count per rank (dist::Bucket::counts): refuse tiny buckets on many ranks before
+  // their counts alone take gigabytes. The automatic size never comes near.
+  if (const auto& size = tc.zero_optimization.reduce_bucket_size) {
+    double psi = 0;
+    for (const auto& en : e.entries) psi += static_cast<double>(shape_numel(en.shape));
+    const double counts = std::ceil(psi / static_cast<double>(*size)) * a.world_size;
+    ZERO_CHECK(counts <= 1e8, "reduce_bucket_size {} cuts {:.4g} elements into {:.4g} buckets, whose counts for {} "
+               "ranks would take {:.1f} GB here; give at least {:.0f} elements", *size, psi, counts / a.world_size,
+               a.world_size, counts * 8 / 1e9, std::ceil(psi * a.world_size / 1e8));
+  }
   e.order = record_hook_order(e.cfg, e.entries);
   e.N = a.world_size;
   e.plan = dist::plan_zero(e.entries, e.N, e.zo);
@@ -572,7 +586,7 @@ void json_gather_units(const Explained& e, json& j) {
                      {"begin", u.begin},
                      {"end", u.end},
                      {"numel", u.size()},
-                     {"counts", per_rank_counts(L, u.begin, u.end)},
+                     {"counts", L.range_counts(u.begin, u.end)},
                      {"params", names}});
   }
   j["gather_units"] = units;
@@ -834,16 +848,21 @@ void print_buckets(const Explained& e, const Args& a) {
   fmt::print("reductions: {} per optimizer step ({}), by {}\n", zo.stage >= 2 ? zo.gradient_accumulation_steps : 1,
              zo.stage >= 2 ? "every micro-step" : "at the accumulation boundary",
              zo.stage == 0 || !zo.reduce_scatter ? "all_reduce" : "reduce_scatter");
-  for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
+  // Beyond 16 buckets the first and last 4 (--format json lists every one).
+  const std::size_t B = plan.buckets.size(), head = B > 16 ? 4 : B;
+  for (std::size_t k = 0; k < B; ++k) {
+    if (k >= head && k < B - head) {
+      if (k == head) fmt::print("... buckets {} to {}: {} more (--format json lists every one)\n", head, B - head - 1,
+                                B - 2 * head);
+      continue;
+    }
     const auto& b = plan.buckets[k];
-    std::string counts;
-    for (std::size_t r = 0; r < b.counts.size(); ++r) counts += fmt::format("{}{}", r ? ", " : "", b.counts[r]);
     const std::string covers = b.params.empty()
                                    ? "padding only"
                                    : fmt::format("{} .. {} ({} params)", L.params()[b.params.front()].name,
                                                  L.params()[b.params.back()].name, b.params.size());
-    fmt::print("bucket {}: [{}, {}) {} elements; {}; per-rank counts [{}]; ready after hook {} of {}\n", b.index,
-               b.begin, b.end, b.size(), covers, counts, ready_after[k], order.size());
+    fmt::print("bucket {}: [{}, {}) {} elements; {}; per-rank counts {}; ready after hook {} of {}\n", b.index,
+               b.begin, b.end, b.size(), covers, counts_text(b.counts), ready_after[k], order.size());
     if (timed && N > 1) {
       const BucketTime t = bucket_time(plan, b, a.bandwidth, a.latency);
       fmt::print("          modelled {}: latency {} + bandwidth {} (latency {:.1f}% of bandwidth), bus bandwidth "
@@ -895,15 +914,13 @@ void print_gather_plan(const Explained& e) {
                gaps ? fmt::format(" with their gaps, {} real", L.numel()) : "", zo.stage3_prefetch_bucket_size);
     for (std::size_t u = 0; u < plan.units.size(); ++u) {
       const dist::GatherUnit& g = plan.units[u];
-      std::string counts;
-      for (std::int64_t c : per_rank_counts(L, g.begin, g.end)) counts += fmt::format("{}{}", counts.empty() ? "" : ", ", c);
       const std::string covers = g.end_param - g.first_param == 1
                                      ? L.params()[g.first_param].name
                                      : fmt::format("{} .. {} ({} params)", L.params()[g.first_param].name,
                                                    L.params()[g.end_param - 1].name, g.end_param - g.first_param);
-      fmt::print("unit {}: {:<10} {:>21} {:>9} elements; {}; per-rank counts [{}]\n", u,
+      fmt::print("unit {}: {:<10} {:>21} {:>9} elements; {}; per-rank counts {}\n", u,
                  g.name.empty() ? "(root)" : g.name, fmt::format("[{}, {})", g.begin, g.end), g.size(), covers,
-                 counts);
+                 counts_text(L.range_counts(g.begin, g.end)));
     }
   }
 }

@@ -392,3 +392,48 @@ TEST_F(ZeroExplainCli, HookOrderIsTheRealModelsBackwardOrder) {
 
 }  // namespace
 }  // namespace zero
+
+namespace {
+
+// Many buckets on many ranks: the text shows the first and last 4 buckets with only the ranks that hold
+// elements (checked against the JSON's full counts), and a bucket size whose per-rank counts would take
+// gigabytes is one line naming it.
+TEST_F(ZeroExplainCli, ManyBucketsOnManyRanksStayReadable) {
+  const std::string bin = zero::testing::bin_dir() + "/zero_explain --world-size 64 --reduce-bucket-size 100";
+  const CommandResult j = run_command(bin + " --format json");
+  ASSERT_EQ(j.exit_code, 0) << j.output.substr(0, 2000);
+  const nlohmann::json buckets = nlohmann::json::parse(j.output)["buckets"];
+  ASSERT_GT(buckets.size(), 16u);
+  const CommandResult t = run_command(bin);
+  ASSERT_EQ(t.exit_code, 0);
+  std::istringstream lines(t.output);
+  int shown = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("... buckets 4 to ", 0) == 0) {
+      EXPECT_NE(line.find(std::to_string(buckets.size() - 8) + " more"), std::string::npos) << line;
+      continue;
+    }
+    std::smatch m;
+    if (!std::regex_search(line, m, std::regex("^bucket ([0-9]+): "))) continue;
+    const std::size_t k = std::stoul(m[1]);
+    EXPECT_TRUE(k < 4 || k >= buckets.size() - 4) << line;
+    std::string want, zeros;
+    int zero = 0;
+    for (std::size_t r = 0; r < buckets[k]["counts"].size(); ++r) {
+      const auto c = buckets[k]["counts"][r].get<std::int64_t>();
+      if (c == 0) ++zero;
+      else want += (want.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + ": " + std::to_string(c);
+    }
+    EXPECT_NE(line.find("per-rank counts [" + want + "; the other " + std::to_string(zero) + " ranks 0]"),
+              std::string::npos)
+        << line;
+    ++shown;
+  }
+  EXPECT_EQ(shown, 8);
+  const CommandResult tiny = run_command(zero::testing::bin_dir() + "/zero_explain --world-size 256 --reduce-bucket-size 1");
+  EXPECT_NE(tiny.exit_code, 0);
+  EXPECT_EQ(zero::testing::error_lines(tiny.output), 1) << tiny.output;
+  EXPECT_NE(tiny.output.find("reduce_bucket_size 1 cuts"), std::string::npos) << tiny.output;
+}
+
+}  // namespace
