@@ -55,6 +55,7 @@ class Storage {
   bool meta() const { return meta_; }
   /// Allocates nbytes() again (the contents are undefined until written). A no-op unless freed.
   void allocate_memory();
+  /// No memory held: freed, or made under a MetaTensorScope (then meta() too).
   bool freed() const { return freed_; }
 
   // Note [Guarded storage]

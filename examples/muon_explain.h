@@ -79,9 +79,16 @@ inline void print_muon(const dist::ZeroPlan& plan) {
                optim::newton_schulz_flops(p.shape[0], p.shape[1], plan.options.muon_ns_steps) / 1e6);
   }
   const MuonShare s = muon_share(plan);
-  for (int r = 0; r < L.world_size(); ++r)
+  // Beyond 16 ranks the first and last 4 (--format json lists every one).
+  const int N = L.world_size(), head = N > 16 ? 4 : N;
+  for (int r = 0; r < N; ++r) {
+    if (r >= head && r < N - head) {
+      if (r == head) fmt::print("... ranks {} to {} (--format json lists every one)\n", head, N - head - 1);
+      continue;
+    }
     fmt::print("rank {}: Newton–Schulz {:.1f} MFLOP/step, {} real parameter elements\n", r,
                s.flops[static_cast<std::size_t>(r)] / 1e6, static_cast<std::int64_t>(s.elements[static_cast<std::size_t>(r)]));
+  }
   fmt::print("imbalance (max / mean): Newton–Schulz {:.3f}, parameter elements {:.3f}; gaps starting matrices "
              "on even positions: {} elements ({:.2f}% of the flat buffer)\n",
              MuonShare::imbalance(s.flops), MuonShare::imbalance(s.elements), L.interior_padding(),

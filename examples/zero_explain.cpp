@@ -161,18 +161,21 @@ std::vector<dist::FlatLayout::Entry> parameter_entries(const nn::GPTConfig& cfg)
 }
 
 // Parameter indices in the order backward makes their gradients final (Note [Hook order]): one
-// forward + backward on a [1, T] batch of token 0 of a narrow twin of the model (one channel per head, a
-// vocabulary and a block of at most 8), which has the same modules in the same order, so the same order
-// of gradients, at a few kilobytes whatever the model's size. Throws zero::Error if the twin's
+// forward + backward on a [1, T] batch of token 0 of a narrow twin of the model (one head of one channel,
+// a vocabulary and a block of at most 8), which has the same modules in the same order, so the same order
+// of gradients, at a few kilobytes whatever the model's size. Throws zero::Error if the twin's trainable
 // parameters are not `entries`' names in order.
 std::vector<std::size_t> record_hook_order(const nn::GPTConfig& cfg, const std::vector<dist::FlatLayout::Entry>& entries) {
   nn::GPTConfig narrow = cfg;
-  narrow.n_embd = cfg.n_head;
+  narrow.n_head = 1;
+  narrow.n_embd = 1;
   narrow.vocab_size = std::min<std::int64_t>(cfg.vocab_size, 8);
   narrow.block_size = std::min<std::int64_t>(cfg.block_size, 8);
   Generator gen(1337);
   nn::GPT model(narrow, gen);
-  std::vector<nn::NamedParameter> params = model.named_parameters();
+  std::vector<nn::NamedParameter> params;
+  for (auto& p : model.named_parameters())
+    if (p.tensor.requires_grad()) params.push_back(p);
   bool same = params.size() == entries.size();
   for (std::size_t i = 0; same && i < params.size(); ++i) same = params[i].name == entries[i].name;
   ZERO_CHECK(same, "zero_explain: the narrow twin of the model has other parameters than the model ({} against {})",
@@ -224,14 +227,21 @@ double paper_example_bytes(int stage) {
 }
 
 // A collective's per-rank counts for the text output: all of them up to 16 ranks ("[8320, 0, 0, 0]"),
-// beyond that only the ranks with elements ("[rank 3: 107328; the other 4095 ranks 0]").
+// beyond that only the ranks with elements, runs of equal counts as one ("[rank 3: 107328, ranks 16-56:
+// 42627994 each; the other 4054 ranks 0]").
 std::string counts_text(const std::vector<std::size_t>& counts) {
   if (counts.size() <= 16) return fmt::format("[{}]", fmt::join(counts, ", "));
   std::string text;
   std::size_t zero = 0;
-  for (std::size_t r = 0; r < counts.size(); ++r) {
-    if (counts[r] == 0) ++zero;
-    else text += fmt::format("{}rank {}: {}", text.empty() ? "" : ", ", r, counts[r]);
+  for (std::size_t r = 0, end = 0; r < counts.size(); r = end) {
+    for (end = r + 1; end < counts.size() && counts[end] == counts[r];) ++end;
+    if (counts[r] == 0) {
+      zero += end - r;
+      continue;
+    }
+    text += text.empty() ? "" : ", ";
+    text += end - r == 1 ? fmt::format("rank {}: {}", r, counts[r])
+                         : fmt::format("ranks {}-{}: {} each", r, end - 1, counts[r]);
   }
   return fmt::format("[{}; the other {} ranks 0]", text, zero);
 }
@@ -440,15 +450,18 @@ Explained explain(const Args& a, const CLI::App& app) {
   if (!a.runtime_overhead.empty()) (void)runtime_overhead_bytes(a);  // a bad size fails before any work
   ZERO_CHECK(a.compute_flops > 0, "--compute-flops must be > 0 FLOP/s, got {}", a.compute_flops);
   e.entries = parameter_entries(e.cfg);
-  // Every bucket keeps a count per rank (dist::Bucket::counts): refuse tiny buckets on many ranks before
-  // their counts alone take gigabytes. The automatic size never comes near.
+  // Every bucket keeps a count per rank (dist::Bucket::counts), and the plan is laid out once per table
+  // row: refuse tiny buckets on many ranks before their counts take a gigabyte. The automatic size never
+  // comes near.
   if (const auto& size = tc.zero_optimization.reduce_bucket_size) {
+    constexpr double kMaxCounts = 1e7;
     double psi = 0;
     for (const auto& en : e.entries) psi += static_cast<double>(shape_numel(en.shape));
-    const double counts = std::ceil(psi / static_cast<double>(*size)) * a.world_size;
-    ZERO_CHECK(counts <= 1e8, "reduce_bucket_size {} cuts {:.4g} elements into {:.4g} buckets, whose counts for {} "
-               "ranks would take {:.1f} GB here; give at least {:.0f} elements", *size, psi, counts / a.world_size,
-               a.world_size, counts * 8 / 1e9, std::ceil(psi * a.world_size / 1e8));
+    const double buckets = std::ceil(psi / static_cast<double>(*size));
+    ZERO_CHECK(buckets * a.world_size <= kMaxCounts, "reduce_bucket_size {} cuts {:.4g} elements into {:.4g} buckets, "
+               "{:.3g} per-rank counts on {} ranks, more than zero_explain lays out ({:.0e}); give at least {:.0f} elements",
+               *size, psi, buckets, buckets * a.world_size, a.world_size, kMaxCounts,
+               std::ceil(psi * a.world_size / kMaxCounts));
   }
   e.order = record_hook_order(e.cfg, e.entries);
   e.N = a.world_size;
@@ -622,6 +635,7 @@ void json_costs(const Explained& e, const Args& a, json& j) {
                 {"memory_bytes", memory_json(p.memory())},
                 {"memory_formula_bytes", memory_json(dist::expected_memory(s.stage, zo.dtype, psi, N))},
                 {"traffic_bytes_per_step", traffic_json(p.traffic())}};
+    if (s.stage == 3) row["stage3_max_live_parameters"] = p.options.stage3_max_live_parameters;  // row_options
     if (timed) row["comm_time_s_per_step"] = dist::step_comm_time_s(p, a.bandwidth, a.latency);
     schemes.push_back(row);
   }

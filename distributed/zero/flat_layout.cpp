@@ -29,13 +29,14 @@ Tensor flat_range(const Tensor& t, std::int64_t begin, std::int64_t n) {
 // matrix. Every reduce-scatter and all-gather already takes per-rank counts (a bucket's or a gather
 // unit's overlap with each partition, FlatLayout::range_counts), so a step moves the bytes of AdamW's
 // layout plus those of the gaps: at most one element per matrix, and the rounding of the total up to a
-// multiple of 2N that they may tip over (none with even widths, as in the default model). Equal partitions would
-// instead have to push each cut matrix to the next partition and fill the hole with padding, which every
-// collective would carry. What uneven partitions cost is memory: each per-partition buffer is as large as
-// its rank's partition, so the largest sets the peak (largest_partition_size; zero_explain prints the
-// imbalance). The order is kept so that stage 3's gather units stay contiguous and buckets still fill in
-// backward order; the owner of a matrix follows from where it falls, so per-rank Newton–Schulz work is
-// not balanced (zero_explain reports the imbalance).
+// multiple of 2N that they may tip over (none with even widths, as in the default model). Keeping the
+// partitions equal instead would mean moving each cut matrix to the next partition and filling the hole
+// with padding, which every collective would carry. What uneven partitions cost is memory: each
+// per-partition buffer is as large as its rank's partition, so the largest sets the peak
+// (largest_partition_size; zero_explain prints the imbalance). On more ranks than Ψ / (largest matrix)
+// some partitions hold a whole matrix and others nothing. The order is kept so that stage 3's gather
+// units stay contiguous and buckets still fill in backward order; the owner of a matrix follows from
+// where it falls, so per-rank Newton–Schulz work is not balanced (zero_explain reports the imbalance).
 
 // Note [Logical positions]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -146,9 +147,10 @@ std::int64_t FlatLayout::partition_end(int rank) const {
   return bounds_[static_cast<std::size_t>(rank) + 1];
 }
 
-std::int64_t FlatLayout::largest_partition_size() const {
-  std::int64_t largest = 0;
-  for (int r = 0; r < world_size_; ++r) largest = std::max(largest, partition_size(r));
+int FlatLayout::largest_partition() const {
+  int largest = 0;
+  for (int r = 1; r < world_size_; ++r)
+    if (partition_size(r) > partition_size(largest)) largest = r;
   return largest;
 }
 

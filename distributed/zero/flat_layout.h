@@ -115,9 +115,11 @@ class FlatLayout {
   std::int64_t partition_begin(int rank) const;
   std::int64_t partition_end(int rank) const;
   std::int64_t partition_size(int rank) const { return partition_end(rank) - partition_begin(rank); }
-  /// The largest partition_size over the ranks: what a per-partition buffer costs on the rank that holds
-  /// the most. padded_numel / world_size without whole entries. Elements.
-  std::int64_t largest_partition_size() const;
+  /// The rank with the largest partition (the lowest such rank): what a per-partition buffer costs on
+  /// the rank that holds the most.
+  int largest_partition() const;
+  /// Its partition_size: padded_numel / world_size without whole entries. Elements.
+  std::int64_t largest_partition_size() const { return partition_size(largest_partition()); }
   /// Real (non-padding) elements inside rank's partition.
   std::int64_t partition_real_numel(int rank) const;
 

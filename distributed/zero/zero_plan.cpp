@@ -197,8 +197,8 @@ ZeroPlan plan_zero(const std::vector<FlatLayout::Entry>& entries, int world_size
                                           [](const GatherUnit& a, const GatherUnit& b) { return a.size() < b.size(); });
     ZERO_CHECK(largest->size() <= options.stage3_max_live_parameters,
                "ZeRO: stage3_max_live_parameters = {} elements is less than gather unit '{}' ({} elements); "
-               "it must hold the largest unit",
-               options.stage3_max_live_parameters, largest->name, largest->size());
+               "it must hold the largest unit: set it to at least {}",
+               options.stage3_max_live_parameters, largest->name, largest->size(), largest->size());
   }
   return plan;
 }
@@ -227,12 +227,7 @@ double residual_bytes(const ZeroPlan& plan) {
 }
 }  // namespace
 
-MemoryBreakdown ZeroPlan::memory() const {
-  int largest = 0;
-  for (int r = 1; r < layout.world_size(); ++r)
-    if (layout.partition_size(r) > layout.partition_size(largest)) largest = r;
-  return memory(largest);
-}
+MemoryBreakdown ZeroPlan::memory() const { return memory(layout.largest_partition()); }
 
 MemoryBreakdown ZeroPlan::memory(int rank) const {
   MemoryBreakdown m = model_states(options.stage, options.dtype, static_cast<double>(layout.padded_numel()),

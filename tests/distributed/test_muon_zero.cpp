@@ -17,6 +17,7 @@
 
 #include "autograd/ops.h"
 #include "core/check.h"
+#include "distributed/comm/inprocess_communicator.h"
 #include "distributed/zero/zero_optimizer.h"
 #include "nn/gpt.h"
 #include "optim/clip.h"
@@ -37,9 +38,9 @@ double unit_hash(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
 }
 
 
-std::unique_ptr<nn::GPT> make_model() {
+std::unique_ptr<nn::GPT> make_model(const nn::GPTConfig& cfg = harness::tiny_gpt_config()) {
   Generator gen(42);
-  return std::make_unique<nn::GPT>(harness::tiny_gpt_config(), gen);
+  return std::make_unique<nn::GPT>(cfg, gen);
 }
 
 // Loss of rows [row0, row0 + rows) of training step `step`'s global batch.
@@ -76,10 +77,11 @@ std::vector<std::vector<float>> snapshot(const nn::Module& m) {
 }
 
 // ZeRO on this job's ranks: b rows per rank per micro-step.
-std::vector<std::vector<float>> run_zero(const ZeroOptions& o, int steps, std::int64_t b) {
-  auto comm = test_world();
+std::vector<std::vector<float>> run_zero(const ZeroOptions& o, int steps, std::int64_t b,
+                                         std::shared_ptr<Communicator> comm = test_world(),
+                                         const nn::GPTConfig& cfg = harness::tiny_gpt_config()) {
   const int n = comm->world_size(), rank = comm->rank();
-  auto model = make_model();
+  auto model = make_model(cfg);
   ZeroOptimizer opt(model->named_parameters(), comm, o);
   for (int s = 0; s < steps; ++s) {
     for (int g = 0; g < o.gradient_accumulation_steps; ++g)
@@ -91,8 +93,9 @@ std::vector<std::vector<float>> run_zero(const ZeroOptions& o, int steps, std::i
 }
 
 // One process, optim::Muon over the whole global batch of `rows` rows.
-std::vector<std::vector<float>> run_reference(const ZeroOptions& o, int steps, std::int64_t rows) {
-  auto model = make_model();
+std::vector<std::vector<float>> run_reference(const ZeroOptions& o, int steps, std::int64_t rows,
+                                              const nn::GPTConfig& cfg = harness::tiny_gpt_config()) {
+  auto model = make_model(cfg);
   std::vector<optim::ParamGroup> muon(1), adamw(2);
   muon[0].weight_decay = adamw[0].weight_decay = o.weight_decay;
   for (const auto& p : model->named_parameters()) {
@@ -272,6 +275,41 @@ ZERO_DIST_TEST(MuonZero, SkippedStepLeavesMomentumUntouched) {
     }
   }
 }
+
+#ifdef ZERO_INPROCESS_TESTS  // eight ranks as threads, whatever the job's size
+
+// Partitions left empty: one layer of 16 channels on 8 ranks, where the MLP matrices (1,024 elements) are
+// larger than two partitions (P = 428), so two boundaries move onto the same matrix edge and ranks 5 and
+// 7 hold nothing. Stages 1-3 train like one-process Muon (the bound of EveryStageTrainsLikeOneProcessMuon),
+// bitwise equal to each other.
+TEST(MuonZeroEmptyPartitions, EightRanksTrainLikeOneProcess) {
+  nn::GPTConfig cfg = harness::tiny_gpt_config();
+  cfg.n_layer = 1;
+  cfg.n_embd = 16;
+  const int n = 8;
+  std::vector<FlatLayout::Entry> entries;
+  for (const auto& p : make_model(cfg)->named_parameters()) entries.push_back({p.name, p.tensor.shape(), p.decay});
+  const ZeroPlan plan = plan_zero(entries, n, muon_options(2));
+  const FlatLayout& L = plan.layout;
+  int empty = 0;
+  for (int r = 0; r < n; ++r) empty += L.partition_size(r) == 0 ? 1 : 0;
+  ASSERT_GE(empty, 1) << "the layout must leave a partition empty for this test";
+  const auto ref = run_reference(muon_options(0), 3, 2 * n, cfg);
+  std::vector<std::vector<std::vector<float>>> runs;
+  for (int stage : {1, 2, 3}) {
+    std::vector<std::vector<float>> rank0;
+    run_ranks(n, [&](std::shared_ptr<Communicator> comm) {
+      const auto got = run_zero(muon_options(stage), 3, 2, comm, cfg);
+      if (comm->rank() == 0) rank0 = got;
+    });
+    expect_close(rank0, ref, 1e-4, "stage " + std::to_string(stage) + " on 8 ranks");
+    runs.push_back(rank0);
+  }
+  EXPECT_EQ(runs[1], runs[0]) << "stage 2 vs 1";
+  EXPECT_EQ(runs[2], runs[0]) << "stage 3 vs 1";
+}
+
+#endif  // ZERO_INPROCESS_TESTS
 
 #ifndef ZERO_INPROCESS_TESTS  // MPI only: the bytes handed to MPI, counted by tests/pmpi's interposer
 

@@ -1,7 +1,7 @@
 // The resume read plan (zero_explain --read-plan, dist::read_plan in distributed/run/read_plan.h)
 // against an independent count: checkpoints saved by train_gpt (2 ranks, stage 2, fp32 and bf16),
 // planned for loads at other world sizes and stages. Each rank's ranges sum to its region (its
-// partition [r·P, (r+1)·P) cut at Ψ, P the padded Ψ / N with Ψ padded to a multiple of 2N; stage 0: all
+// AdamW partition [r·P, (r+1)·P) cut at Ψ, P the padded Ψ / N with Ψ padded to a multiple of 2N; stage 0: all
 // of [0, Ψ)) times 4 bytes times the three f32 tensors a load restores (exp_avg, exp_avg_sq, and the
 // master: from the shards for bf16, model.safetensors for fp32); and at stages 1-3 the ranks' ranges
 // together cover each tensor's payload, as the test reads it from the files' own safetensors headers,
