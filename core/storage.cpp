@@ -5,8 +5,6 @@
 
 namespace zero {
 
-// The device's caching allocator (Backend::allocate: host free lists on cpu, core/cuda/runtime.h's
-// device allocator on cuda). backend() throws for a device this build has no backend for.
 namespace {
 thread_local int meta_scopes = 0;  // MetaTensorScopes alive on this thread
 }  // namespace
@@ -15,6 +13,9 @@ MetaTensorScope::MetaTensorScope() { ++meta_scopes; }
 MetaTensorScope::~MetaTensorScope() { --meta_scopes; }
 bool MetaTensorScope::active() { return meta_scopes > 0; }
 
+// The device's caching allocator (Backend::allocate: host free lists on cpu, core/cuda/runtime.h's
+// device allocator on cuda), unless a MetaTensorScope is alive (Note [Meta tensors]). backend() throws
+// for a device this build has no backend for.
 Storage::Storage(std::size_t nbytes, Device device)
     : freed_(MetaTensorScope::active()),
       meta_(freed_),

@@ -37,6 +37,18 @@ inline std::string partition_sizes(const dist::FlatLayout& L) {
                                                 : fmt::format("{} to {}", smallest, L.largest_partition_size());
 }
 
+/// Long lists in the text output (ranks, buckets) show their first and last 4 items beyond 16: whether
+/// item k of n is left out. At the first one left out it prints "... ranks 4 to 59: 56 more partitions
+/// (--format json lists every one)", with `label` ("ranks") and `items` ("partitions").
+inline bool elided(std::size_t k, std::size_t n, const char* label, const char* items) {
+  const std::size_t head = n > 16 ? 4 : n;
+  if (k < head || k >= n - head) return false;
+  if (k == head)
+    fmt::print("... {} {} to {}: {} more {} (--format json lists every one)\n", label, head, n - head - 1, n - 2 * head,
+               items);
+  return true;
+}
+
 /// The owner (rank) of each Muon matrix of `plan`, in layout order; -1 for one with no elements.
 inline std::vector<int> muon_owners(const dist::ZeroPlan& plan) {
   std::vector<int> owners;
@@ -79,13 +91,9 @@ inline void print_muon(const dist::ZeroPlan& plan) {
                optim::newton_schulz_flops(p.shape[0], p.shape[1], plan.options.muon_ns_steps) / 1e6);
   }
   const MuonShare s = muon_share(plan);
-  // Beyond 16 ranks the first and last 4 (--format json lists every one).
-  const int N = L.world_size(), head = N > 16 ? 4 : N;
+  const int N = L.world_size();
   for (int r = 0; r < N; ++r) {
-    if (r >= head && r < N - head) {
-      if (r == head) fmt::print("... ranks {} to {} (--format json lists every one)\n", head, N - head - 1);
-      continue;
-    }
+    if (elided(static_cast<std::size_t>(r), static_cast<std::size_t>(N), "ranks", "ranks")) continue;
     fmt::print("rank {}: Newton–Schulz {:.1f} MFLOP/step, {} real parameter elements\n", r,
                s.flops[static_cast<std::size_t>(r)] / 1e6, static_cast<std::int64_t>(s.elements[static_cast<std::size_t>(r)]));
   }

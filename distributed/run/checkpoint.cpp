@@ -140,12 +140,6 @@ void remove_dir(const fs::path& dir) {
   fs::remove_all(trash);
 }
 
-
-template <typename T>
-T get(const nlohmann::json& j, const char* key, const std::string& dir) {
-  return state_value<T>(j, key, dir);
-}
-
 // One shard as state.json records it.
 struct ShardRange {
   std::string file;
@@ -154,9 +148,9 @@ struct ShardRange {
 
 std::vector<ShardRange> shard_ranges(const Checkpoint& c) {
   std::vector<ShardRange> out;
-  for (const auto& s : get<nlohmann::json>(c.state, "shards", c.dir))
-    out.push_back({get<std::string>(s, "file", c.dir), get<std::int64_t>(s, "flat_begin", c.dir),
-                   get<std::int64_t>(s, "flat_end", c.dir)});
+  for (const auto& s : state_value<nlohmann::json>(c.state, "shards", c.dir))
+    out.push_back({state_value<std::string>(s, "file", c.dir), state_value<std::int64_t>(s, "flat_begin", c.dir),
+                   state_value<std::int64_t>(s, "flat_end", c.dir)});
   return out;
 }
 
@@ -733,7 +727,7 @@ nlohmann::json read_state(const std::string& dir) {
 
 std::string saved_optimizer_type(const nlohmann::json& state, const std::string& dir) {
   if (!state.contains("optimizer_type")) return "adamw";  // written before Muon
-  const auto type = get<std::string>(state, "optimizer_type", dir);
+  const auto type = state_value<std::string>(state, "optimizer_type", dir);
   ZERO_CHECK(type == "adamw" || type == "muon", "checkpoint '{}': state.json \"optimizer_type\" is \"{}\", not an "
              "optimizer this program knows (adamw or muon)", dir, type);
   return type;
@@ -751,7 +745,7 @@ Checkpoint open_checkpoint(const std::string& dir, Communicator* comm) {
                "was rewritten while this job started; is another job saving there?", dir,
                static_cast<std::uint32_t>(lo), static_cast<std::uint32_t>(hi));
   }
-  const auto files = get<nlohmann::json>(c.state, "files", dir);
+  const auto files = state_value<nlohmann::json>(c.state, "files", dir);
   ZERO_CHECK(files.is_object() && files.contains(kModelFile), "checkpoint '{}': state.json lists no {}", dir,
              kModelFile);
   for (const ShardRange& s : shard_ranges(c))
@@ -762,7 +756,7 @@ Checkpoint open_checkpoint(const std::string& dir, Communicator* comm) {
     names.push_back(f);
     const fs::path p = fs::path(dir) / f;
     ZERO_CHECK(fs::exists(p), "checkpoint '{}': '{}' is missing", dir, f);
-    const auto want = get<std::uint64_t>(info, "bytes", dir);
+    const auto want = state_value<std::uint64_t>(info, "bytes", dir);
     const auto have = static_cast<std::uint64_t>(fs::file_size(p));
     ZERO_CHECK(have == want, "checkpoint '{}': '{}' is truncated or damaged ({} bytes, state.json says {})", dir, f,
                have, want);
@@ -771,7 +765,7 @@ Checkpoint open_checkpoint(const std::string& dir, Communicator* comm) {
   double bad = 0.0;  // 1 + index of the first corrupt file this rank found
   for (std::size_t i = 0; i < names.size() && bad == 0.0; ++i) {
     if (static_cast<int>(i % static_cast<std::size_t>(world)) != rank) continue;
-    const auto want = get<std::uint32_t>(files[names[i]], "crc32", dir);
+    const auto want = state_value<std::uint32_t>(files[names[i]], "crc32", dir);
     if (st::file_crc32((fs::path(dir) / names[i]).string()).first != want) bad = static_cast<double>(i + 1);
   }
   if (comm) bad = comm->all_reduce_max(bad == 0.0 ? 0.0 : static_cast<double>(names.size()) + 1.0 - bad);
@@ -785,16 +779,16 @@ void check_parameters(const Checkpoint& c, const std::vector<nn::NamedParameter>
   std::vector<const nn::NamedParameter*> mine;
   for (const nn::NamedParameter& p : params)
     if (p.tensor.requires_grad()) mine.push_back(&p);
-  const auto theirs = get<nlohmann::json>(c.state, "params", c.dir);
+  const auto theirs = state_value<nlohmann::json>(c.state, "params", c.dir);
   ZERO_CHECK(theirs.is_array(), "checkpoint '{}': state.json \"params\" is not a list", c.dir);
   for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()); ++i) {
     ZERO_CHECK(i < theirs.size(), "checkpoint '{}' has no parameter '{}' (it holds {} parameters, this model {})",
                c.dir, mine[i]->name, theirs.size(), mine.size());
-    const auto name = get<std::string>(theirs[i], "name", c.dir);
+    const auto name = state_value<std::string>(theirs[i], "name", c.dir);
     ZERO_CHECK(i < mine.size(), "checkpoint '{}' has parameter '{}', which this model lacks", c.dir, name);
     ZERO_CHECK(name == mine[i]->name, "checkpoint '{}': parameter {} is '{}' there but '{}' in this model", c.dir, i,
                name, mine[i]->name);
-    const auto shape = get<Shape>(theirs[i], "shape", c.dir);
+    const auto shape = state_value<Shape>(theirs[i], "shape", c.dir);
     ZERO_CHECK(shape == mine[i]->tensor.shape(),
                "checkpoint '{}': parameter '{}' has shape {} in the checkpoint but {} in this model", c.dir, name,
                shape_str(shape), shape_str(mine[i]->tensor.shape()));
@@ -828,14 +822,14 @@ LoadResult load_residual(const Checkpoint& c, ZeroOptimizer& opt, int rank, int 
   if (!c.state.contains("error_feedback")) {
     differs = "no residual: it was saved without zero_quantized_gradients_error_feedback";
   } else {
-    const auto& ef = get<nlohmann::json>(c.state, "error_feedback", c.dir);
-    compare("world size", get<int>(c.state, "world_size", c.dir), world);
-    compare("ZeRO stage", get<int>(c.state, "zero_stage", c.dir), zo.stage);
-    compare("dtype", get<std::string>(c.state, "dtype", c.dir), std::string(dtype_name(zo.dtype)));
-    compare("reduce_bucket_size", get<std::int64_t>(ef, "reduce_bucket_size", c.dir), zo.reduce_bucket_size);
-    compare("zero_quantized_gradients_block_size", get<std::int64_t>(ef, "quantized_gradients_block", c.dir),
+    const auto& ef = state_value<nlohmann::json>(c.state, "error_feedback", c.dir);
+    compare("world size", state_value<int>(c.state, "world_size", c.dir), world);
+    compare("ZeRO stage", state_value<int>(c.state, "zero_stage", c.dir), zo.stage);
+    compare("dtype", state_value<std::string>(c.state, "dtype", c.dir), std::string(dtype_name(zo.dtype)));
+    compare("reduce_bucket_size", state_value<std::int64_t>(ef, "reduce_bucket_size", c.dir), zo.reduce_bucket_size);
+    compare("zero_quantized_gradients_block_size", state_value<std::int64_t>(ef, "quantized_gradients_block", c.dir),
             zo.quantized_gradients_block);
-    compare("padded size", get<std::int64_t>(ef, "padded_numel", c.dir), opt.layout().padded_numel());
+    compare("padded size", state_value<std::int64_t>(ef, "padded_numel", c.dir), opt.layout().padded_numel());
   }
   if (!differs.empty()) {
     result.warning = fmt::format("warning: checkpoint '{}': the error-feedback residual starts from zero, as in a "
@@ -912,24 +906,24 @@ std::vector<ShardSource> open_overlapping_shards(const Checkpoint& c, const std:
 // The optimizer's counters from state.json: steps, skipped steps, the loss scaler (fp16), and each
 // parameter's own AdamW step count.
 void restore_counters(const Checkpoint& c, ZeroOptimizer& opt, DType saved) {
-  const auto& o = get<nlohmann::json>(c.state, "optimizer", c.dir);
-  const auto& ls = get<nlohmann::json>(o, "loss_scaler", c.dir);
+  const auto& o = state_value<nlohmann::json>(c.state, "optimizer", c.dir);
+  const auto& ls = state_value<nlohmann::json>(o, "loss_scaler", c.dir);
   const optim::LossScaler::State scaler{
-      get<float>(ls, "scale", c.dir), get<int>(ls, "hysteresis_left", c.dir), get<std::int64_t>(ls, "iter", c.dir),
-      get<std::int64_t>(ls, "last_overflow_iter", c.dir),
-      ls.contains("skips_at_min") ? get<std::int64_t>(ls, "skips_at_min", c.dir) : 0};  // absent before it existed
-  opt.restore_counters(get<std::int64_t>(o, "steps", c.dir), get<std::int64_t>(o, "skipped_steps", c.dir),
+      state_value<float>(ls, "scale", c.dir), state_value<int>(ls, "hysteresis_left", c.dir), state_value<std::int64_t>(ls, "iter", c.dir),
+      state_value<std::int64_t>(ls, "last_overflow_iter", c.dir),
+      ls.contains("skips_at_min") ? state_value<std::int64_t>(ls, "skips_at_min", c.dir) : 0};  // absent before it existed
+  opt.restore_counters(state_value<std::int64_t>(o, "steps", c.dir), state_value<std::int64_t>(o, "skipped_steps", c.dir),
                        saved == DType::f16 ? &scaler : nullptr,
                        o.contains("consecutive_skipped_steps")  // absent before it existed
-                           ? get<std::int64_t>(o, "consecutive_skipped_steps", c.dir)
+                           ? state_value<std::int64_t>(o, "consecutive_skipped_steps", c.dir)
                            : 0);
   // Parameters that went without gradients for some steps have fewer AdamW steps than the optimizer.
   std::vector<std::int64_t> param_steps = opt.param_steps();
   if (o.contains("param_steps")) {
-    const auto& saved_steps = get<nlohmann::json>(o, "param_steps", c.dir);
+    const auto& saved_steps = state_value<nlohmann::json>(o, "param_steps", c.dir);
     for (std::size_t i = 0; i < param_steps.size(); ++i)
       if (saved_steps.contains(opt.layout().params()[i].name))
-        param_steps[i] = get<std::int64_t>(saved_steps, opt.layout().params()[i].name.c_str(), c.dir);
+        param_steps[i] = state_value<std::int64_t>(saved_steps, opt.layout().params()[i].name.c_str(), c.dir);
   }
   opt.set_param_steps(std::move(param_steps));
 }
@@ -937,10 +931,10 @@ void restore_counters(const Checkpoint& c, ZeroOptimizer& opt, DType saved) {
 }  // namespace
 
 std::vector<ReadRange> read_plan(const Checkpoint& c, std::int64_t rb, std::int64_t re) {
-  const std::int64_t numel = get<std::int64_t>(c.state, "numel", c.dir);
+  const std::int64_t numel = state_value<std::int64_t>(c.state, "numel", c.dir);
   ZERO_CHECK(0 <= rb && rb <= re && re <= numel, "checkpoint '{}': region [{}, {}) is not within [0, {})", c.dir, rb,
              re, numel);
-  const DType saved = parse_float_dtype(get<std::string>(c.state, "dtype", c.dir));
+  const DType saved = parse_float_dtype(state_value<std::string>(c.state, "dtype", c.dir));
   const std::vector<ShardRange> shards = shard_ranges(c);
   check_shards_tile(c, shards, numel);
   const std::vector<ShardSource> sources = open_overlapping_shards(c, shards, saved, rb, re);
@@ -969,13 +963,13 @@ LoadResult load_checkpoint(const Checkpoint& c, ZeroOptimizer& opt, Communicator
   opt.wait_for_params();  // an overlapped all-gather of the last step must not land on the loaded values
   const FlatLayout& layout = opt.layout();
   const std::int64_t numel = layout.numel();
-  ZERO_CHECK(get<std::int64_t>(c.state, "numel", c.dir) == numel, "checkpoint '{}' holds {} parameter elements, "
-             "this model {}", c.dir, get<std::int64_t>(c.state, "numel", c.dir), numel);
+  ZERO_CHECK(state_value<std::int64_t>(c.state, "numel", c.dir) == numel, "checkpoint '{}' holds {} parameter elements, "
+             "this model {}", c.dir, state_value<std::int64_t>(c.state, "numel", c.dir), numel);
   // exp_avg is Muon's momentum for Muon's matrices, Adam's m otherwise: the optimizer cannot change.
   const std::string saved_optimizer = saved_optimizer_type(c.state, c.dir), mine = opt.options().muon ? "muon" : "adamw";
   ZERO_CHECK(saved_optimizer == mine, "checkpoint '{}' holds {} optimizer state and this run uses {}; resume with "
              "--optimizer {} (or start a new run with --init-from)", c.dir, saved_optimizer, mine, saved_optimizer);
-  const DType saved = parse_float_dtype(get<std::string>(c.state, "dtype", c.dir));
+  const DType saved = parse_float_dtype(state_value<std::string>(c.state, "dtype", c.dir));
   const std::vector<ShardRange> shards = shard_ranges(c);
   // This rank's region: the logical range [rb, re) of its real elements, held in `runs` of its flat
   // range [fb, fb + region_size) (Note [Checkpoint ranges]).

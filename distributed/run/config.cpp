@@ -59,11 +59,6 @@ std::string join(const std::string& path, const std::string& key) {
   return path.empty() ? key : path + "." + key;
 }
 
-std::string to_lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
-
 // Note [Strict config keys]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // DeepSpeed's config models forbid fields they do not define (DeepSpeedConfigModel: pydantic

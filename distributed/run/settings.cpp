@@ -261,6 +261,11 @@ const Setting* find_setting_by_pointer(std::string_view pointer) {
   return nullptr;
 }
 
+std::string to_lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
 nlohmann::json flag_json(const Setting& s, const std::string& text) {
   const auto number = [&](const char* what) {
     char* end = nullptr;
@@ -283,12 +288,8 @@ nlohmann::json flag_json(const Setting& s, const std::string& text) {
     case S::text: break;
   }
   // An allowed value in any case ("AdamW" for adamw, as --help shows the default), stored as the table spells it.
-  const auto lower = [](std::string v) {
-    for (char& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    return v;
-  };
   for (const std::string& a : s.allowed)
-    if (lower(a) == lower(text)) return a;
+    if (to_lower(a) == to_lower(text)) return a;
   ZERO_CHECK(s.allowed.empty(), "{} must be {}, got '{}'", s.flag, fmt::join(s.allowed, " or "), text);
   return text;
 }

@@ -96,6 +96,9 @@ const Setting* find_setting_by_pointer(std::string_view pointer);
 /// allowed values: "--zero-stage must be an integer, got 'two'".
 nlohmann::json flag_json(const Setting& s, const std::string& text);
 
+/// `s` in lower case (ASCII): config values and flag values compare case-insensitively ("AdamW", "adamw").
+std::string to_lower(std::string s);
+
 /// The value `field` holds, as JSON (null when unset).
 nlohmann::json field_json(const SettingField& field);
 
