@@ -43,11 +43,17 @@ constexpr std::int64_t kRowVector = 16;  // floats per AVX-512 register
 using AlignedBuffer = std::vector<float, Eigen::aligned_allocator<float>>;
 using AlignedRow = Eigen::Map<Eigen::ArrayXf, Eigen::AlignedMax>;
 
+// buf grown to at least n floats. It never shrinks: a resize down and back up would zero the
+// regrown part each time, and scratch reused by products of different sizes would pay a memset for it.
+float* at_least(AlignedBuffer& buf, std::int64_t n) {
+  if (static_cast<std::int64_t>(buf.size()) < n) buf.resize(n);
+  return buf.data();
+}
+
 // A per-thread aligned scratch row of at least n floats, kept between calls.
 float* scratch_row(std::int64_t n) {
   thread_local AlignedBuffer buf;
-  if (static_cast<std::int64_t>(buf.size()) < n) buf.resize(n);
-  return buf.data();
+  return at_least(buf, n);
 }
 
 // y[n] = softmax(x[n]). Masked-out padding is -inf, whose exp is 0.
@@ -125,9 +131,10 @@ inline void tile_product(const float* a, std::int64_t a_rs, std::int64_t a_cs, c
 // block of op(B) is packed into column panels [kc, kTileCols] (one panel, 32 KB, stays in L1 while a
 // tile runs over it; the block, 512 KB, stays in L2), zero-padded past N, so every tile reads whole
 // registers; a transposed B is transposed by this packing, never by a separate copy. A is read in
-// place when it is row-major (kGemmTileRows streams along k), and packed into a [kc, kGemmTileRows] panel when
-// it is transposed (its columns are lda apart: a new cache line for every k) or when the last tile has
-// fewer than kGemmTileRows rows.
+// place when it is row-major (kGemmTileRows streams along k; the next row tile is prefetched while one
+// runs), and packed into a [kc, kGemmTileRows] panel only for a last tile of fewer than kGemmTileRows
+// rows. A transposed A (its columns are lda apart: a new cache line for every k) is packed once per
+// depth block, all of this thread's rows at once, into one such panel per row tile.
 // Each element of C is summed over k in order, whatever the thread count: results are reproducible.
 constexpr std::int64_t kGemmKc = 256;
 constexpr std::int64_t kGemmNc = 512;
@@ -141,7 +148,7 @@ constexpr int kMaxTeam = 256;  // teams above this run unmeasured
 
 struct GemmScratch {
   AlignedBuffer b;  // packed block of op(B): [nc / kTileCols][kc][kTileCols]
-  AlignedBuffer a;  // packed panel of op(A): [kc][kGemmTileRows]
+  AlignedBuffer a;  // packed op(A): [kc][kGemmTileRows], or [row tiles][kc][kGemmTileRows] (+16) if transposed
   AlignedBuffer c;  // an edge tile of C: [kGemmTileRows][kTileCols]
   static GemmScratch& for_this_thread() {
     thread_local GemmScratch w;
@@ -149,15 +156,51 @@ struct GemmScratch {
   }
 };
 
+// Brings a row tile of a row-major A, [rows, kc] with rows lda floats apart, into L2. gemm_rows asks
+// for the next row tile before it starts the current one: an operand another op wrote a while ago has
+// left the caches, and the tile loop's short runs along k (a cache line per row per 16 steps of k) end
+// before the hardware prefetcher has caught up with them.
+inline void prefetch_tile(const float* a, std::int64_t lda, std::int64_t rows, std::int64_t kc) {
+  constexpr std::int64_t kLineFloats = 16;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* p = a + r * lda;
+    for (std::int64_t k = 0; k < kc; k += kLineFloats) __builtin_prefetch(p + k, 0, 2);
+    __builtin_prefetch(p + kc - 1, 0, 2);  // the last line, when the row does not start on one
+  }
+}
+
+// op(A)[0:rows, 0:kc] of a transposed A (op(A)(i, k) = a[k * lda + i]) into panels
+// [ceil(rows / kGemmTileRows)][kc][kGemmTileRows], zero-padded past rows. It reads A's kc rows in
+// order, runs of `rows` floats the hardware prefetcher follows; packing tile by tile instead read a
+// new cache line lda floats on for each k of each tile, which stalls on an operand out of cache.
+std::int64_t transposed_a_panel_stride(std::int64_t kc) { return kc * kGemmTileRows + 16; }
+void pack_transposed_a(float* dst, const float* a, std::int64_t lda, std::int64_t rows, std::int64_t kc) {
+  const std::int64_t panels = (rows + kGemmTileRows - 1) / kGemmTileRows, ps = transposed_a_panel_stride(kc);
+  for (std::int64_t k = 0; k < kc; ++k) {
+    const float* src = a + k * lda;
+    if (k + 4 < kc)
+      for (std::int64_t i = 0; i < rows; i += 16) __builtin_prefetch(src + 4 * lda + i, 0, 3);
+    for (std::int64_t p = 0; p < panels; ++p) {
+      float* d = dst + p * ps + k * kGemmTileRows;
+      const std::int64_t n = std::min(kGemmTileRows, rows - p * kGemmTileRows);
+      if (n == kGemmTileRows) {
+        __builtin_memcpy(d, src + p * kGemmTileRows, sizeof(float) * kGemmTileRows);
+        continue;
+      }
+      copy_floats(d, src + p * kGemmTileRows, n);
+      fill_floats(d + n, kGemmTileRows - n, 0.0f);
+    }
+  }
+}
+
 // Rows [m0, m1) of C = alpha * op(A) op(B) + beta * C + bias (see gemm in kernels.h), on this thread.
 void gemm_rows(bool trans_a, bool trans_b, std::int64_t m0, std::int64_t m1, std::int64_t N, std::int64_t K,
                float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb, float beta, float* C,
                std::int64_t ldc, const float* bias) {
   GemmScratch& w = GemmScratch::for_this_thread();
-  w.a.resize(kGemmKc * kGemmTileRows);
-  w.c.resize(kGemmTileRows * kTileCols);
-  float* ap = w.a.data();
-  float* ct = w.c.data();
+  float* ap = at_least(w.a, trans_a ? transposed_a_panel_stride(kGemmKc) * round_up(m1 - m0, kGemmTileRows) / kGemmTileRows
+                                   : kGemmKc * kGemmTileRows);
+  float* ct = at_least(w.c, kGemmTileRows * kTileCols);
   alignas(64) float bias_edge[kTileCols];
   // K == 0 still runs one (empty) depth block, which applies beta and the bias.
   for (std::int64_t k0 = 0; k0 < std::max<std::int64_t>(K, 1); k0 += kGemmKc) {
@@ -165,12 +208,13 @@ void gemm_rows(bool trans_a, bool trans_b, std::int64_t m0, std::int64_t m1, std
     // Later depth blocks add onto the partial sums the first one stored.
     const float beta_k = k0 == 0 ? beta : 1.0f;
     const float* bias_k = k0 == 0 ? bias : nullptr;
+    if (trans_a) pack_transposed_a(ap, A + k0 * lda + m0, lda, m1 - m0, kc);
     for (std::int64_t n0 = 0; n0 < N; n0 += kGemmNc) {
       const std::int64_t nc = std::min(kGemmNc, N - n0), ncp = round_up(nc, kTileCols);
-      w.b.resize(std::max<std::int64_t>(kc, 1) * ncp);
+      float* bp = at_least(w.b, std::max<std::int64_t>(kc, 1) * ncp);
       // Pack op(B)[k0:k0+kc, n0:n0+nc] into panels; op(B)(k, n) is B[k*ldb + n], or B[n*ldb + k] if trans_b.
       for (std::int64_t j0 = 0; j0 < ncp; j0 += kTileCols) {
-        float* panel = w.b.data() + j0 * kc;
+        float* panel = bp + j0 * kc;
         const std::int64_t cols = std::clamp<std::int64_t>(nc - j0, 0, kTileCols);
         if (cols < kTileCols) std::fill(panel, panel + kc * kTileCols, 0.0f);
         if (!trans_b) {
@@ -187,17 +231,22 @@ void gemm_rows(bool trans_a, bool trans_b, std::int64_t m0, std::int64_t m1, std
         // op(A)[i0:i0+kGemmTileRows, k0:k0+kc] as (pointer, row stride, column stride).
         const float* a = A + i0 * lda + k0;
         std::int64_t a_rs = lda, a_cs = 1;
-        if (trans_a || rows < kGemmTileRows) {
-          if (rows < kGemmTileRows) std::fill(ap, ap + kc * kGemmTileRows, 0.0f);
+        if (trans_a) {
+          a = ap + (i0 - m0) / kGemmTileRows * transposed_a_panel_stride(kc);  // its panel
+          a_rs = 1;
+          a_cs = kGemmTileRows;
+        } else if (rows < kGemmTileRows) {
+          std::fill(ap, ap + kc * kGemmTileRows, 0.0f);
           for (std::int64_t k = 0; k < kc; ++k)
-            for (std::int64_t r = 0; r < rows; ++r)
-              ap[k * kGemmTileRows + r] = trans_a ? A[(k0 + k) * lda + i0 + r] : A[(i0 + r) * lda + k0 + k];
+            for (std::int64_t r = 0; r < rows; ++r) ap[k * kGemmTileRows + r] = A[(i0 + r) * lda + k0 + k];
           a = ap;
           a_rs = 1;
           a_cs = kGemmTileRows;
         }
+        const std::int64_t next = i0 + kGemmTileRows;
+        if (!trans_a && next < m1) prefetch_tile(A + next * lda + k0, lda, std::min(kGemmTileRows, m1 - next), kc);
         for (std::int64_t j0 = 0; j0 < nc; j0 += kTileCols) {
-          const float* panel = w.b.data() + j0 * kc;
+          const float* panel = bp + j0 * kc;
           float* c = C + i0 * ldc + n0 + j0;
           const float* bj = bias_k != nullptr ? bias_k + n0 + j0 : nullptr;
           const std::int64_t cols = std::min(kTileCols, nc - j0);
