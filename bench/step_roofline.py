@@ -14,7 +14,9 @@ For each thread count it measures the machine's peaks, then profiles a run of tr
   activation (tokens x 4C floats: what one pointwise op streams) and the optimizer's state (parameters,
   gradients, two moments: 16 bytes a parameter);
 - the step: bench/profile_step.sh (perf, CPU-clock samples of train_gpt alone, pinned to the first t
-  cores) splits its CPU time into op families; train_gpt's own ms/step is the wall time.
+  cores) splits its CPU time into op families, in a run of --steps steps and in one of a fifth as many;
+  the difference over the difference of steps is a step's CPU time, without what each run pays once
+  (start-up, loading libraries, the final evaluation). train_gpt's own ms/step is the wall time.
 
 Families are grouped into six parts. A part's time is its CPU time per step divided by t (with t
 threads its work is spread over t cores; a thread waiting for the other is charged to the OpenMP
@@ -38,7 +40,7 @@ The step's roofline time is the sum of the parts'; the table ends with roofline 
 and roofline / running time (the wall time less "not running").
 
 Prints one table per thread count (Markdown). Needs perf (linux-perf) and a built train_gpt and
-gemm_peak. Start-up (data, MPI_Init) and the final evaluation's batch are left out of the step.
+gemm_peak.
 """
 import argparse
 import json
@@ -111,7 +113,9 @@ def model_work(m, L, C, T, B, dtype):
     }, P, V
 
 
-def profile(build, threads, train_args, steps):
+def profile_run(build, threads, train_args, steps):
+    """CPU ms per op family over a whole run of `steps` steps (start-up included), the metrics, and the
+    per-step wall times train_gpt logged."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.json")
         log = os.path.join(tmp, "log.jsonl")
@@ -124,11 +128,23 @@ def profile(build, threads, train_args, steps):
         for line in out.splitlines():
             match = re.match(r"^(.*?)\s+([\d.]+)%\s+([\d.]+)\s*$", line)
             if match and not match.group(1).startswith("total"):
-                families[match.group(1)] = float(match.group(3))
+                families[match.group(1)] = float(match.group(3)) * steps
         m = json.load(open(metrics))
-        # The wall time of a step: the median of train_gpt's per-step ms after the first two (warm-up).
         ms = [json.loads(l)["ms"] for l in open(log) if '"ms"' in l]
-        wall_ms = statistics.median(ms[2:] if len(ms) > 4 else ms)
+    return families, m, ms
+
+
+def profile(build, threads, train_args, steps):
+    """CPU ms per step of each op family in the steady state: two runs, of `steps` and of a fifth as many,
+    and the difference of their CPU times over the difference of their steps, so that what every run
+    pays once (start-up, loading libraries, the final evaluation) cancels out whatever it costs on this
+    host. Also the metrics of the long run and its median wall ms per step after the first two."""
+    short = max(2, steps // 5)
+    long_families, m, ms = profile_run(build, threads, train_args, steps)
+    short_families, _, _ = profile_run(build, threads, train_args, short)
+    families = {f: max(0.0, long_families.get(f, 0.0) - short_families.get(f, 0.0)) / (steps - short)
+                for f in set(long_families) | set(short_families)}
+    wall_ms = statistics.median(ms[2:] if len(ms) > 4 else ms)
     return families, m, wall_ms
 
 
