@@ -243,15 +243,24 @@ TEST(TensorItem, ItemAtConvertsHalfAndIntegers) {
 // fp16 and bf16
 
 TEST(HalfPrecision, ExactlyRepresentableValuesSurviveF16) {
-  const std::vector<float> v{0.0f, 1.0f, -2.0f, 0.5f, 1.5f, 1025.0f, 2048.0f, 65504.0f, -65504.0f,
-                             std::ldexp(1.0f, -14) /* min normal */, std::ldexp(1.0f, -24) /* min subnormal */,
+  const std::vector<float> v{0.0f,
+                             1.0f,
+                             -2.0f,
+                             0.5f,
+                             1.5f,
+                             1025.0f,
+                             2048.0f,
+                             65504.0f,
+                             -65504.0f,
+                             std::ldexp(1.0f, -14) /* min normal */,
+                             std::ldexp(1.0f, -24) /* min subnormal */,
                              std::ldexp(3.0f, -24)};
   EXPECT_EQ(Tensor::from_vector(v, {12}).to(DType::f16).to(DType::f32).to_vector(), v);
 }
 
 TEST(HalfPrecision, ExactlyRepresentableValuesSurviveBf16) {
-  const std::vector<float> v{0.0f, 1.0f, -2.0f, 0.5f, 1.5f, 3.0f, 255.0f, 258.0f, -0.75f,
-                             std::ldexp(1.0f, -126), std::ldexp(1.0f, 127)};
+  const std::vector<float> v{
+      0.0f, 1.0f, -2.0f, 0.5f, 1.5f, 3.0f, 255.0f, 258.0f, -0.75f, std::ldexp(1.0f, -126), std::ldexp(1.0f, 127)};
   EXPECT_EQ(Tensor::from_vector(v, {11}).to(DType::bf16).to(DType::f32).to_vector(), v);
 }
 
@@ -385,23 +394,25 @@ TEST(HalfPrecision, CpuBulkKernelsMatchElementLoops) {
 // chunks and a short tenth, so the kernel's side-by-side chunks meet a group that ends short.
 TEST(HalfPrecision, SumSquaresAddsChunksInOrder) {
   constexpr std::int64_t kChunk = 1 << 16;
-  const std::int64_t n = 9 * kChunk + 1234;
-  Generator gen(23);
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (auto& x : v) x = gen.normal(0.0f, 3.0f);
-  for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
-    std::vector<std::uint8_t> x(static_cast<std::size_t>(n) * dtype_size(dt));
-    for (std::int64_t i = 0; i < n; ++i) store_from_float(x.data(), i, dt, v[i]);
-    double ref = 0.0;
-    for (std::int64_t c = 0; c * kChunk < n; ++c) {
-      double s = 0.0;
-      for (std::int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
-        const double d = load_as_float(x.data(), i, dt);
-        s += d * d;
+  // One short chunk alone, and eight whole chunks side by side then a whole one beside a short one.
+  for (const std::int64_t n : {std::int64_t{1234}, 9 * kChunk + 1234}) {
+    Generator gen(23);
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = gen.normal(0.0f, 3.0f);
+    for (DType dt : {DType::f32, DType::f16, DType::bf16}) {
+      std::vector<std::uint8_t> x(static_cast<std::size_t>(n) * dtype_size(dt));
+      for (std::int64_t i = 0; i < n; ++i) store_from_float(x.data(), i, dt, v[i]);
+      double ref = 0.0;
+      for (std::int64_t c = 0; c * kChunk < n; ++c) {
+        double s = 0.0;
+        for (std::int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+          const double d = load_as_float(x.data(), i, dt);
+          s += d * d;
+        }
+        ref += s;
       }
-      ref += s;
+      EXPECT_EQ(backend(Device::cpu).sum_squares(x.data(), dt, n), ref) << dtype_name(dt) << ", n " << n;
     }
-    EXPECT_EQ(backend(Device::cpu).sum_squares(x.data(), dt, n), ref) << dtype_name(dt);
   }
 }
 
@@ -429,8 +440,7 @@ TEST(TensorCopy, F32ToF16ToBf16ToF32) {
 TEST(TensorCopy, BulkConversionMatchesElementwiseForEveryDtypePair) {
   std::vector<float> v = magnitude_sweep();
   v.resize(1027 * 2 - 8);
-  for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, -1e30f, 1e-40f, -1e-45f})
-    v.push_back(x);
+  for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, -1e30f, 1e-40f, -1e-45f}) v.push_back(x);
   v.resize(1027 * 2, 0.5f);
   const Tensor base = Tensor::from_vector(v, {2, 1027});
   for (DType from : {DType::f32, DType::f16, DType::bf16}) {
