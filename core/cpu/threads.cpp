@@ -19,10 +19,14 @@ namespace zero::cpu {
 // instead, from one measurement. The large GEMMs (the biggest parallel regions of a step) record when
 // each thread finished; a thread's rate is its rows over its time since the region started. When the
 // slowest rate stays more than kSlowLimit below the fastest (an EWMA over the GEMMs run at the current
-// team size), the team halves, down to 1 thread. Every kProbeInterval, kProbeGemms GEMMs run with the
-// doubled team; if their threads kept pace with each other the doubled team stays. On an idle machine
-// the threads finish together and nothing changes; under contention the cost of a probe is a few GEMMs
-// each quarter second. Results never change: every kernel gives the same bits for any thread count.
+// team size), the team halves, down to 1 thread. kProbeInterval later, kProbeGemms GEMMs run with the
+// doubled team; if their threads kept pace with each other the doubled team stays. Each failed probe
+// doubles the wait before the next, up to kMaxProbeInterval: a probe's GEMMs wait for the thread that
+// shares the busy core, and under lasting contention probing every quarter second cost ~6% of tokens/s
+// (bench/busy_core.sh: 0.90x of --threads 1, now 0.96x).
+// On an idle machine the threads finish together and nothing changes; when the other job ends, the
+// team is back within kMaxProbeInterval. Results never change: every kernel gives the same bits for
+// any thread count.
 // set_num_threads(n) turns the policy off.
 
 namespace {
@@ -33,7 +37,8 @@ constexpr double kSlowLimit = 0.3;  // the slowest thread's rate below the faste
 constexpr double kEwma = 0.25;      // weight of the newest GEMM in the running mean
 constexpr int kMinSamples = 4;      // GEMMs at a team size before it may shrink
 constexpr int kProbeGemms = 4;      // GEMMs per probe of the doubled team
-constexpr auto kProbeInterval = std::chrono::milliseconds(250);
+constexpr auto kProbeInterval = std::chrono::milliseconds(250);      // the first probe after halving
+constexpr auto kMaxProbeInterval = std::chrono::milliseconds(4000);  // between probes that keep failing
 
 // What the program chose (any thread may read; set from the main thread).
 std::atomic<int> g_max_threads{0};  // 0: not set yet (then omp_get_max_threads() at first use)
@@ -50,6 +55,7 @@ struct Policy {
   int samples = 0;
   int probe_left = 0;
   double probe_slow = 0.0;
+  std::chrono::milliseconds probe_interval = kProbeInterval;
   Clock::time_point next_probe{};
 };
 
@@ -131,8 +137,11 @@ void note_gemm_team(int team, Clock::time_point start, const Clock::time_point* 
         p.active = team;
         p.slow = 0.0;
         p.samples = 0;
+        p.probe_interval = kProbeInterval;
+      } else {
+        p.probe_interval = std::min(2 * p.probe_interval, kMaxProbeInterval);
       }
-      p.next_probe = Clock::now() + kProbeInterval;
+      p.next_probe = Clock::now() + p.probe_interval;
     }
     return;
   }
@@ -143,6 +152,7 @@ void note_gemm_team(int team, Clock::time_point start, const Clock::time_point* 
     p.slow = 0.0;
     p.samples = 0;
     p.probe_left = 0;
+    p.probe_interval = kProbeInterval;
     p.next_probe = Clock::now() + kProbeInterval;
   }
 }

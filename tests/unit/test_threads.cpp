@@ -1,8 +1,8 @@
 // The CPU thread policy (core/cpu/kernels.h, Note [Threads on a busy machine] in core/cpu/threads.cpp)
 // driven with made-up GEMM timings, so the test does not depend on how busy the machine is: a team
-// whose threads fall apart halves, a probe whose threads keep pace restores it, and set_num_threads
-// turns the policy off. Whatever the team, the kernels' results are the same (the pinned runs and
-// OpTable check that); this checks only the decisions.
+// whose threads fall apart halves, a probe whose threads keep pace restores it, a failed probe doubles
+// the wait for the next, and set_num_threads turns the policy off. Whatever the team, the kernels'
+// results are the same (the pinned runs and OpTable check that); this checks only the decisions.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -52,6 +52,8 @@ TEST_F(ThreadPolicy, BacksOffWhenThreadsFallApartAndProbesBack) {
   for (int i = 0; i < 4; ++i) report(2, 2.0);  // still slow: stay at 1
   EXPECT_EQ(cpu::active_threads(), 1);
   EXPECT_EQ(cpu::detail::gemm_team(), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(cpu::detail::gemm_team(), 1);  // a failed probe doubled the wait to 0.5 s
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(cpu::detail::gemm_team(), 2);
   for (int i = 0; i < 4; ++i) report(2, 1.0);  // the machine is free again
