@@ -5,7 +5,7 @@ what this machine can do.
     bench/step_roofline.py [--threads "1 2"] [--steps 100] [--build build] [--data FILE]
                            [--n-layer 4 --n-head 4 --n-embd 128 --block 64 --batch 12] [-- train_gpt flags]
 
-For each thread count it measures the machine's peaks, then profiles a run of train_gpt:
+For each thread count it measures the machine's peaks, then profiles two runs of train_gpt:
 - GEMM peak: `gemm_peak` (1024^2 fp32 product; the best of Eigen and zero.cpp's own GEMM, best of 10
   rounds) on one thread; t cores can do t times that (a t-thread measurement on a shared machine
   measures the other jobs too), so the peak of t threads is t x the one-thread peak, or the t-thread
@@ -169,6 +169,9 @@ def main():
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("extra", nargs="*", help="after --: more train_gpt flags")
     a = ap.parse_args()
+    if a.steps < 5:
+        ap.error(f"--steps {a.steps}: at least 5 (a step's time is the difference of a run of --steps and one "
+                 "of a fifth as many, at least 2)")
     L, C, T, B = a.n_layer, a.n_embd, a.block, a.batch
     train_args = ["--data", a.data, "--n-layer", str(L), "--n-head", str(a.n_head), "--n-embd", str(C), "--block",
                   str(T), "--batch", str(B), "--dtype", a.dtype] + a.extra
