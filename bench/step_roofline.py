@@ -26,7 +26,8 @@ least time its work can take at the peaks:
 - GEMMs (linear layers, LM head): 6 * (matrix weights) FLOPs per token (forward 2, backward 4), at
   the GEMM peak;
 - attention (the fused causal kernels): PaLM's 12 * L * T * C FLOPs per token (scores and values,
-  forward and backward, without the causal half that need not be computed), at the GEMM peak;
+  forward and backward, the masked half included, which the causal kernels skip: attention can beat
+  its row), at the GEMM peak;
 - pointwise and normalisation (LayerNorm, GELU, residual adds, bias gradients, embeddings, softmax +
   cross-entropy, copies): the bytes each op must read and write once, unfused (listed in
   pointwise_bytes below), at the activation-sized memcpy bandwidth;
@@ -37,7 +38,8 @@ least time its work can take at the peaks:
 - framework overhead (autograd, tensors, allocation, the OpenMP runtime's fork/join and waiting, the
   kernel, everything else): no work a roofline must do, so its roofline time is 0.
 The step's roofline time is the sum of the parts'; the table ends with roofline / measured wall time,
-and roofline / running time (the wall time less "not running").
+and roofline / running time (the parts' CPU time over t; it can exceed the wall time, which is a
+median of train_gpt's per-step times while the parts are the mean of the steady state).
 
 Prints one table per thread count (Markdown). Needs perf (linux-perf) and a built train_gpt and
 gemm_peak.
@@ -96,7 +98,7 @@ def model_work(m, L, C, T, B, dtype):
     pointwise_floats += 6 * MC + 5 * MC + 2 * M * V
     pointwise_bytes = 4.0 * pointwise_floats
     low = dtype in ("bf16", "fp16", "f16")
-    adamw = (5 * 4 + 2 + 2) if low else 7 * 4  # p, m, v read and written; gradient read; model written
+    adamw = (6 * 4 + 2 + 2) if low else 7 * 4  # p, m, v read and written; gradient read; model written
     grad_bytes = 2 if low else 4
     optimizer_bytes = P * (adamw + 2 * grad_bytes)  # + the norm's read and the zeroing of the gradients
     if low:

@@ -142,7 +142,7 @@ static_assert(kGemmNc % kTileCols == 0);
 // A product smaller than this (in multiply-adds) runs on one thread.
 constexpr double kGemmParallelMinWork = 1 << 19;
 // Products from this size on report how their threads kept pace (Note [Threads on a busy machine]):
-// large enough (~1 ms on one core) that waking the team does not skew a thread's rate.
+// large enough (~50 µs on one core) that waking the team does not skew a thread's rate.
 constexpr double kGemmMeasuredWork = 1 << 22;
 constexpr int kMaxTeam = 256;  // teams above this run unmeasured
 
@@ -171,7 +171,7 @@ inline void prefetch_tile(const float* a, std::int64_t lda, std::int64_t rows, s
 
 // op(A)[0:rows, 0:kc] of a transposed A (op(A)(i, k) = a[k * lda + i]) into panels
 // [ceil(rows / kGemmTileRows)][kc][kGemmTileRows], zero-padded past rows. It reads A's kc rows in
-// order, runs of `rows` floats the hardware prefetcher follows; packing tile by tile instead read a
+// order, runs of `rows` floats, and prefetches the row 4 ahead; packing tile by tile instead read a
 // new cache line lda floats on for each k of each tile, which stalls on an operand out of cache.
 std::int64_t transposed_a_panel_stride(std::int64_t kc) { return kc * kGemmTileRows + 16; }
 void pack_transposed_a(float* dst, const float* a, std::int64_t lda, std::int64_t rows, std::int64_t kc) {
