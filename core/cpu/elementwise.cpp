@@ -228,15 +228,15 @@ void sum_chunks(const void* x, std::int64_t c0, std::int64_t last, double* parti
     // without AVX512-FP16 is a libgcc call (__extendhfdf2) per element, ~10% of an fp16 step. Both are
     // exact, so each lane's sum sees the same values in the same order.
     static_assert(kSquaresChunk % kBlock == 0);
-    alignas(64) float buf[Lanes][kBlock];
+    alignas(64) float buf[Lanes * kBlock];  // lane l's block at buf + l * kBlock
     for (std::int64_t b = 0; b < kSquaresChunk; b += kBlock) {
       const std::int64_t in_last = std::clamp<std::int64_t>(last - b, 0, kBlock);  // the last lane's share
-      for (int l = 0; l + 1 < Lanes; ++l) load_f32<S>(buf[l], x, base + l * kSquaresChunk + b, kBlock);
-      load_f32<S>(buf[Lanes - 1], x, base + (Lanes - 1) * kSquaresChunk + b, in_last);
+      for (int l = 0; l < Lanes; ++l)
+        load_f32<S>(buf + l * kBlock, x, base + l * kSquaresChunk + b, l + 1 < Lanes ? kBlock : in_last);
       for (std::int64_t k = 0; k < in_last; ++k)
-        for (int l = 0; l < Lanes; ++l) s[l] += static_cast<double>(buf[l][k]) * buf[l][k];
+        for (int l = 0; l < Lanes; ++l) s[l] += static_cast<double>(buf[l * kBlock + k]) * buf[l * kBlock + k];
       for (std::int64_t k = in_last; k < kBlock; ++k)
-        for (int l = 0; l + 1 < Lanes; ++l) s[l] += static_cast<double>(buf[l][k]) * buf[l][k];
+        for (int l = 0; l + 1 < Lanes; ++l) s[l] += static_cast<double>(buf[l * kBlock + k]) * buf[l * kBlock + k];
     }
     for (int l = 0; l < Lanes; ++l) partial[l] = s[l];
     return;
