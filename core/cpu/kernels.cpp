@@ -173,6 +173,8 @@ inline void prefetch_tile(const float* a, std::int64_t lda, std::int64_t rows, s
 // [ceil(rows / kGemmTileRows)][kc][kGemmTileRows], zero-padded past rows. It reads A's kc rows in
 // order, runs of `rows` floats, and prefetches the row 4 ahead; packing tile by tile instead read a
 // new cache line lda floats on for each k of each tile, which stalls on an operand out of cache.
+// Panels lie kc * kGemmTileRows floats apart plus one cache line (16 floats), so that the panels of
+// one thread do not all start a power of two apart (8 KiB at kc = 256) and compete for the same L1 sets.
 std::int64_t transposed_a_panel_stride(std::int64_t kc) { return kc * kGemmTileRows + 16; }
 void pack_transposed_a(float* dst, const float* a, std::int64_t lda, std::int64_t rows, std::int64_t kc) {
   const std::int64_t panels = (rows + kGemmTileRows - 1) / kGemmTileRows, ps = transposed_a_panel_stride(kc);

@@ -243,24 +243,15 @@ TEST(TensorItem, ItemAtConvertsHalfAndIntegers) {
 // fp16 and bf16
 
 TEST(HalfPrecision, ExactlyRepresentableValuesSurviveF16) {
-  const std::vector<float> v{0.0f,
-                             1.0f,
-                             -2.0f,
-                             0.5f,
-                             1.5f,
-                             1025.0f,
-                             2048.0f,
-                             65504.0f,
-                             -65504.0f,
-                             std::ldexp(1.0f, -14) /* min normal */,
-                             std::ldexp(1.0f, -24) /* min subnormal */,
+  const std::vector<float> v{0.0f, 1.0f, -2.0f, 0.5f, 1.5f, 1025.0f, 2048.0f, 65504.0f, -65504.0f,
+                             std::ldexp(1.0f, -14) /* min normal */, std::ldexp(1.0f, -24) /* min subnormal */,
                              std::ldexp(3.0f, -24)};
   EXPECT_EQ(Tensor::from_vector(v, {12}).to(DType::f16).to(DType::f32).to_vector(), v);
 }
 
 TEST(HalfPrecision, ExactlyRepresentableValuesSurviveBf16) {
-  const std::vector<float> v{
-      0.0f, 1.0f, -2.0f, 0.5f, 1.5f, 3.0f, 255.0f, 258.0f, -0.75f, std::ldexp(1.0f, -126), std::ldexp(1.0f, 127)};
+  const std::vector<float> v{0.0f, 1.0f, -2.0f, 0.5f, 1.5f, 3.0f, 255.0f, 258.0f, -0.75f,
+                             std::ldexp(1.0f, -126), std::ldexp(1.0f, 127)};
   EXPECT_EQ(Tensor::from_vector(v, {11}).to(DType::bf16).to(DType::f32).to_vector(), v);
 }
 
@@ -440,7 +431,8 @@ TEST(TensorCopy, F32ToF16ToBf16ToF32) {
 TEST(TensorCopy, BulkConversionMatchesElementwiseForEveryDtypePair) {
   std::vector<float> v = magnitude_sweep();
   v.resize(1027 * 2 - 8);
-  for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, -1e30f, 1e-40f, -1e-45f}) v.push_back(x);
+  for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 65504.0f, 65520.0f, -1e30f, 1e-40f, -1e-45f})
+    v.push_back(x);
   v.resize(1027 * 2, 0.5f);
   const Tensor base = Tensor::from_vector(v, {2, 1027});
   for (DType from : {DType::f32, DType::f16, DType::bf16}) {
