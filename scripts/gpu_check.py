@@ -152,7 +152,7 @@ BENCH_RUNS = [
      "the same, plain fp32 GEMMs"),
 ]
 
-# The paths no GPU has run yet, against the same run on the CPU: ZeRO-2 and ZeRO-3 over NCCL (one rank:
+# The paths the CPU tests cannot reach, against the same run on the CPU: ZeRO-2 and ZeRO-3 over NCCL (one rank:
 # NCCL cannot put two ranks on one GPU) and ZeRO-3 on 2 ranks through the host-staged communicator (its
 # uneven all-gathers, freed and refilled device storage). A small model in fp32 without TF32 and without
 # dropout, so that both devices compute the same function of the same batches; the CPU run (one process,
