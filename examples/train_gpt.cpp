@@ -870,7 +870,10 @@ void TrainingRun::print_summary(const Summary& s) const {
     fmt::print("evaluation: its forwards gathered {:.0f} bytes of parameters per rank in all (not in the traffic "
                "per step)\n",
                eval_traffic_.total());
-  if (world_ > 1)
+  if (world_ > 1 && !comm_.times_collectives())
+    fmt::print("communication time per step: not measured (the {} backend does not time its collectives)\n",
+               comm_.backend_name());
+  else if (world_ > 1)
     fmt::print("communication time per step: {:.2f} ms (reduce_scatter {:.2f}, all_reduce {:.2f}, all_gather {:.2f}; "
                "the communication thread's busy time, overlapped or not; it used {:.2f} ms of CPU)\n",
                s.comm_ms_per_step, 1000.0 * ledger.seconds[int(dist::Collective::reduce_scatter)] / s.steps,
@@ -920,6 +923,7 @@ void TrainingRun::report() {
 
 // --metrics: a JSON summary, written to a temporary name and renamed, so a crash never leaves a partial file.
 void TrainingRun::write_metrics(const Summary& s) const {
+  const bool timed = comm_.times_collectives();  // else the communication times are null: not measured
   nlohmann::json m = {{"params", num_params_},
                       {"steps", a_.steps},
                       {"batch", a_.batch},
@@ -942,8 +946,8 @@ void TrainingRun::write_metrics(const Summary& s) const {
                       {"val_loss", val_loss_},
                       {"flops_per_token", nn::flops_per_token(cfg_, num_params_)},
                       {"comm_bytes_per_step", s.traffic},
-                      {"comm_ms_per_step", s.comm_ms_per_step},
-                      {"comm_cpu_ms_per_step", s.comm_cpu_ms_per_step},
+                      {"comm_ms_per_step", timed ? nlohmann::json(s.comm_ms_per_step) : nlohmann::json()},
+                      {"comm_cpu_ms_per_step", timed ? nlohmann::json(s.comm_cpu_ms_per_step) : nlohmann::json()},
                       {"memory_bytes",
                        {{"params", s.mem.params},
                         {"grads", s.mem.grads},

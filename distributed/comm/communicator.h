@@ -301,6 +301,9 @@ class Communicator {
   std::size_t quantized_gradients() const { return quantized_block_; }
   /// The backend implements set_quantized_gradients (the CPU backends do; NCCL does not).
   virtual bool supports_quantized_gradients() const { return false; }
+  /// The backend times its data collectives (ledger().seconds and cpu_seconds, through collect_timers).
+  /// The MPI and in-process backends do; NCCL and the host-staged test mode do not, and leave them 0.
+  virtual bool times_collectives() const { return false; }
 
   // ---- deadlines -------------------------------------------------------------------------------
   /// Every collective issued after this call must finish within `seconds` (> 0) of starting, or it

@@ -59,6 +59,7 @@ class InProcessCommunicator final : public Communicator {
   int world_size() const override { return world_size_; }
   std::string_view backend_name() const override { return "inprocess"; }
   bool supports_quantized_gradients() const override { return true; }
+  bool times_collectives() const override { return true; }
 
   /// This rank is done: runs what is still queued (the peers expect it), joins the communication
   /// thread and marks the rank as having left, so a peer that later waits for it in a collective fails

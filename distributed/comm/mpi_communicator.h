@@ -81,6 +81,7 @@ class MpiCommunicator final : public Communicator {
   /// least one). Every rank must use the same value.
   void set_segment_bytes(std::size_t bytes);
   bool supports_quantized_gradients() const override { return true; }
+  bool times_collectives() const override { return true; }
   std::size_t segment_bytes() const { return segment_bytes_; }
 
  protected:

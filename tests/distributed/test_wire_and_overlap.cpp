@@ -127,6 +127,7 @@ ZERO_DIST_TEST(WireDtype, LedgerCountsTheWireDtype) {
     EXPECT_DOUBLE_EQ(l[Collective::all_gather], ring * count * 2.0) << "fp32 " << fp32;
     // The fp32 all-reduce reduces in fp32 and gathers the narrowed 16-bit slices.
     EXPECT_DOUBLE_EQ(l[Collective::all_reduce], ring * count * (fp32 ? 6.0 : 4.0)) << "fp32 " << fp32;
+    EXPECT_TRUE(comm->times_collectives());
     if (n > 1) {
       EXPECT_GT(l.seconds[int(Collective::reduce_scatter)], 0.0) << "the communication thread's timer";
       // One thread cannot use more CPU time than the wall-clock time it ran for. The two clocks are read

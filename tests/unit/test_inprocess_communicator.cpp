@@ -448,6 +448,7 @@ TEST(InProcessCommunicator, LedgerCountsWhatTheRingSends) {
       EXPECT_DOUBLE_EQ(l[Collective::reduce], 300 * wire) << what;
       EXPECT_DOUBLE_EQ(l[Collective::broadcast], 200 * 2) << what;
       for (int c = 0; c < kNumCollectives; ++c) EXPECT_EQ(l.calls[c], 1) << what << " " << collective_name(Collective(c));
+      EXPECT_TRUE(comm.times_collectives()) << what;
       if (n > 1) {
         EXPECT_GT(l.seconds[int(Collective::reduce_scatter)], 0.0) << what << ": the communication thread's timer";
         EXPECT_GT(l.cpu_seconds, 0.0) << what;
