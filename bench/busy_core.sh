@@ -8,7 +8,8 @@
 # settings run round-robin --rounds times (so other jobs' load spreads over all of them): train_gpt's
 # default (--threads 0: adaptive, Note [Threads on a busy machine] in core/cpu/threads.cpp), --threads 1,
 # and, with --baseline, another train_gpt binary's default (an older build to compare against); with
-# --torch, bench/torch_gpt.py with 1 and 2 threads (Debian's python3-torch, /usr/bin/python3). The model
+# --torch, bench/torch_gpt.py with 1 and 2 threads (Debian's python3-torch, /usr/bin/python3; OpenBLAS
+# given as many threads as torch, its kernel auto-detected: bench/compare_torch.sh picks one). The model
 # and recipe are train_gpt's defaults. Prints each run's tokens/s (train_gpt's own figure: steps after
 # the first, evaluation excluded), then the median per setting and condition, and the load average.
 set -euo pipefail
@@ -58,8 +59,10 @@ for condition in as_is busy_core; do
     run default "$bin/train_gpt" "${flags[@]}"
     run threads_1 "$bin/train_gpt" "${flags[@]}" --threads 1
     if [[ $torch == 1 ]]; then
-      run torch_threads_1 /usr/bin/python3 bench/torch_gpt.py --data "$data" --steps "$steps" --threads 1
-      run torch_threads_2 /usr/bin/python3 bench/torch_gpt.py --data "$data" --steps "$steps" --threads 2
+      run torch_threads_1 env OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_gpt.py --data "$data" \
+        --steps "$steps" --threads 1
+      run torch_threads_2 env OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/torch_gpt.py --data "$data" \
+        --steps "$steps" --threads 2
     fi
   done
   if [[ -n $busy ]]; then kill "$busy"; busy=""; fi
