@@ -106,7 +106,8 @@ if command -v mpirun >/dev/null && command -v ompi_info >/dev/null; then
     mpi_dirs+=("$dir/${src#"$prefix"/}")
   done
   # Debian's Open MPI runs on an external PMIx whose own plugins live under its prefix:
-  # PMIX_MCA_mca_base_component_path=DIR/pmix/lib/pmix points it there (gpu_check.sh sets it).
+  # PMIX_PKGLIBDIR=DIR/pmix/lib/pmix points it there (gpu_check.sh sets it; Note [PMIx's plugin folder]
+  # in scripts/gpu_check.py).
   for pmix in /usr/lib/*/pmix2 /usr/lib/*/pmix; do
     [ -d "$pmix/lib/pmix" ] || continue
     mkdir -p "$dir/pmix/lib"

@@ -1038,7 +1038,14 @@ class Check:
             self.env.update(OPAL_PREFIX=self.prebuilt, PATH=self.bin + ":" + self.env.get("PATH", ""),
                             HWLOC_PLUGINS_PATH=os.path.join(self.prebuilt, "lib", "hwloc"))
             if os.path.isdir(os.path.join(self.prebuilt, "pmix")):
-                self.env["PMIX_MCA_mca_base_component_path"] = os.path.join(self.prebuilt, "pmix", "lib", "pmix")
+                # Note [PMIx's plugin folder]: a host's own PMIx can have a params file naming its plugin
+                # folder, which outranks PMIX_MCA_mca_base_component_path; the bundle's libpmix then loads
+                # that PMIx's plugins, which fail ("undefined symbol: pmix_output_info", then a warning of
+                # no compression library, per process: seen on an H200 host). PMIX_PKGLIBDIR, the
+                # compiled-in folder itself, wins over the file; both are set.
+                plugins = os.path.join(self.prebuilt, "pmix", "lib", "pmix")
+                self.env["PMIX_PKGLIBDIR"] = plugins
+                self.env["PMIX_MCA_mca_base_component_path"] = plugins
 
     def corpus(self):
         for cand in [os.environ.get("ZERO_DATA"), os.path.join(ROOT, "data", "tinyshakespeare.txt"),

@@ -10,7 +10,8 @@
 #      then fail, so the bundle's file (not the source tree's) is the one read;
 #   3. train_gpt trains a tiny model for 3 steps on the bundled corpus (an MPI singleton, with the
 #      bundle's Open MPI plugins: OPAL_PREFIX as gpu_check.sh sets it), and 2 ranks under the bundled
-#      mpirun when there is one; the metrics must show finite losses;
+#      mpirun when there is one; the metrics must show finite losses; as root, another PMIx's folder
+#      stands where the system's is, and the bundle's PMIx must not load its plugins;
 #   4. the GPU test filters of scripts/gpu_check.py leave out no test whose name says it needs a GPU, and
 #      (a bundle with CUDA) every GPU step lists at least its minimum number of tests;
 #   5. gpu_check.sh --prebuilt DIR without looking for a GPU (ZERO_GPU_CHECK_NO_GPU=1) runs every step
@@ -94,9 +95,13 @@ pass "zero_tests reads tests/data from beside itself (a damaged copy there makes
 # The environment gpu_check.sh --prebuilt gives the bundle's Open MPI, and nothing more.
 mpi_env=(OPAL_PREFIX="$dir" PATH="$dir/bin" HWLOC_PLUGINS_PATH="$dir/lib/hwloc" OMPI_MCA_plm=isolated
          OMP_NUM_THREADS=1)
-[ -d "$dir/pmix" ] && mpi_env+=(PMIX_MCA_mca_base_component_path="$dir/pmix/lib/pmix")
-# Where root may make a private mount namespace, the system's Open MPI, PMIx and hwloc plugin and
-# data folders are hidden as well, as on a machine that has none.
+[ -d "$dir/pmix" ] && mpi_env+=(PMIX_PKGLIBDIR="$dir/pmix/lib/pmix"
+                                  PMIX_MCA_mca_base_component_path="$dir/pmix/lib/pmix")
+# Where root may make a private mount namespace, the system's Open MPI and hwloc plugin and data
+# folders are hidden as well, as on a machine that has none. The system's PMIx folder is replaced by
+# another PMIx's, as a GPU host may have one: a params file naming its plugin folder, and there a
+# plugin that does not load (Note [PMIx's plugin folder] in scripts/gpu_check.py). The bundle's
+# libpmix must not try it: its error ("pmix_mca_base_component_repository_open") fails the runs below.
 isolate=() hidden=""
 if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
   mkdir -p "$scratch/empty"
@@ -105,7 +110,15 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
            $(ompi_info --path pkgdatadir --parsable 2>/dev/null | awk -F: '{print $NF}') \
            /usr/lib/*/pmix2 /usr/lib/*/pmix /usr/lib/*/hwloc; do
     [ -d "$d" ] || continue
-    mounts+="mount --bind '$scratch/empty' '$d' && "
+    case "$d" in
+      */pmix2|*/pmix)
+        other="$scratch/other_pmix${#hidden}"
+        mkdir -p "$other/share" "$other/lib/pmix"
+        echo "mca_base_component_path = $d/lib/pmix" >"$other/share/pmix-mca-params.conf"
+        echo "not a shared library" >"$other/lib/pmix/pmix_mca_pcompress_zlib.so"
+        mounts+="mount --bind '$other' '$d' && " ;;
+      *) mounts+="mount --bind '$scratch/empty' '$d' && " ;;
+    esac
     hidden+=" $d"
   done
   [ -n "$mounts" ] && isolate=(unshare -m sh -c "${mounts}exec \"\$0\" \"\$@\"")
@@ -123,8 +136,14 @@ PY
 "${isolate[@]}" env -i "${mpi_env[@]}" "$dir/bin/train_gpt" "${tiny[@]}" --metrics "$scratch/m1.json" \
   >"$scratch/train1.log" 2>&1 || { tail -n 20 "$scratch/train1.log" >&2; fail "train_gpt (1 process)"; }
 check_metrics "$scratch/m1.json" 1
+no_foreign_pmix() {  # no_foreign_pmix LOG: the bundle's PMIx loaded only its own plugins
+  ! grep -q "pmix_mca_base_component_repository_open\|PMIx was unable" "$1" ||
+    { grep -m 3 "pmix_mca_base_component_repository_open\|PMIx was unable" "$1" >&2
+      fail "PMIx tried a plugin outside the bundle ($1)"; }
+}
+no_foreign_pmix "$scratch/train1.log"
 loss=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["train_loss"], 3))' "$scratch/m1.json")
-pass "train_gpt: 3 steps on the bundled corpus, train loss $loss${hidden:+ (hidden:$hidden)}"
+pass "train_gpt: 3 steps on the bundled corpus, train loss $loss${hidden:+ (hidden, or another PMIx in place of the system one:$hidden)}"
 if [ -x "$dir/bin/mpirun" ]; then
   as_root=()
   [ "$(id -u)" = 0 ] && as_root=(--allow-run-as-root)
@@ -133,6 +152,7 @@ if [ -x "$dir/bin/mpirun" ]; then
     --metrics "$scratch/m2.json" >"$scratch/train2.log" 2>&1 ||
     { tail -n 20 "$scratch/train2.log" >&2; fail "the bundle's mpirun -np 2 train_gpt"; }
   check_metrics "$scratch/m2.json" 2
+  no_foreign_pmix "$scratch/train2.log"
   pass "the bundle's mpirun: 2 ranks of train_gpt, ZeRO-2"
 fi
 
