@@ -826,8 +826,9 @@ TrainingRun::Summary TrainingRun::summarize() const {
   const std::int64_t timed_steps = std::max<std::int64_t>(1, steps_run_ - warmup_steps_);
   s.tokens_per_s = train_seconds_ > 0 ? timed_steps * a_.batch * a_.block / train_seconds_ : 0.0;
   s.ms_per_step = 1000.0 * train_seconds_ / timed_steps;
-  // Achieved model FLOP/s (PaLM appendix B: 6 Psi per token plus attention, nn::flops_per_token) and MFU.
-  s.tflops = s.tokens_per_s * nn::flops_per_token(cfg_, num_params_) / 1e12;
+  // Achieved model FLOP/s per rank (PaLM appendix B: 6 Psi per token plus attention, nn::flops_per_token)
+  // and MFU against one device's peak: tokens_per_s counts the global batch, which world_ ranks share.
+  s.tflops = s.tokens_per_s / world_ * nn::flops_per_token(cfg_, num_params_) / 1e12;
   s.precision = matmul_precision(device_, zo_.dtype, a_.tf32);
   s.peak = peak_flops(device_, s.precision);
   s.mfu = s.peak > 0.0 ? s.tflops * 1e12 / s.peak : 0.0;

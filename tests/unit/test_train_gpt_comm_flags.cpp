@@ -89,6 +89,12 @@ TEST_F(TrainGptCommFlags, TcpTransportGivesTheLossesOfSharedMemoryBitForBit) {
     ASSERT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
     losses[over_tcp] = nlohmann::json::parse(std::ifstream(metrics));
     ASSERT_EQ(losses[over_tcp]["world_size"], 2) << r.output;
+    // tokens_per_s counts the global batch; TFLOP/s is per rank, so half of it times the FLOPs a token.
+    const nlohmann::json& m = losses[over_tcp];
+    EXPECT_NEAR(m["tflops"].get<double>() * 1e12,
+                m["tokens_per_s"].get<double>() / 2 * m["flops_per_token"].get<double>(),
+                1e-9 * m["tflops"].get<double>() * 1e12)
+        << "TFLOP/s per rank";
   }
   for (const char* key : {"train_loss", "val_loss"})
     EXPECT_EQ(losses[1][key].get<double>(), losses[0][key].get<double>()) << key << " over TCP vs shared memory";
