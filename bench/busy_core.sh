@@ -9,9 +9,10 @@
 # default (--threads 0: adaptive, Note [Threads on a busy machine] in core/cpu/threads.cpp), --threads 1,
 # and, with --baseline, another train_gpt binary's default (an older build to compare against); with
 # --torch, bench/torch_gpt.py with 1 and 2 threads (Debian's python3-torch, /usr/bin/python3; OpenBLAS
-# given as many threads as torch, its kernel auto-detected: bench/compare_torch.sh picks one). The model
-# and recipe are train_gpt's defaults. Prints each run's tokens/s (train_gpt's own figure: steps after
-# the first, evaluation excluded), then the median per setting and condition, and the load average.
+# given as many threads as torch, its kernel auto-detected, unlike bench/compare_torch.sh, which picks
+# the fastest). The model and recipe are train_gpt's defaults. Prints each run's tokens/s (train_gpt's
+# own figure: steps after the first, evaluation excluded), then the median per setting and condition,
+# and the load average.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +25,7 @@ while [[ $# -gt 0 ]]; do
     --baseline) baseline=$2; shift 2 ;;
     --torch) torch=1; shift ;;
     --data) data=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -59,9 +60,9 @@ for condition in as_is busy_core; do
     run default "$bin/train_gpt" "${flags[@]}"
     run threads_1 "$bin/train_gpt" "${flags[@]}" --threads 1
     if [[ $torch == 1 ]]; then
-      run torch_threads_1 env OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_gpt.py --data "$data" \
+      run torch_threads_1 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 /usr/bin/python3 bench/torch_gpt.py --data "$data" \
         --steps "$steps" --threads 1
-      run torch_threads_2 env OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/torch_gpt.py --data "$data" \
+      run torch_threads_2 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=2 /usr/bin/python3 bench/torch_gpt.py --data "$data" \
         --steps "$steps" --threads 2
     fi
   done

@@ -99,10 +99,10 @@ mpi_env=(OPAL_PREFIX="$dir" PATH="$dir/bin" HWLOC_PLUGINS_PATH="$dir/lib/hwloc" 
                                   PMIX_MCA_mca_base_component_path="$dir/pmix/lib/pmix")
 # Where root may make a private mount namespace, the system's Open MPI and hwloc plugin and data
 # folders are hidden as well, as on a machine that has none. The system's PMIx folder is replaced by
-# another PMIx's, as a GPU host may have one: a params file naming its plugin folder, and there a
-# plugin that does not load (Note [PMIx's plugin folder] in scripts/gpu_check.py). The bundle's
-# libpmix must not try it: its error ("pmix_mca_base_component_repository_open") fails the runs below.
-isolate=() hidden=""
+# one like another PMIx version's, as a GPU host may have: a plugin that does not load where the bundle's
+# libpmix was built to look first (Note [PMIx's plugin folder] in scripts/gpu_check.py). The bundle's
+# PMIx must not try it: its error ("pmix_mca_base_component_repository_open") fails the runs below.
+isolate=() hidden="" other_pmix=0
 if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
   mkdir -p "$scratch/empty"
   mounts=""
@@ -112,9 +112,9 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
     [ -d "$d" ] || continue
     case "$d" in
       */pmix2|*/pmix)
-        other="$scratch/other_pmix${#hidden}"
-        mkdir -p "$other/share" "$other/lib/pmix"
-        echo "mca_base_component_path = $d/lib/pmix" >"$other/share/pmix-mca-params.conf"
+        other_pmix=$((other_pmix + 1))
+        other="$scratch/other_pmix$other_pmix"
+        mkdir -p "$other/lib/pmix"
         echo "not a shared library" >"$other/lib/pmix/pmix_mca_pcompress_zlib.so"
         mounts+="mount --bind '$other' '$d' && " ;;
       *) mounts+="mount --bind '$scratch/empty' '$d' && " ;;
@@ -143,7 +143,7 @@ no_foreign_pmix() {  # no_foreign_pmix LOG: the bundle's PMIx loaded only its ow
 }
 no_foreign_pmix "$scratch/train1.log"
 loss=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["train_loss"], 3))' "$scratch/m1.json")
-pass "train_gpt: 3 steps on the bundled corpus, train loss $loss${hidden:+ (hidden, or another PMIx in place of the system one:$hidden)}"
+pass "train_gpt: 3 steps on the bundled corpus, train loss $loss${hidden:+ (system folders hidden, the PMIx one replaced by a foreign one:$hidden)}"
 if [ -x "$dir/bin/mpirun" ]; then
   as_root=()
   [ "$(id -u)" = 0 ] && as_root=(--allow-run-as-root)

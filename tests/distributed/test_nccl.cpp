@@ -157,6 +157,7 @@ void check_control_and_ledger(Communicator& comm) {
   // No timers on the device backends: train_gpt then says "not measured" instead of printing their zeros.
   EXPECT_FALSE(comm.times_collectives());
   EXPECT_EQ(comm.ledger().total_seconds(), 0.0);
+  EXPECT_EQ(comm.ledger().cpu_seconds, 0.0);
 }
 
 // NcclCommunicator with either wire dtype (fp32 scratch, or 16-bit sums) and the given options, through
